@@ -1,0 +1,158 @@
+"""Search strategies (seed 004): how the sampling context is built, and how the training context
+is rebuilt from it.
+
+Each strategy is a frozen record with a `strategy_id` (written to the `strategy` column) and two
+pure functions over chat messages:
+
+- `augment(messages, problem)`: the Solver's first-turn sampling context, from the plain one;
+- `training_messages(sampling_messages, turn, agent_id)`: the context the completion is trained
+  under (the context swap). Completion tokens and their logprobs are never touched here.
+
+and `trainable(turn, agent_id)`: whether rows of that turn enter the training view at all.
+
+Strategies:
+- `iid`: sampling context = training context (on-policy, ratio 1).
+- `prompt_aug`: a hint is shown while sampling (a system message starting with `HINT_PREFIX`)
+  and dropped for training.
+- `feedback`: problem -> attempt1 -> feedback -> attempt2; attempt2 is trained under the problem
+  only (`train_context="problem"`) or problem + attempt1 (`"attempt"`, feedback dropped);
+  attempt1 rows are trained as plain iid rows (`first_attempt="iid"`) or not at all ("skip").
+- `tree`: AT-GRPO tree-structured best-of-N sampling; contexts are kept (identity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Sequence
+
+from pipeline.errors import ConfigError
+from pipeline.types import Message, Problem
+
+__all__ = [
+    "HINT_PREFIX",
+    "Strategy",
+    "IID",
+    "PromptAug",
+    "Feedback",
+    "Tree",
+    "make_strategy",
+    "STRATEGY_IDS",
+]
+
+HINT_PREFIX = "Hint: "
+"""Marks the augmentation message of `prompt_aug`; the training transform drops exactly these."""
+
+SOLVER = "solver"
+
+
+def _copy(messages: Sequence[Message]) -> list[Message]:
+    return [Message(role=m["role"], content=m["content"]) for m in messages]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Base: the identity strategy. Subclasses override what differs."""
+
+    group_size: int = 4
+    """Samples per problem (the K of a group) drawn under this strategy."""
+    weight: float | None = None
+    """Mixture weight w_s for stratified weighting (None = the plain stratified average)."""
+
+    strategy_id: ClassVar[str] = "iid"
+    tree: ClassVar[bool] = False
+    """True for the strategy that the orchestra runs as tree-structured best-of-N sampling."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ConfigError(f"{self.strategy_id}.group_size must be >= 1, got {self.group_size}")
+        if self.weight is not None and not self.weight > 0:
+            raise ConfigError(f"{self.strategy_id}.weight must be > 0 or None, got {self.weight}")
+
+    def augment(self, messages: Sequence[Message], problem: Problem) -> list[Message]:
+        """The Solver's first-turn sampling context built from the plain context."""
+        return _copy(messages)
+
+    def training_messages(self, sampling_messages: Sequence[Message], turn: int, agent_id: str) -> list[Message]:
+        """The context a completion sampled under `sampling_messages` is trained under."""
+        return _copy(sampling_messages)
+
+    def trainable(self, turn: int, agent_id: str) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class IID(Strategy):
+    strategy_id: ClassVar[str] = "iid"
+
+
+@dataclass(frozen=True)
+class PromptAug(Strategy):
+    """Sample with a hint, train without it."""
+
+    strategy_id: ClassVar[str] = "prompt_aug"
+
+    def augment(self, messages: Sequence[Message], problem: Problem) -> list[Message]:
+        out = _copy(messages)
+        if not problem.hint:
+            return out
+        hint = Message(role="system", content=HINT_PREFIX + problem.hint)
+        first_user = next((i for i, m in enumerate(out) if m["role"] == "user"), len(out))
+        return out[:first_user] + [hint] + out[first_user:]
+
+    def training_messages(self, sampling_messages: Sequence[Message], turn: int, agent_id: str) -> list[Message]:
+        return [m for m in _copy(sampling_messages) if not (m["role"] == "system" and m["content"].startswith(HINT_PREFIX))]
+
+
+@dataclass(frozen=True)
+class Feedback(Strategy):
+    """Two-turn feedback: only the Solver's second attempt is context-swapped."""
+
+    strategy_id: ClassVar[str] = "feedback"
+    train_context: Literal["problem", "attempt"] = "problem"
+    """Training context of attempt2: the problem only, or problem + attempt1 (feedback dropped)."""
+    first_attempt: Literal["iid", "skip"] = "iid"
+    """Attempt1 rows: trained as iid rows of their own, or not trained (weight 0)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.train_context not in ("problem", "attempt"):
+            raise ConfigError(f"feedback.train_context must be 'problem' or 'attempt', got {self.train_context!r}")
+        if self.first_attempt not in ("iid", "skip"):
+            raise ConfigError(f"feedback.first_attempt must be 'iid' or 'skip', got {self.first_attempt!r}")
+
+    def training_messages(self, sampling_messages: Sequence[Message], turn: int, agent_id: str) -> list[Message]:
+        msgs = _copy(sampling_messages)
+        if turn == 0 or agent_id != SOLVER:
+            return msgs
+        user_idx = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+        if len(user_idx) < 2:
+            return msgs
+        if self.train_context == "problem":
+            return msgs[: user_idx[0] + 1]
+        # problem + attempt1: drop the feedback message(s) after the first attempt
+        return [m for i, m in enumerate(msgs) if not (m["role"] == "user" and i in user_idx[1:])]
+
+    def trainable(self, turn: int, agent_id: str) -> bool:
+        if agent_id == SOLVER and turn == 0:
+            return self.first_attempt == "iid"
+        return True
+
+
+@dataclass(frozen=True)
+class Tree(Strategy):
+    """AT-GRPO tree-structured best-of-N: `group_size` candidates per node, the best continues."""
+
+    strategy_id: ClassVar[str] = "tree"
+    tree: ClassVar[bool] = True
+    greedy: bool = True
+    """Select the highest-reward candidate (else candidate 0, as AT-GRPO's `if_greedy=False`)."""
+
+
+STRATEGY_IDS = {cls.strategy_id: cls for cls in (IID, PromptAug, Feedback, Tree)}
+
+
+def make_strategy(strategy_id: str, **options) -> Strategy:
+    """Build a strategy by id, e.g. `make_strategy("feedback", group_size=4, train_context="attempt")`."""
+    if strategy_id not in STRATEGY_IDS:
+        raise ConfigError(f"unknown strategy {strategy_id!r}; choose from {sorted(STRATEGY_IDS)}")
+    return STRATEGY_IDS[strategy_id](**options)

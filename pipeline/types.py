@@ -1,0 +1,86 @@
+"""Typed records that cross stage boundaries (tasks -> agents/strategies -> engines -> rollouts).
+
+Tables between stages are Arrow (see `schemas/`); these are the in-memory records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence, TypedDict, runtime_checkable
+
+__all__ = ["Message", "Problem", "Sample", "Sampler"]
+
+
+class Message(TypedDict):
+    """One chat message, as chat templates and the `sampling_messages` column hold it."""
+
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem of a task."""
+
+    uid: str
+    """Stable id of the problem; the K samples of a group share it."""
+    question: str
+    """The question as the Solver sees it (no hint)."""
+    answer: str
+    """The reference answer, in the form the task's reward compares against."""
+    split: str = "train"
+    """"train" or "heldout"; a task guarantees the two never share a problem."""
+    hint: str | None = None
+    """Extra help for the prompt-augmentation strategy (shown while sampling, dropped for training)."""
+    meta: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    """Free key/value pairs (task name, difficulty...)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled completion, exactly as the engine produced it."""
+
+    token_ids: list[int]
+    """Completion token ids, verbatim from the engine (never re-tokenized)."""
+    logprobs: list[float]
+    """log q(token) of each chosen token under the distribution actually sampled
+    (temperature applied, no top-k/top-p unless configured); same length as token_ids."""
+    text: str
+    """Decoded completion (for reading and scoring only)."""
+    finish_reason: str
+    """"stop" (end-of-sequence) or "length" (max_tokens reached)."""
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A rollout engine. Implementations: `pipeline.engines.vllm.VLLMSampler`,
+    `pipeline.engines.hf.HFSampler`; make one with `pipeline.engines.make_sampler`."""
+
+    engine: str
+    """"vllm" or "hf"; written to the `engine` column."""
+    model_dir: Path
+    """The checkpoint currently loaded."""
+
+    @property
+    def model_version(self) -> str:
+        """A short id of the loaded weights (written to `model_version`)."""
+        ...
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        n: int,
+        temperature: float,
+        max_tokens: int,
+        seed: int,
+    ) -> list[list[Sample]]:
+        """n samples for each prompt, in prompt order; result[i][j] is sample j of prompt i."""
+        ...
+
+    def load_checkpoint(self, model_dir: str | Path) -> None:
+        """Swap in new weights (between rounds) without rebuilding the whole engine where possible."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,240 @@
+"""Arrow schemas of every maxit table, and `validate`.
+
+A table may carry more columns than its schema lists (other tools add their own); the listed
+ones must be present with the listed type, and non-nullable ones must hold no nulls. Nothing is
+coerced: a wrong type is an error that names the column, a null where none may be is an error
+that names the rows (by their row-id column, `step_id` for the rollout tables).
+
+String and list columns compare by kind: `string`, `large_string` and `string_view` are one
+type here, as are `list` and `large_list` (Polars writes the large variants).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeVar
+
+import pyarrow as pa
+
+__all__ = [
+    "STEPS",
+    "ADVANTAGES",
+    "TRAINING_VIEW",
+    "EVALUATION",
+    "SCHEMAS",
+    "TableSchema",
+    "SchemaError",
+    "validate",
+]
+
+MESSAGE = pa.struct([pa.field("role", pa.string(), nullable=False), pa.field("content", pa.string(), nullable=False)])
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """A named table contract: its Arrow schema, the column that identifies a row in error
+    messages, and the columns whose values must be unique."""
+
+    name: str
+    schema: pa.Schema
+    row_id: str | None = None
+    unique: tuple[str, ...] = ()
+
+
+def _f(name: str, type_: pa.DataType, nullable: bool = False) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable)
+
+
+_STEPS_FIELDS = [
+    _f("round", pa.int32()),
+    _f("step_id", pa.string()),
+    _f("strategy", pa.string()),
+    _f("uid", pa.string()),
+    _f("traj_uid", pa.string()),
+    _f("sample_idx", pa.int32()),
+    _f("agent_id", pa.string()),
+    _f("policy_id", pa.string()),
+    _f("turn", pa.int32()),
+    _f("step", pa.int32()),
+    _f("node_id", pa.string()),
+    _f("parent_node_id", pa.string(), nullable=True),
+    _f("selected", pa.bool_()),
+    _f("active", pa.bool_()),
+    _f("sampling_messages", pa.list_(MESSAGE)),
+    _f("prompt_hash", pa.string()),
+    _f("prompt_ids", pa.list_(pa.int32())),
+    _f("completion_ids", pa.list_(pa.int32())),
+    _f("completion_logprobs", pa.list_(pa.float32())),
+    _f("completion_text", pa.string()),
+    _f("finish_reason", pa.string()),
+    _f("global_reward", pa.float64(), nullable=True),
+    _f("local_reward", pa.float64(), nullable=True),
+    _f("reward", pa.float64(), nullable=True),
+    _f("reward_error", pa.string(), nullable=True),
+    _f("model_version", pa.string()),
+    _f("engine", pa.string()),
+    _f("seed", pa.int64()),
+]
+
+STEPS = TableSchema("steps", pa.schema(_STEPS_FIELDS), row_id="step_id", unique=("step_id",))
+
+ADVANTAGES = TableSchema(
+    "advantages",
+    pa.schema(
+        _STEPS_FIELDS
+        + [
+            _f("group_size", pa.int32()),
+            _f("group_mean", pa.float64(), nullable=True),
+            _f("group_std", pa.float64(), nullable=True),
+            _f("advantage", pa.float64()),
+            _f("sample_weight", pa.float64()),
+        ]
+    ),
+    row_id="step_id",
+    unique=("step_id",),
+)
+
+TRAINING_VIEW = TableSchema(
+    "training_view",
+    pa.schema(
+        [
+            _f("step_id", pa.string()),
+            _f("policy_id", pa.string()),
+            _f("agent_id", pa.string()),
+            _f("strategy", pa.string()),
+            _f("train_prompt_ids", pa.list_(pa.int32())),
+            _f("completion_ids", pa.list_(pa.int32())),
+            _f("sampling_logprobs", pa.list_(pa.float32())),
+            _f("advantage", pa.float64()),
+            _f("sample_weight", pa.float64()),
+            _f("reward", pa.float64(), nullable=True),
+            _f("context_swapped", pa.bool_()),
+        ]
+    ),
+    row_id="step_id",
+    unique=("step_id",),
+)
+
+EVALUATION = TableSchema(
+    "evaluation",
+    pa.schema(
+        [
+            _f("round", pa.int32()),
+            _f("policy_id", pa.string()),
+            _f("agent_id", pa.string()),
+            _f("split", pa.string()),
+            _f("metric", pa.string()),
+            _f("value", pa.float64()),
+            _f("n", pa.int64()),
+        ]
+    ),
+)
+
+SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION)}
+
+
+class SchemaError(ValueError):
+    """A table does not meet its contract. `problems` lists every finding, one line each."""
+
+    def __init__(self, table: str, problems: list[str]):
+        self.table = table
+        self.problems = problems
+        super().__init__(f"table {table!r} does not match its schema:\n  - " + "\n  - ".join(problems))
+
+
+def _canonical(t: pa.DataType) -> pa.DataType:
+    """Fold the large/view variants onto their plain types, recursively."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(_canonical(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _canonical(f.type)) for f in t])
+    if pa.types.is_dictionary(t):
+        return _canonical(t.value_type)
+    return t
+
+
+def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
+    return _canonical(actual).equals(_canonical(expected))
+
+
+T = TypeVar("T")
+
+
+def _to_arrow(data) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    try:
+        import polars as pl
+    except ImportError:  # pragma: no cover - polars is a core dependency
+        pl = None
+    if pl is not None:
+        if isinstance(data, pl.LazyFrame):
+            data = data.collect()
+        if isinstance(data, pl.DataFrame):
+            return data.to_arrow()
+    raise TypeError(f"validate() takes a pyarrow Table or a Polars DataFrame/LazyFrame, got {type(data).__name__}")
+
+
+def _row_ids(table: pa.Table, mask: pa.Array, row_id: str | None, limit: int = 10) -> str:
+    import pyarrow.compute as pc
+
+    idx = pc.indices_nonzero(mask).to_pylist()
+    if row_id is not None and row_id in table.column_names:
+        ids = table.column(row_id).take(idx[:limit]).to_pylist()
+        shown = ", ".join(repr(i) for i in ids)
+        label = row_id
+    else:
+        shown = ", ".join(str(i) for i in idx[:limit])
+        label = "row index"
+    more = f" and {len(idx) - limit} more" if len(idx) > limit else ""
+    return f"{len(idx)} row(s) ({label} {shown}{more})"
+
+
+def validate(data: T, schema: TableSchema | str) -> T:
+    """Return `data` unchanged if it meets `schema`, else raise `SchemaError` listing every
+    missing column, every column of the wrong type, every null in a non-nullable column (with
+    the offending row ids) and every duplicated unique key.
+
+    `data` is a pyarrow Table or a Polars DataFrame/LazyFrame (a LazyFrame is collected to be
+    checked, and returned as it was given)."""
+    if isinstance(schema, str):
+        if schema not in SCHEMAS:
+            raise KeyError(f"unknown table {schema!r}; known: {sorted(SCHEMAS)}")
+        schema = SCHEMAS[schema]
+    import pyarrow.compute as pc
+
+    table = _to_arrow(data)
+    problems: list[str] = []
+    for field in schema.schema:
+        if field.name not in table.column_names:
+            problems.append(f"missing column {field.name!r} ({field.type})")
+            continue
+        col = table.column(field.name)
+        if not _same_type(col.type, field.type):
+            problems.append(f"column {field.name!r} has type {col.type}, expected {field.type}")
+            continue
+        if not field.nullable and col.null_count:
+            problems.append(f"column {field.name!r} is null in {_row_ids(table, pc.is_null(col), schema.row_id)}")
+    for key in schema.unique:
+        if key in table.column_names and table.num_rows:
+            counts = pc.value_counts(table.column(key))
+            dup = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1)).to_pylist()
+            if dup:
+                shown = ", ".join(repr(d) for d in dup[:10])
+                problems.append(f"column {key!r} must be unique; duplicated: {shown}" + (f" and {len(dup) - 10} more" if len(dup) > 10 else ""))
+    if problems:
+        raise SchemaError(schema.name, problems)
+    return data
+
+
+def empty_table(schema: TableSchema | str) -> pa.Table:
+    """An empty table with exactly the schema's columns."""
+    if isinstance(schema, str):
+        schema = SCHEMAS[schema]
+    return schema.schema.empty_table()
