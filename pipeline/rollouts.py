@@ -1,0 +1,544 @@
+"""One round of multi-agent rollouts -> the `steps` table.
+
+`run_round(problems, agents, orchestra, strategies, sampler, config)` lets the team act on every
+problem under every search strategy and returns one row per agent call (every candidate of a
+tree step is a row), validated against `schemas.STEPS`. `write_steps` stores it atomically at
+`<store>/round=<r>/steps.parquet`; `rollout_command` is what `maxit rollout` runs.
+
+Strategies (pipeline.strategies) and what they sample:
+- `iid`, `prompt_aug`, `feedback`: `group_size` independent trajectories per problem
+  (`sample_idx` 0..K-1), each a DrMAS Solver/Verifier loop (pipeline.agents.orchestra documents
+  the loop, the Solver's replies and when a sample stops). The Solver's first-turn sampling
+  context is `strategy.augment(task.solver_messages(problem), problem)`.
+- `tree` (AT-GRPO, seed 003): one tree per problem. At each agent step the current state (one
+  node) gets N = `group_size` candidates from the same context (`prompt_hash` equal), every
+  candidate is a row, its immediate reward is computed, the best (greedy argmax of `reward`,
+  first on ties, nulls last; candidate 0 when `greedy=False`) is marked `selected` and its state
+  is the state of all N branches for the next step. Branch i's rows share
+  `traj_uid=...-s{i}` and `sample_idx=i`; the next step's rows have `parent_node_id` = the
+  selected row's `node_id`, so a (uid, agent_id, turn) group of the tree is exactly the N
+  siblings of one node.
+
+Batching: the orchestra's schedule is a list of agent steps (loop t: Solver, then Verifier).
+Each agent step makes ONE `sampler.generate` call covering every active trajectory and tree
+node of every strategy and problem. Identical prompts are merged: each distinct prompt needs c
+samples, the call uses n = gcd of all c and repeats a prompt c/n times (so the K samples of a
+first Solver turn go out as one prompt with n=K, and a round of only tree nodes as n=N).
+
+Row ids (deterministic): `traj_uid = r{round}-{strategy}-{uid}-s{sample}`,
+`step_id = node_id = {traj_uid}-{agent_id}-t{turn}`; `parent_node_id` is the previous row of
+the trajectory (in a tree, the selected candidate of the previous step), null at the first step;
+`step` is the schedule index (2 * turn + 0 for the Solver, + 1 for the Verifier).
+
+Columns the rows carry for context swaps (seed 004): `sampling_messages` are the exact messages
+the call was rendered from, `prompt_ids == encode_prompt(tokenizer, sampling_messages)` are the
+exact ids sent to the engine, `completion_ids`/`completion_logprobs` are the engine's Sample
+verbatim (equal lengths, checked). `active` is True on every row: the orchestra's active mask
+decides which samples are called at all, so an approved sample simply has no later rows.
+`seed` is the seed given to the engine call of that agent step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+import pyarrow as pa
+
+from pipeline.agents import SOLVER, VERIFIER, Agent, AgentStep, MathOrchestra, Utterance, default_agents
+from pipeline.errors import ConfigError, DataError
+from pipeline.models.chat import encode_prompt, prompt_hash
+from pipeline.rewards import (
+    Outcome,
+    global_reward,
+    parse_verdicts,
+    row_reward,
+    score_attempts,
+    solver_local_reward,
+    verifier_local_reward,
+)
+from pipeline.store import table_path, write_table
+from pipeline.strategies import Strategy, make_strategy
+from pipeline.types import Message, Problem, Sample, Sampler
+from schemas import STEPS, validate
+
+__all__ = ["RolloutConfig", "CallPlan", "run_round", "write_steps", "rollout_command", "plan_call", "step_seed", "DEFAULT_STRATEGIES"]
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How one round of rollouts is sampled and scored."""
+
+    round: int = 0
+    """Expert-iteration round (written to `round`, part of every id)."""
+    temperature: float = 1.0
+    """Sampling temperature of every agent call (the stored logprobs are under it)."""
+    max_tokens: int = 64
+    """Completion budget of an agent call, for agents not in `max_tokens_by_agent`."""
+    max_tokens_by_agent: Mapping[str, int] = field(default_factory=dict)
+    """Per-agent completion budgets, e.g. {"verifier": 16}."""
+    max_loop_num: int = 2
+    """Solver/Verifier loops at most per sample (seed 002); `feedback` always runs 2."""
+    alpha: float = 1.0
+    """Mixed reward: reward = alpha * global_reward + local_reward."""
+    seed: int = 0
+    """Base seed; the engine call of each agent step gets a seed derived from it, the round and
+    the step (`step_seed`), recorded in the `seed` column."""
+    reward_timeout: float | None = 10.0
+    """Seconds one call of the task's reward or verdict parser may take before its reward is
+    null with a `reward_error`; None runs them unguarded by time (exceptions are still caught)."""
+
+    def __post_init__(self) -> None:
+        def whole(name: str, value, low: int) -> None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"RolloutConfig.{name} must be an integer >= {low}, got {value!r}")
+
+        whole("round", self.round, 0)
+        whole("max_tokens", self.max_tokens, 1)
+        whole("max_loop_num", self.max_loop_num, 1)
+        whole("seed", self.seed, 0)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ConfigError(f"RolloutConfig.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha):
+            raise ConfigError(f"RolloutConfig.alpha must be a finite number, got {self.alpha!r}")
+        if self.reward_timeout is not None and (
+            isinstance(self.reward_timeout, bool) or not isinstance(self.reward_timeout, (int, float)) or not self.reward_timeout > 0 or not math.isfinite(self.reward_timeout)
+        ):
+            raise ConfigError(f"RolloutConfig.reward_timeout must be a finite number of seconds > 0 or None, got {self.reward_timeout!r}")
+        if not isinstance(self.max_tokens_by_agent, Mapping):
+            raise ConfigError(f"RolloutConfig.max_tokens_by_agent must be a mapping agent_id -> int, got {self.max_tokens_by_agent!r}")
+        budgets = dict(self.max_tokens_by_agent)
+        for agent_id, value in budgets.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"RolloutConfig.max_tokens_by_agent[{agent_id!r}] must be an integer >= 1, got {value!r}")
+        object.__setattr__(self, "max_tokens_by_agent", MappingProxyType(budgets))
+
+    def max_tokens_for(self, agent_id: str) -> int:
+        """The completion budget of `agent_id`."""
+        return self.max_tokens_by_agent.get(agent_id, self.max_tokens)
+
+
+def step_seed(seed: int, round_: int, step: int) -> int:
+    """The engine seed of agent step `step` of round `round_` (stable across runs, < 2**31)."""
+    digest = hashlib.blake2b(f"{seed}/{round_}/{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One engine call serving many requests (see `plan_call`)."""
+
+    prompts: list[list[int]]
+    """The prompts sent, distinct prompts repeated count/n times."""
+    n: int
+    """Samples per prompt."""
+    slots: list[list[tuple[int, int]]]
+    """For each request, the (prompt index, sample index) of each of its samples."""
+
+
+def plan_call(requests: Sequence[tuple[Sequence[int], int]]) -> CallPlan:
+    """Merge requests (prompt_ids, count) into one `generate(prompts, n)` call: identical prompts
+    are merged, n = gcd of the merged counts, each distinct prompt repeated count/n times."""
+    order: dict[tuple[int, ...], int] = {}
+    ids: list[list[int]] = []
+    counts: list[int] = []
+    for prompt, count in requests:
+        if count < 1:
+            raise ValueError(f"a request needs at least one sample, got {count}")
+        key = tuple(prompt)
+        if key not in order:
+            order[key] = len(ids)
+            ids.append(list(prompt))
+            counts.append(0)
+        counts[order[key]] += count
+    if not ids:
+        return CallPlan([], 1, [])
+    n = math.gcd(*counts)
+    prompts: list[list[int]] = []
+    pool: list[list[tuple[int, int]]] = []
+    for d, count in enumerate(counts):
+        slots = []
+        for _ in range(count // n):
+            slots.extend((len(prompts), j) for j in range(n))
+            prompts.append(ids[d])
+        pool.append(slots)
+    taken = [0] * len(ids)
+    out = []
+    for prompt, count in requests:
+        d = order[tuple(prompt)]
+        out.append(pool[d][taken[d] : taken[d] + count])
+        taken[d] += count
+    return CallPlan(prompts, n, out)
+
+
+@dataclass(slots=True)
+class _Row:
+    step_id: str
+    strategy: str
+    uid: str
+    traj_uid: str
+    sample_idx: int
+    agent_id: str
+    policy_id: str
+    turn: int
+    step: int
+    parent_node_id: str | None
+    messages: list[Message]
+    prompt_ids: list[int]
+    sample: Sample
+    model_version: str
+    engine: str
+    seed: int
+    selected: bool = True
+    correct: Outcome | None = None
+    """Solver rows: the reward of this attempt."""
+    verdict: Outcome | None = None
+    """Verifier rows: the parsed verdict."""
+    judged: Outcome | None = None
+    """Verifier rows: the reward of the attempt judged."""
+    global_: Outcome | None = None
+    local: Outcome | None = None
+
+
+@dataclass(slots=True)
+class _Episode:
+    """One trajectory (ordinary strategies) or one tree (tree strategy); mutable while sampled."""
+
+    problem: Problem
+    strategy: Strategy
+    traj_uid: str
+    """Trajectory id; for a tree, the prefix of its branches' ids."""
+    sample_idx: int
+    opening: list[Message]
+    attempts: list[str] = field(default_factory=list)
+    replies: list[Utterance] = field(default_factory=list)
+    active: bool = True
+    parent: str | None = None
+    last_solver: _Row | None = None
+    rows: list[_Row] = field(default_factory=list)
+
+    @property
+    def tree(self) -> bool:
+        return self.strategy.tree
+
+    @property
+    def width(self) -> int:
+        return self.strategy.group_size if self.tree else 1
+
+
+def _samplers(sampler: Sampler | Mapping[str, Sampler], agents: Sequence[Agent]) -> dict[str, Sampler]:
+    if isinstance(sampler, Mapping):
+        missing = sorted({a.policy_id for a in agents} - set(sampler))
+        if missing:
+            raise ConfigError(f"sampler: no sampler for policy id(s) {missing}; got {sorted(sampler)}")
+        return dict(sampler)
+    return {a.policy_id: sampler for a in agents}
+
+
+def _tokenizer_of(sampler: Sampler):
+    tok = getattr(sampler, "tokenizer", None)
+    if tok is not None:
+        return tok
+    from pipeline.models import load_tokenizer
+
+    return load_tokenizer(sampler.model_dir)
+
+
+def _check_inputs(problems: Sequence[Problem], agents: Sequence[Agent], strategies: Sequence[Strategy]) -> dict[str, Agent]:
+    if not strategies:
+        raise ConfigError("strategies: at least one strategy is needed")
+    ids = [s.strategy_id for s in strategies]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ConfigError(f"strategies: each strategy id may appear once per round; repeated: {dup}")
+    for s in strategies:
+        if not isinstance(s, Strategy):
+            raise ConfigError(f"strategies: expected Strategy records, got {type(s).__name__}")
+    agent_ids = [a.agent_id for a in agents]
+    if len(set(agent_ids)) != len(agent_ids):
+        raise ConfigError(f"agents: agent ids must be unique, got {agent_ids}")
+    by_role: dict[str, Agent] = {}
+    for a in agents:
+        if a.role in by_role:
+            raise ConfigError(f"agents: the math orchestra takes one agent per role; two have role {a.role!r}")
+        by_role[a.role] = a
+    for role in (SOLVER, VERIFIER):
+        if role not in by_role:
+            raise ConfigError(f"agents: the math orchestra needs an agent with role {role!r}")
+    uids = [p.uid for p in problems]
+    if len(set(uids)) != len(uids):
+        dup = sorted({u for u in uids if uids.count(u) > 1})
+        raise DataError(f"problems: uids must be unique within a round; repeated: {dup[:10]}")
+    return by_role
+
+
+def _best(rewards: Sequence[float | None], greedy: bool) -> int:
+    """AT-GRPO's best-of-N: argmax of the immediate rewards (first on ties, nulls last), or 0."""
+    if not greedy:
+        return 0
+    best_i, best_v = 0, -math.inf
+    for i, v in enumerate(rewards):
+        if v is not None and v > best_v:
+            best_i, best_v = i, v
+    return best_i
+
+
+def run_round(
+    problems: Sequence[Problem],
+    agents: Sequence[Agent],
+    orchestra: MathOrchestra,
+    strategies: Sequence[Strategy],
+    sampler: Sampler | Mapping[str, Sampler],
+    config: RolloutConfig,
+    *,
+    tokenizer=None,
+) -> pa.Table:
+    """Run one round and return its `steps` table (validated).
+
+    `sampler` is one engine for every policy, or a mapping policy_id -> engine when agents have
+    their own policies. `tokenizer` renders prompts (`encode_prompt`); by default the sampler's
+    `tokenizer` attribute, else `pipeline.models.load_tokenizer(sampler.model_dir)`."""
+    if not isinstance(config, RolloutConfig):
+        raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
+    by_role = _check_inputs(problems, agents, strategies)
+    samplers = _samplers(sampler, agents)
+    tokenizers: dict[str, object] = {}
+    task = orchestra.task
+    r = config.round
+
+    episodes: list[_Episode] = []
+    for strategy in strategies:
+        sid = strategy.strategy_id
+        for problem in problems:
+            opening = orchestra.opening(strategy, problem)
+            if strategy.tree:
+                episodes.append(_Episode(problem, strategy, f"r{r}-{sid}-{problem.uid}", 0, opening))
+            else:
+                for k in range(strategy.group_size):
+                    episodes.append(_Episode(problem, strategy, f"r{r}-{sid}-{problem.uid}-s{k}", k, opening))
+
+    all_rows: list[_Row] = []
+    encoded: dict[tuple, list[int]] = {}
+    for agent_step in orchestra.schedule(config.max_loop_num, strategies):
+        live = [e for e in episodes if e.active]
+        if not live:
+            break
+        agent = by_role[agent_step.role]
+        eng = samplers[agent.policy_id]
+        if agent.policy_id not in tokenizers:
+            tokenizers[agent.policy_id] = tokenizer if tokenizer is not None else _tokenizer_of(eng)
+        tok = tokenizers[agent.policy_id]
+
+        contexts: list[list[Message]] = []
+        prompts: list[list[int]] = []
+        for e in live:
+            if agent_step.role == SOLVER:
+                msgs = agent.solver_view(e.opening, e.attempts, e.replies)
+            else:
+                msgs = agent.verifier_view(task, e.problem, e.attempts[-1])
+            key = (agent.policy_id, tuple((m["role"], m["content"]) for m in msgs))
+            if key not in encoded:
+                encoded[key] = encode_prompt(tok, msgs)
+            contexts.append(msgs)
+            prompts.append(encoded[key])
+
+        plan = plan_call([(p, e.width) for p, e in zip(prompts, live)])
+        seed = step_seed(config.seed, r, agent_step.step)
+        out = eng.generate(plan.prompts, plan.n, float(config.temperature), config.max_tokens_for(agent.agent_id), seed)
+        if len(out) != len(plan.prompts) or any(len(o) != plan.n for o in out):
+            raise DataError(
+                f"engine {eng.engine!r} returned {[len(o) for o in out][:8]}... samples for {len(plan.prompts)} prompts "
+                f"with n={plan.n} at round {r} step {agent_step.step}"
+            )
+        version, engine_name = eng.model_version, eng.engine
+
+        new_rows: list[list[_Row]] = []
+        for e, msgs, prompt, slots in zip(live, contexts, prompts, plan.slots):
+            rows = []
+            for c, (pi, j) in enumerate(slots):
+                sample = out[pi][j]
+                sample_idx = c if e.tree else e.sample_idx
+                traj_uid = f"{e.traj_uid}-s{c}" if e.tree else e.traj_uid
+                step_id = f"{traj_uid}-{agent.agent_id}-t{agent_step.turn}"
+                if len(sample.token_ids) != len(sample.logprobs):
+                    raise DataError(
+                        f"engine {engine_name!r} returned {len(sample.token_ids)} token ids but {len(sample.logprobs)} logprobs for step_id {step_id!r}"
+                    )
+                rows.append(
+                    _Row(
+                        step_id=step_id,
+                        strategy=e.strategy.strategy_id,
+                        uid=e.problem.uid,
+                        traj_uid=traj_uid,
+                        sample_idx=sample_idx,
+                        agent_id=agent.agent_id,
+                        policy_id=agent.policy_id,
+                        turn=agent_step.turn,
+                        step=agent_step.step,
+                        parent_node_id=e.parent,
+                        messages=msgs,
+                        prompt_ids=prompt,
+                        sample=sample,
+                        model_version=version,
+                        engine=engine_name,
+                        seed=seed,
+                    )
+                )
+            new_rows.append(rows)
+            all_rows.extend(rows)
+            e.rows.extend(rows)
+
+        if agent_step.role == SOLVER:
+            _after_solver(live, new_rows, task, config)
+        else:
+            _after_verifier(live, new_rows, task, orchestra, config, agent_step)
+
+    _final_rewards(episodes)
+    return validate(_to_table(all_rows, r, config.alpha), STEPS)
+
+
+def _after_solver(live: list[_Episode], new_rows: list[list[_Row]], task, config: RolloutConfig) -> None:
+    """Score every new attempt (one guarded batch); trees select their best candidate."""
+    items = [(e.problem, row.sample.text) for e, rows in zip(live, new_rows) for row in rows]
+    scores = iter(score_attempts(task, items, config.reward_timeout))
+    for e, rows in zip(live, new_rows):
+        for row in rows:
+            row.correct = next(scores)
+            row.local = solver_local_reward(row.correct)
+            if e.tree:
+                row.global_ = global_reward(row.correct)
+        chosen = _select(e, rows, config.alpha) if e.tree else rows[0]
+        e.attempts.append(chosen.sample.text)
+        e.last_solver = chosen
+        e.parent = chosen.step_id
+
+
+def _after_verifier(live: list[_Episode], new_rows: list[list[_Row]], task, orchestra: MathOrchestra, config: RolloutConfig, agent_step: AgentStep) -> None:
+    """Parse every new verdict (one guarded batch), score it, let trees select, and apply the
+    orchestra's active mask: stopped samples get no further calls."""
+    texts = [row.sample.text for rows in new_rows for row in rows]
+    verdicts = iter(parse_verdicts(task, texts, config.reward_timeout))
+    for e, rows in zip(live, new_rows):
+        judged = e.last_solver.correct
+        for row in rows:
+            row.verdict = next(verdicts)
+            row.judged = judged
+            row.local = verifier_local_reward(row.verdict, judged)
+            if e.tree:
+                row.global_ = global_reward(judged)
+        chosen = _select(e, rows, config.alpha) if e.tree else rows[0]
+        e.parent = chosen.step_id
+        approved = chosen.verdict.ok and chosen.verdict.value is True
+        if orchestra.continues(e.strategy, agent_step.turn, approved, config.max_loop_num):
+            e.replies.append(orchestra.reply(e.strategy, e.problem, e.attempts[-1], chosen.sample.text))
+        else:
+            e.active = False
+
+
+def _select(e: _Episode, rows: list[_Row], alpha: float) -> _Row:
+    """Mark the best candidate of a tree node `selected` (the others False) and return it."""
+    mixed = [row_reward(alpha, row.global_, row.local).reward for row in rows]
+    best = _best(mixed, getattr(e.strategy, "greedy", True))
+    for i, row in enumerate(rows):
+        row.selected = i == best
+    return rows[best]
+
+
+def _final_rewards(episodes: list[_Episode]) -> None:
+    """Ordinary trajectories: every row gets the reward of the final Solver attempt as its
+    global reward (tree rows were scored immediately)."""
+    for e in episodes:
+        if e.tree or e.last_solver is None:
+            continue
+        final = global_reward(e.last_solver.correct)
+        for row in e.rows:
+            row.global_ = final
+
+
+def _to_table(rows: list[_Row], round_: int, alpha: float) -> pa.Table:
+    cols: dict[str, list] = {f.name: [] for f in STEPS.schema}
+    for row in rows:
+        rew = row_reward(alpha, row.global_, row.local)
+        cols["round"].append(round_)
+        cols["step_id"].append(row.step_id)
+        cols["strategy"].append(row.strategy)
+        cols["uid"].append(row.uid)
+        cols["traj_uid"].append(row.traj_uid)
+        cols["sample_idx"].append(row.sample_idx)
+        cols["agent_id"].append(row.agent_id)
+        cols["policy_id"].append(row.policy_id)
+        cols["turn"].append(row.turn)
+        cols["step"].append(row.step)
+        cols["node_id"].append(row.step_id)
+        cols["parent_node_id"].append(row.parent_node_id)
+        cols["selected"].append(row.selected)
+        cols["active"].append(True)
+        cols["sampling_messages"].append(row.messages)
+        cols["prompt_hash"].append(prompt_hash(row.prompt_ids))
+        cols["prompt_ids"].append(row.prompt_ids)
+        cols["completion_ids"].append(list(row.sample.token_ids))
+        cols["completion_logprobs"].append(list(row.sample.logprobs))
+        cols["completion_text"].append(row.sample.text)
+        cols["finish_reason"].append(row.sample.finish_reason)
+        cols["global_reward"].append(rew.global_reward)
+        cols["local_reward"].append(rew.local_reward)
+        cols["reward"].append(rew.reward)
+        cols["reward_error"].append(rew.reward_error)
+        cols["model_version"].append(row.model_version)
+        cols["engine"].append(row.engine)
+        cols["seed"].append(row.seed)
+    arrays = [pa.array(cols[f.name], type=f.type) for f in STEPS.schema]
+    return pa.Table.from_arrays(arrays, schema=STEPS.schema)
+
+
+def write_steps(table: pa.Table, store: str | Path, round_: int) -> Path:
+    """Validate `table` against STEPS and write it atomically to `<store>/round=<r>/steps.parquet`.
+    Every row must belong to round `round_`."""
+    validate(table, STEPS)
+    rounds = set(table.column("round").to_pylist()) if table.num_rows else set()
+    if rounds - {int(round_)}:
+        raise DataError(f"write_steps(round={round_}): the table holds rows of round(s) {sorted(rounds)}")
+    return write_table(table, table_path(store, round_, "steps"), schema=STEPS)
+
+
+DEFAULT_STRATEGIES = ("iid", "prompt_aug", "feedback", "tree")
+
+
+def rollout_command(
+    store: str | Path,
+    round: int,
+    problems: int,
+    samples: int,
+    engine: str,
+    model_dir: str | Path | None = None,
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    seed: int = 0,
+) -> Path:
+    """`maxit rollout`: a mixed-strategy two-agent round of the default task on the default model
+    (or `model_dir`), written to `<store>/round=<round>/steps.parquet`; returns that path.
+
+    `problems` train problems are drawn with a seed derived from `seed` and `round`; every
+    strategy uses `samples` as its group size (tree: candidates per node)."""
+    from pipeline.engines import make_sampler
+    from pipeline.models import default_model
+    from pipeline.tasks import make_task
+
+    if isinstance(problems, bool) or not isinstance(problems, int) or problems < 1:
+        raise ConfigError(f"--problems must be an integer >= 1, got {problems!r}")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ConfigError(f"--samples must be an integer >= 1, got {samples!r}")
+    config = RolloutConfig(round=round, seed=seed)
+    chosen = [make_strategy(s, group_size=samples) for s in strategies]
+    task = make_task()
+    batch = task.problems("train", problems, step_seed(seed, round, -1))
+    model_dir = Path(model_dir) if model_dir is not None else default_model()
+    sampler = make_sampler(engine, model_dir)
+    try:
+        table = run_round(batch, default_agents(), MathOrchestra(task), chosen, sampler, config)
+    finally:
+        sampler.close()
+    return write_steps(table, store, round)
