@@ -1,0 +1,215 @@
+"""Configuration of a training run: the loss (`LossConfig`, per-strategy `RatioConfig`), optional
+LoRA (`LoraSettings`) and the run itself (`TrainConfig`).
+
+Every field is documented where it is declared and validated at construction: a bad value raises
+`pipeline.errors.ConfigError` naming the field. Defaults come from the prototype
+(/work/shared/FINDINGS.md): PPO clip [0.8, 1.28], sequence-ratio mask [1/3, 3], lr 5e-4 for the
+tiny model (1e-3 collapsed), 2 epochs, minibatch 256, no KL.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, Mapping
+
+from pipeline.errors import ConfigError
+
+__all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS"]
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_KINDS = ("ppo", "rs")
+
+
+def _finite_positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RatioConfig:
+    """What happens to a sequence whose importance ratio is extreme.
+
+    The sequence ratio is s = exp(mean over the completion's tokens of log p_train - log q_sample)
+    (a geometric mean, so long and short completions are judged alike) or, with `level="sum"`,
+    exp(sum) (the exact sequence likelihood ratio)."""
+
+    mode: Literal["mask", "truncate", "none"] = "mask"
+    """"mask": sequences with s outside [low, high] contribute nothing (they stay in the
+    denominator of the aggregation, so masking does not up-weight the rest);
+    "truncate": every token's loss of the sequence is scaled by the constant clip(s, low, high)/s,
+    so the sequence counts as if its ratio were at the cap instead of being dropped (truncated
+    importance sampling, two-sided); "none": no sequence-level handling (token clip only)."""
+    low: float = 1.0 / 3.0
+    """Lower cap on s (FINDINGS: 1/3)."""
+    high: float = 3.0
+    """Upper cap on s (FINDINGS: 3)."""
+    level: Literal["mean", "sum"] = "mean"
+    """How token log ratios make the sequence log ratio: their mean (default) or their sum."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("mask", "truncate", "none"):
+            raise ConfigError(f"RatioConfig.mode must be 'mask', 'truncate' or 'none', got {self.mode!r}")
+        if self.level not in ("mean", "sum"):
+            raise ConfigError(f"RatioConfig.level must be 'mean' or 'sum', got {self.level!r}")
+        _finite_positive("RatioConfig.low", self.low)
+        _finite_positive("RatioConfig.high", self.high)
+        if not self.low <= 1.0 <= self.high:
+            raise ConfigError(f"RatioConfig.low <= 1 <= RatioConfig.high is required, got low={self.low}, high={self.high}")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The training loss (see `pipeline/training/loss.py` for the formulas)."""
+
+    kind: Literal["ppo", "rs"] = "ppo"
+    """"ppo": importance-weighted policy gradient with PPO clip and sequence-ratio handling;
+    "rs": rejection-sampling expert iteration, the NLL of completions whose reward >=
+    `rs_threshold` under the training context (FINDINGS lesson 4: best and cheapest in the
+    prototype). For "rs" build the view with `drop_zero_advantage=False`, or the correct answers
+    of all-correct groups are lost."""
+    eps_low: float = 0.2
+    """PPO clip: token ratios below 1 - eps_low stop contributing gradient (FINDINGS: 0.8)."""
+    eps_high: float = 0.28
+    """PPO clip: token ratios above 1 + eps_high stop contributing gradient (FINDINGS: 1.28, DAPO's clip-higher)."""
+    ratio: RatioConfig = field(default_factory=RatioConfig)
+    """Sequence-ratio handling of every strategy not named in `ratio_by_strategy`."""
+    ratio_by_strategy: Mapping[str, RatioConfig] = field(default_factory=dict)
+    """Per-strategy overrides, e.g. {"prompt_aug": RatioConfig(mode="truncate")}: a context swap
+    moves ratios mostly downwards (FINDINGS lesson 3), so masking may drop exactly the hinted
+    successes."""
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How per-token losses become one number: mean over all completion tokens of the batch;
+    mean over rows of each row's token mean (GRPO); mean over rows of each row's token sum."""
+    beta: float = 0.0
+    """Weight of the KL penalty to the reference (initial) model, k3 estimator
+    exp(r - p) - (r - p) - 1 per token; 0 disables it and no reference model is loaded."""
+    rs_threshold: float = 1.0
+    """"rs" trains on rows whose reward >= this (rewards are 1.0 right, 0.0 wrong)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSS_KINDS:
+            raise ConfigError(f"LossConfig.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
+        if not (math.isfinite(self.eps_low) and 0 <= self.eps_low < 1):
+            raise ConfigError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low!r}")
+        if not (math.isfinite(self.eps_high) and self.eps_high >= 0):
+            raise ConfigError(f"LossConfig.eps_high must be finite and >= 0, got {self.eps_high!r}")
+        if not isinstance(self.ratio, RatioConfig):
+            raise ConfigError(f"LossConfig.ratio must be a RatioConfig, got {type(self.ratio).__name__}")
+        for sid, rc in dict(self.ratio_by_strategy).items():
+            if not isinstance(rc, RatioConfig):
+                raise ConfigError(f"LossConfig.ratio_by_strategy[{sid!r}] must be a RatioConfig, got {type(rc).__name__}")
+        object.__setattr__(self, "ratio_by_strategy", MappingProxyType(dict(self.ratio_by_strategy)))
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"LossConfig.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if not (math.isfinite(self.beta) and self.beta >= 0):
+            raise ConfigError(f"LossConfig.beta must be finite and >= 0, got {self.beta!r}")
+        if not math.isfinite(self.rs_threshold):
+            raise ConfigError(f"LossConfig.rs_threshold must be finite, got {self.rs_threshold!r}")
+
+    def ratio_for(self, strategy: str) -> RatioConfig:
+        """The sequence-ratio handling of `strategy`."""
+        return self.ratio_by_strategy.get(strategy, self.ratio)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """Train low-rank adapters (peft) instead of all weights; the checkpoint is written merged,
+    so engines load it as a plain model."""
+
+    r: int = 16
+    """Adapter rank."""
+    alpha: int = 32
+    """Scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Module names the adapters attach to (Llama-style names by default)."""
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ConfigError(f"LoraSettings.r must be >= 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ConfigError(f"LoraSettings.alpha must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"LoraSettings.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ConfigError("LoraSettings.target_modules must name at least one module")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run of one policy on its rows of a training view."""
+
+    lr: float = 5e-4
+    """AdamW learning rate (FINDINGS: 2e-4..5e-4 work for the tiny model, 1e-3 collapses)."""
+    epochs: int = 2
+    """Passes over the rows; each row is seen exactly once per epoch."""
+    minibatch_size: int = 256
+    """Rows per optimizer step."""
+    micro_batch_size: int = 64
+    """Rows per forward/backward; gradients are accumulated over minibatch_size / micro_batch_size of them."""
+    temperature: float = 1.0
+    """Sampling temperature of the rows: logits are divided by it before the log-softmax, so
+    p_train and the stored q_sample are distributions at the same temperature."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """The loss."""
+    seed: int = 0
+    """Seed of the row order and of anything random in training."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 disables)."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule over the run."""
+    warmup_steps: int = 0
+    """Linear warm-up optimizer steps."""
+    report_to: str = "tensorboard"
+    """Where metrics go ("tensorboard", "none", or any `transformers` integration name); TensorBoard
+    logs are written inside the checkpoint folder, under `logs/`."""
+    logging_steps: int = 1
+    """Log metrics every this many optimizer steps."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters instead of all weights (None = full fine-tuning)."""
+    bf16: bool | None = None
+    """bf16 autocast; None = on when a CUDA GPU is used, off (fp32) on CPU."""
+    num_threads: int | None = None
+    """CPU threads for torch (None = the cores this process may use); oversubscribing a small
+    machine makes every thread crawl."""
+    max_length: int | None = None
+    """Longest prompt + completion trained; longer rows are dropped and counted (None = the
+    model's `max_position_embeddings`)."""
+
+    def __post_init__(self) -> None:
+        _finite_positive("TrainConfig.lr", self.lr)
+        _finite_positive("TrainConfig.temperature", self.temperature)
+        for name in ("epochs", "minibatch_size", "micro_batch_size", "logging_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"TrainConfig.{name} must be an integer >= 1, got {v!r}")
+        if self.minibatch_size % self.micro_batch_size:
+            raise ConfigError(
+                f"TrainConfig.minibatch_size ({self.minibatch_size}) must be a multiple of "
+                f"TrainConfig.micro_batch_size ({self.micro_batch_size})"
+            )
+        if self.weight_decay < 0:
+            raise ConfigError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm < 0:
+            raise ConfigError(f"TrainConfig.max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        if self.lr_scheduler not in ("constant", "linear", "cosine"):
+            raise ConfigError(f"TrainConfig.lr_scheduler must be 'constant', 'linear' or 'cosine', got {self.lr_scheduler!r}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not isinstance(self.loss, LossConfig):
+            raise ConfigError(f"TrainConfig.loss must be a LossConfig, got {type(self.loss).__name__}")
+        if self.lora is not None and not isinstance(self.lora, LoraSettings):
+            raise ConfigError(f"TrainConfig.lora must be a LoraSettings or None, got {type(self.lora).__name__}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"TrainConfig.num_threads must be >= 1 or None, got {self.num_threads}")
+        if self.max_length is not None and self.max_length < 2:
+            raise ConfigError(f"TrainConfig.max_length must be >= 2 or None, got {self.max_length}")
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.minibatch_size // self.micro_batch_size

@@ -1,0 +1,354 @@
+"""Training views: the context swap of expert iteration (seed 004).
+
+A row of the advantages table holds a completion sampled under `sampling_messages`. Its training
+row keeps the completion token ids and their sampling logprobs verbatim (never re-tokenized, never
+recomputed) and rebuilds only the context: `strategy.training_messages(sampling_messages, turn,
+agent_id)`, rendered with the same chat template (`encode_prompt`). Where the strategy leaves the
+messages unchanged, the stored `prompt_ids` are reused as they are (no re-render).
+
+A row enters the view when it is active, has a reward, its strategy trains that (turn, agent),
+its sample weight is > 0 and (by default) its advantage is not zero. Rows whose training prompt +
+completion exceed `ViewConfig.max_length` are dropped and counted in `ViewStats`, never truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.errors import ConfigError, DataError
+from pipeline.models.chat import encode_prompt
+from schemas import ADVANTAGES, TRAINING_VIEW, TableSchema, validate
+
+__all__ = [
+    "ViewConfig",
+    "ViewStats",
+    "build_training_view",
+    "build_training_view_with_stats",
+    "view_stats",
+    "view_hash",
+    "to_dataset",
+    "check_view",
+]
+
+log = logging.getLogger(__name__)
+
+STATS_METADATA_KEY = b"maxit.view_stats"
+
+INPUT_COLUMNS = (
+    "step_id",
+    "round",
+    "strategy",
+    "agent_id",
+    "policy_id",
+    "turn",
+    "active",
+    "sampling_messages",
+    "prompt_ids",
+    "completion_ids",
+    "completion_logprobs",
+    "reward",
+    "advantage",
+    "sample_weight",
+)
+VIEW_INPUT = TableSchema(
+    "advantages (training-view input)",
+    pa.schema([ADVANTAGES.schema.field(c) for c in INPUT_COLUMNS]),
+    row_id="step_id",
+    unique=("step_id",),
+)
+EXTRA_COLUMNS = (pa.field("round", pa.int32(), nullable=False), pa.field("turn", pa.int32(), nullable=False))
+VIEW_SCHEMA = pa.schema(list(TRAINING_VIEW.schema) + list(EXTRA_COLUMNS))
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """Which rows become training rows, and how long they may be."""
+
+    max_length: int | None = None
+    """Longest training prompt + completion in tokens (the model's context); longer rows are
+    dropped and counted. None = no limit here (the trainer still enforces the model's)."""
+    drop_zero_advantage: bool = True
+    """Leave out rows with |advantage| <= zero_advantage_tol (they carry no policy gradient; the
+    prototype dropped them). Set False for the "rs" loss, which trains on correct rows of
+    all-correct groups too."""
+    zero_advantage_tol: float = 0.0
+    """Advantages with absolute value at most this count as zero."""
+    check_identity_render: bool = False
+    """Also re-render contexts the strategy leaves unchanged and raise `DataError` if the ids
+    differ from the stored `prompt_ids` (catches a tokenizer or chat template that is not the
+    one the rows were sampled with)."""
+    policy_ids: tuple[str, ...] | None = None
+    """Keep only rows of these policies (None = all)."""
+
+    def __post_init__(self) -> None:
+        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
+            raise ConfigError(f"ViewConfig.max_length must be an integer >= 2 or None, got {self.max_length!r}")
+        if not (math.isfinite(self.zero_advantage_tol) and self.zero_advantage_tol >= 0):
+            raise ConfigError(f"ViewConfig.zero_advantage_tol must be finite and >= 0, got {self.zero_advantage_tol!r}")
+
+
+@dataclass(frozen=True)
+class ViewStats:
+    """What happened to the input rows (each input row is counted under exactly one reason)."""
+
+    n_input: int = 0
+    """Rows of the advantages table given."""
+    n_rows: int = 0
+    """Rows in the view."""
+    n_inactive: int = 0
+    """Dropped: inactive."""
+    n_null_reward: int = 0
+    """Dropped: no reward."""
+    n_other_policy: int = 0
+    """Dropped: policy not in `ViewConfig.policy_ids`."""
+    n_not_trainable: int = 0
+    """Dropped: the strategy does not train this (turn, agent) (e.g. feedback's skipped first attempt)."""
+    n_zero_weight: int = 0
+    """Dropped: sample_weight <= 0."""
+    n_zero_advantage: int = 0
+    """Dropped: zero advantage (with `drop_zero_advantage`)."""
+    n_too_long: int = 0
+    """Dropped: training prompt + completion longer than `max_length` (never truncated)."""
+    n_context_swapped: int = 0
+    """Rows of the view whose training prompt differs from the sampling prompt."""
+    n_rerendered: int = 0
+    """Rows whose training context was rendered anew (the others reuse `prompt_ids`)."""
+    by_strategy: Mapping[str, int] = field(default_factory=dict)
+    """Rows of the view per strategy."""
+
+
+def _to_arrow(data) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    import polars as pl
+
+    if isinstance(data, pl.LazyFrame):
+        data = data.collect()
+    if isinstance(data, pl.DataFrame):
+        return data.to_arrow()
+    raise TypeError(f"expected a pyarrow Table or a Polars DataFrame/LazyFrame, got {type(data).__name__}")
+
+
+def _ids(table: pa.Table, mask: np.ndarray, limit: int = 10) -> str:
+    ids = [table.column("step_id")[int(i)].as_py() for i in np.flatnonzero(mask)[:limit]]
+    more = f" and {int(mask.sum()) - limit} more" if int(mask.sum()) > limit else ""
+    return ", ".join(repr(i) for i in ids) + more
+
+
+def _check_lengths(table: pa.Table, ids_col: str, lp_col: str) -> None:
+    """Token ids and their logprobs must pair up; NaN logprobs are unusable."""
+    n_ids = pc.list_value_length(table.column(ids_col)).to_numpy(zero_copy_only=False)
+    n_lp = pc.list_value_length(table.column(lp_col)).to_numpy(zero_copy_only=False)
+    bad = n_ids != n_lp
+    if bad.any():
+        raise DataError(f"{ids_col!r} and {lp_col!r} differ in length in {int(bad.sum())} row(s) (step_id {_ids(table, bad)})")
+    empty = n_ids == 0
+    if empty.any():
+        raise DataError(f"{ids_col!r} is empty in {int(empty.sum())} row(s) (step_id {_ids(table, empty)})")
+    flat = pc.list_flatten(table.column(lp_col)).to_numpy(zero_copy_only=False).astype(np.float64)
+    if flat.size and not np.isfinite(flat).all():
+        owner = np.repeat(np.arange(table.num_rows), n_lp)
+        bad_rows = np.zeros(table.num_rows, dtype=bool)
+        bad_rows[owner[~np.isfinite(flat)]] = True
+        raise DataError(f"{lp_col!r} holds NaN/inf in {int(bad_rows.sum())} row(s) (step_id {_ids(table, bad_rows)})")
+
+
+def _check_finite(table: pa.Table, col: str) -> None:
+    """NaN or infinite values are an error naming the rows (a null, where allowed, is not NaN)."""
+    column = table.column(col)
+    v = column.to_numpy(zero_copy_only=False).astype(np.float64)
+    null = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    bad = ~np.isfinite(v) & ~null
+    if bad.any():
+        raise DataError(f"{col!r} is NaN or infinite in {int(bad.sum())} row(s) (step_id {_ids(table, bad)})")
+
+
+def build_training_view_with_stats(
+    advantages, strategies: Mapping[str, object], tokenizer, config: ViewConfig = ViewConfig()
+) -> tuple[pa.Table, ViewStats]:
+    """The training view of an advantages table (pyarrow or Polars) and what was dropped.
+
+    `strategies` maps a strategy id (the `strategy` column) to its Strategy object. The view has
+    the `training_view` schema plus `round` and `turn`, rows in input order."""
+    table = _to_arrow(advantages)
+    validate(table, VIEW_INPUT)
+    table = table.select(list(INPUT_COLUMNS)).combine_chunks()
+    n = table.num_rows
+    _check_lengths(table, "completion_ids", "completion_logprobs")
+    for col in ("advantage", "sample_weight", "reward"):
+        _check_finite(table, col)
+
+    strat_col = table.column("strategy").to_pylist()
+    unknown = sorted(set(strat_col) - set(strategies))
+    if unknown:
+        bad = np.array([s in unknown for s in strat_col])
+        raise ConfigError(f"no strategy object for strategy id(s) {unknown} (step_id {_ids(table, bad)}); known: {sorted(strategies)}")
+
+    active = table.column("active").to_numpy(zero_copy_only=False).astype(bool)
+    has_reward = ~np.asarray(table.column("reward").is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    turns = table.column("turn").to_numpy(zero_copy_only=False)
+    agents = table.column("agent_id").to_pylist()
+    policies = table.column("policy_id").to_pylist()
+    weight = table.column("sample_weight").to_numpy(zero_copy_only=False)
+    adv = table.column("advantage").to_numpy(zero_copy_only=False)
+
+    in_policy = np.ones(n, dtype=bool) if config.policy_ids is None else np.array([p in config.policy_ids for p in policies], dtype=bool)
+    trainable = np.array([bool(strategies[s].trainable(int(t), a)) for s, t, a in zip(strat_col, turns, agents)], dtype=bool)
+    nonzero = np.abs(adv) > config.zero_advantage_tol if config.drop_zero_advantage else np.ones(n, dtype=bool)
+
+    # each dropped row is counted under the first reason that applies, in this order
+    reasons = [
+        ("n_inactive", active),
+        ("n_null_reward", has_reward),
+        ("n_other_policy", in_policy),
+        ("n_not_trainable", trainable),
+        ("n_zero_weight", weight > 0),
+        ("n_zero_advantage", nonzero),
+    ]
+    keep = np.ones(n, dtype=bool)
+    counts: dict[str, int] = {}
+    for name, ok in reasons:
+        counts[name] = int((keep & ~ok).sum())
+        keep &= ok
+
+    # the context swap: rebuild each kept row's training context through its strategy
+    messages_col = table.column("sampling_messages")
+    prompt_col = table.column("prompt_ids")
+    n_completion = pc.list_value_length(table.column("completion_ids")).to_numpy(zero_copy_only=False)
+    train_prompts: list[list[int]] = []
+    swapped: list[bool] = []
+    n_rerendered = 0
+    too_long = np.zeros(n, dtype=bool)
+    kept_idx = np.flatnonzero(keep)
+    for i in kept_idx:
+        i = int(i)
+        sampling = messages_col[i].as_py()
+        strategy = strategies[strat_col[i]]
+        training = strategy.training_messages(sampling, int(turns[i]), agents[i])
+        stored = prompt_col[i].as_py()
+        if [(m["role"], m["content"]) for m in training] == [(m["role"], m["content"]) for m in sampling]:
+            ids = stored
+            if config.check_identity_render:
+                rendered = encode_prompt(tokenizer, training)
+                if rendered != stored:
+                    raise DataError(
+                        f"re-rendering the sampling messages of step_id {table.column('step_id')[i].as_py()!r} gives "
+                        f"prompt ids that differ from 'prompt_ids': the tokenizer or chat template is not the sampling one"
+                    )
+        else:
+            ids = encode_prompt(tokenizer, training)
+            n_rerendered += 1
+        if config.max_length is not None and len(ids) + int(n_completion[i]) > config.max_length:
+            too_long[i] = True
+            continue
+        train_prompts.append(ids)
+        swapped.append(ids != stored)
+    if too_long.any():
+        log.warning(
+            "training view: dropped %d row(s) longer than max_length=%d (step_id %s)",
+            int(too_long.sum()), config.max_length, _ids(table, too_long),
+        )
+    keep &= ~too_long
+
+    kept = table.filter(pa.array(keep))
+    view = pa.table(
+        {
+            "step_id": kept.column("step_id"),
+            "policy_id": kept.column("policy_id"),
+            "agent_id": kept.column("agent_id"),
+            "strategy": kept.column("strategy"),
+            "train_prompt_ids": pa.array(train_prompts, type=pa.list_(pa.int32())),
+            "completion_ids": kept.column("completion_ids").cast(pa.list_(pa.int32())),
+            "sampling_logprobs": kept.column("completion_logprobs").cast(pa.list_(pa.float32())),
+            "advantage": kept.column("advantage"),
+            "sample_weight": kept.column("sample_weight"),
+            "reward": kept.column("reward"),
+            "context_swapped": pa.array(swapped, type=pa.bool_()),
+            "round": kept.column("round"),
+            "turn": kept.column("turn"),
+        }
+    )
+    view = view.cast(VIEW_SCHEMA)
+    by_strategy: dict[str, int] = {}
+    for s in view.column("strategy").to_pylist():
+        by_strategy[s] = by_strategy.get(s, 0) + 1
+    stats = ViewStats(
+        n_input=n,
+        n_rows=view.num_rows,
+        n_too_long=int(too_long.sum()),
+        n_context_swapped=int(sum(swapped)),
+        n_rerendered=n_rerendered,
+        by_strategy=by_strategy,
+        **counts,
+    )
+    meta = {STATS_METADATA_KEY: json.dumps(asdict(stats)).encode()}
+    view = view.replace_schema_metadata(meta)
+    validate(view, TRAINING_VIEW)
+    log.info("training view: %s", stats)
+    return view, stats
+
+
+def build_training_view(advantages, strategies: Mapping[str, object], tokenizer, config: ViewConfig = ViewConfig()) -> pa.Table:
+    """The training view of an advantages table (see `build_training_view_with_stats`); its
+    `ViewStats` are logged and kept in the schema metadata (`view_stats(view)`)."""
+    return build_training_view_with_stats(advantages, strategies, tokenizer, config)[0]
+
+
+def view_stats(view: pa.Table) -> ViewStats | None:
+    """The `ViewStats` a view was built with, if its schema metadata still carries them."""
+    raw = (view.schema.metadata or {}).get(STATS_METADATA_KEY)
+    return None if raw is None else ViewStats(**json.loads(raw))
+
+
+def check_view(view) -> pa.Table:
+    """Validate a training view (schema, and ids/logprobs lengths per row); return it as Arrow."""
+    table = _to_arrow(view)
+    validate(table, TRAINING_VIEW)
+    _check_lengths(table.combine_chunks(), "completion_ids", "sampling_logprobs")
+    for col in ("advantage", "sample_weight"):
+        _check_finite(table, col)
+    lengths = pc.list_value_length(table.column("train_prompt_ids")).to_numpy(zero_copy_only=False)
+    if (lengths == 0).any():
+        raise DataError(f"'train_prompt_ids' is empty in step_id {_ids(table, lengths == 0)}")
+    return table
+
+
+def to_dataset(view):
+    """A `datasets.Dataset` over the view's Arrow table (no copy through Python objects)."""
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    table = _to_arrow(view)
+    return Dataset(InMemoryTable(table.replace_schema_metadata(None)))
+
+
+def view_hash(view) -> str:
+    """A content hash of a view's rows (its `training_view` columns, rows ordered by step_id),
+    independent of row order, chunking and extra columns: the `data hash` of a checkpoint."""
+    import hashlib
+
+    table = _to_arrow(view).select([f.name for f in TRAINING_VIEW.schema]).combine_chunks()
+    table = table.take(pc.sort_indices(table, sort_keys=[("step_id", "ascending")]))
+    h = hashlib.blake2b(digest_size=16)
+    h.update(str(table.num_rows).encode())
+    for f in TRAINING_VIEW.schema:
+        col = table.column(f.name)
+        h.update(f.name.encode() + b"\x00")
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            h.update(pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64).tobytes())
+            dtype = np.int64 if pa.types.is_integer(col.type.value_type) else np.float64
+            h.update(pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(dtype).tobytes())
+        elif pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            h.update("\x00".join(col.to_pylist()).encode())
+        else:
+            h.update(np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool).tobytes())
+            h.update(col.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False).tobytes())
+    return h.hexdigest()

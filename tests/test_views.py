@@ -1,0 +1,203 @@
+"""Training views: the context swap (seed 004 test 1), identity reuse, turn-wise transforms,
+non-prefix contexts, drops that are counted, and bad input named by column and step_id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import polars as pl
+import pyarrow as pa
+import pytest
+import torch
+
+from pipeline.errors import ConfigError, DataError
+from pipeline.models.chat import encode_prompt
+from pipeline.strategies import IID, Feedback, PromptAug, Strategy
+from pipeline.training.trainer import collate
+from pipeline.views import ViewConfig, build_training_view, build_training_view_with_stats, to_dataset, view_hash, view_stats
+from schemas import SchemaError, validate
+from tiny import advantage_row, advantages_table, tiny_tokenizer
+
+
+class IntTokenizer:
+    """Fake tokenizer: a message's content is space-separated token ids; the "template"
+    concatenates them (so a context of ids [1, 2, 3] is the message "1 2 3")."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, return_dict=False):
+        return [int(x) for m in messages for x in m["content"].split()]
+
+
+@dataclass(frozen=True)
+class SwapTo99(Strategy):
+    """Trains every completion under the context [9, 9]."""
+
+    strategy_id: ClassVar[str] = "swap"
+
+    def training_messages(self, sampling_messages, turn, agent_id):
+        return [{"role": "user", "content": "9 9"}]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def test_context_swap_seed004_view_row_and_collated_batch():
+    adv = advantages_table(
+        [
+            advantage_row(
+                "s0",
+                strategy="swap",
+                sampling_messages=[{"role": "user", "content": "1 2 3"}],
+                prompt_ids=[1, 2, 3],
+                completion_ids=[4, 5],
+                completion_logprobs=[-0.1, -0.2],
+            )
+        ]
+    )
+    view = build_training_view(adv, {"swap": SwapTo99()}, IntTokenizer())
+    validate(view, "training_view")
+    row = view.to_pylist()[0]
+    assert row["train_prompt_ids"] == [9, 9]
+    assert row["completion_ids"] == [4, 5]
+    assert row["sampling_logprobs"] == pytest.approx([-0.1, -0.2], abs=1e-7)
+    assert row["context_swapped"] is True
+
+    # the same row as the trainer batches it
+    batch = collate(to_dataset(view).to_list())
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    loss_mask = torch.cat([torch.zeros_like(batch["prompt_mask"], dtype=torch.float32), batch["completion_mask"]], dim=1)
+    assert input_ids[0, :2].tolist() == [9, 9]
+    assert input_ids[0].tolist() == [9, 9, 4, 5]
+    assert loss_mask[0].tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert batch["sampling_logprobs"][0].tolist() == pytest.approx([-0.1, -0.2], abs=1e-7)
+
+
+def test_identity_reuses_stored_prompt_ids_and_rerender_matches(tok):
+    msgs = [{"role": "user", "content": "12+30="}]
+    ids = encode_prompt(tok, msgs)
+    adv = advantages_table([advantage_row("a", sampling_messages=msgs, prompt_ids=ids)])
+    view, stats = build_training_view_with_stats(adv, {"iid": IID()}, tok, ViewConfig(check_identity_render=True))
+    assert view.column("train_prompt_ids").to_pylist() == [ids]
+    assert encode_prompt(tok, IID().training_messages(msgs, 0, "solver")) == ids
+    assert stats.n_rerendered == 0 and stats.n_context_swapped == 0
+    assert view.column("context_swapped").to_pylist() == [False]
+
+
+def test_identity_does_not_rerender_and_check_catches_foreign_template(tok):
+    msgs = [{"role": "user", "content": "12+30="}]
+    stored = [7, 7, 7]  # not what this tokenizer renders: proves the stored ids are the ones used
+    adv = advantages_table([advantage_row("odd", sampling_messages=msgs, prompt_ids=stored)])
+    view = build_training_view(adv, {"iid": IID()}, tok)
+    assert view.column("train_prompt_ids").to_pylist() == [stored]
+    with pytest.raises(DataError, match="'odd'"):
+        build_training_view(adv, {"iid": IID()}, tok, ViewConfig(check_identity_render=True))
+
+
+def test_prompt_aug_training_context_is_not_a_prefix(tok):
+    sampling = [{"role": "system", "content": "Hint: carry the one"}, {"role": "user", "content": "19+3="}]
+    ids = encode_prompt(tok, sampling)
+    adv = advantages_table([advantage_row("h", strategy="prompt_aug", sampling_messages=sampling, prompt_ids=ids)])
+    view = build_training_view(adv, {"prompt_aug": PromptAug()}, tok)
+    train = view.column("train_prompt_ids").to_pylist()[0]
+    assert train == encode_prompt(tok, [{"role": "user", "content": "19+3="}])
+    assert train != ids[: len(train)]  # not a prefix of the sampling prompt
+    assert view.column("completion_ids").to_pylist()[0] == [6, 7]
+    assert view.column("context_swapped").to_pylist() == [True]
+
+
+@pytest.mark.parametrize("train_context", ["problem", "attempt"])
+def test_feedback_swaps_the_final_solver_turn_only(tok, train_context):
+    problem = {"role": "user", "content": "5+5="}
+    attempt = {"role": "assistant", "content": "11"}
+    feedback = {"role": "user", "content": "Wrong, try again."}
+    t0 = [problem]
+    t1 = [problem, attempt, feedback]
+    rows = [
+        advantage_row("a1", strategy="feedback", turn=0, sampling_messages=t0, prompt_ids=encode_prompt(tok, t0)),
+        advantage_row("a2", strategy="feedback", turn=1, sampling_messages=t1, prompt_ids=encode_prompt(tok, t1)),
+        advantage_row("v", strategy="feedback", turn=1, agent_id="verifier", sampling_messages=t1, prompt_ids=encode_prompt(tok, t1)),
+    ]
+    view = build_training_view(advantages_table(rows), {"feedback": Feedback(train_context=train_context)}, tok)
+    got = dict(zip(view.column("step_id").to_pylist(), view.column("train_prompt_ids").to_pylist()))
+    expected_a2 = encode_prompt(tok, [problem] if train_context == "problem" else [problem, attempt])
+    assert got["a2"] == expected_a2
+    assert got["a1"] == encode_prompt(tok, t0)
+    assert got["v"] == encode_prompt(tok, t1)
+    swapped = dict(zip(view.column("step_id").to_pylist(), view.column("context_swapped").to_pylist()))
+    assert swapped == {"a1": False, "a2": True, "v": False}
+
+    skip_view, stats = build_training_view_with_stats(advantages_table(rows), {"feedback": Feedback(first_attempt="skip")}, tok)
+    assert skip_view.column("step_id").to_pylist() == ["a2", "v"]
+    assert stats.n_not_trainable == 1
+
+
+def test_dropped_rows_are_counted_never_truncated(tok):
+    rows = [
+        advantage_row("keep"),
+        advantage_row("inactive", active=False),
+        advantage_row("noreward", reward=None),
+        advantage_row("other", policy_id="verifier"),
+        advantage_row("w0", sample_weight=0.0),
+        advantage_row("a0", advantage=0.0),
+        advantage_row("long", completion_ids=list(range(10, 30)), completion_logprobs=[-1.0] * 20),
+    ]
+    adv = advantages_table(rows)
+    view, stats = build_training_view_with_stats(adv, {"iid": IID()}, tok, ViewConfig(max_length=10, policy_ids=("shared",)))
+    assert view.column("step_id").to_pylist() == ["keep"]
+    assert (stats.n_input, stats.n_rows) == (7, 1)
+    assert (stats.n_inactive, stats.n_null_reward, stats.n_other_policy) == (1, 1, 1)
+    assert (stats.n_zero_weight, stats.n_zero_advantage, stats.n_too_long) == (1, 1, 1)
+    assert view_stats(view) == stats
+    # zero advantages kept on request (the rs loss wants them); nothing is ever cut short
+    view2 = build_training_view(adv, {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
+    assert set(view2.column("step_id").to_pylist()) == {"keep", "other", "a0", "long"}
+    lengths = dict(zip(view2.column("step_id").to_pylist(), view2.column("completion_ids").to_pylist()))
+    assert len(lengths["long"]) == 20
+
+
+def test_missing_column_is_named(tok):
+    adv = advantages_table([advantage_row("x")]).drop_columns(["completion_logprobs"])
+    with pytest.raises(SchemaError, match="completion_logprobs"):
+        build_training_view(adv, {"iid": IID()}, tok)
+
+
+def test_length_mismatch_names_columns_and_step_id(tok):
+    adv = advantages_table([advantage_row("ok"), advantage_row("bad-7", completion_ids=[1, 2, 3], completion_logprobs=[-0.1])])
+    with pytest.raises(DataError, match=r"'completion_ids'.*'completion_logprobs'.*'bad-7'"):
+        build_training_view(adv, {"iid": IID()}, tok)
+
+
+def test_nan_values_and_unknown_strategies_are_named(tok):
+    adv = advantages_table([advantage_row("ok"), advantage_row("nan-adv", advantage=float("nan"))])
+    with pytest.raises(DataError, match=r"'advantage'.*'nan-adv'"):
+        build_training_view(adv, {"iid": IID()}, tok)
+    adv = advantages_table([advantage_row("nan-lp", completion_logprobs=[-0.1, float("nan")])])
+    with pytest.raises(DataError, match=r"'completion_logprobs'.*'nan-lp'"):
+        build_training_view(adv, {"iid": IID()}, tok)
+    adv = advantages_table([advantage_row("t", strategy="tree")])
+    with pytest.raises(ConfigError, match=r"'tree'.*'t'"):
+        build_training_view(adv, {"iid": IID()}, tok)
+
+
+def test_polars_input_and_dataset_share_the_arrow_data(tok):
+    adv = pl.from_arrow(advantages_table([advantage_row(f"r{i}", advantage=float(i + 1)) for i in range(3)]))
+    view = build_training_view(adv.lazy(), {"iid": IID()}, tok)
+    ds = to_dataset(view)
+    assert ds.num_rows == 3
+    assert ds[1]["step_id"] == "r1" and ds[1]["completion_ids"] == [6, 7]
+    assert ds.data.table.column("advantage").to_pylist() == [1.0, 2.0, 3.0]
+
+
+def test_view_hash_ignores_row_order_and_sees_content(tok):
+    adv = advantages_table([advantage_row(f"r{i}", advantage=float(i + 1)) for i in range(3)])
+    view = build_training_view(adv, {"iid": IID()}, tok)
+    shuffled = view.take(pa.array([2, 0, 1]))
+    assert view_hash(view) == view_hash(shuffled)
+    changed = build_training_view(
+        advantages_table([advantage_row(f"r{i}", advantage=float(i + 1), completion_logprobs=[-0.5, -0.3]) for i in range(3)]),
+        {"iid": IID()},
+        tok,
+    )
+    assert view_hash(changed) != view_hash(view)
