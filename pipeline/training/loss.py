@@ -1,0 +1,301 @@
+"""maxit's training losses, pure torch, on one batch of completion tokens.
+
+Inputs per row i and completion token t (padding has mask 0):
+  logp[i,t]  log p_train(y_t | x_train, y_<t) from the forward pass, temperature applied (has grad)
+  logq[i,t]  log q_s(y_t | x_sample, y_<t) stored at sampling time (never recomputed)
+  A_i        group-relative advantage;  w_i  sample weight (stratified: w_s * N / n_s)
+
+Choices, in the order the code makes them:
+1. Token ratio rho = exp(logp - logq); the log ratio is clamped to [-20, 20] before exp, so one
+   absurd token cannot turn the loss into inf/NaN (its gradient is then zero).
+2. PPO clip (eps_low, eps_high): per-token loss -min(rho * A w, clip(rho, 1-eps_low, 1+eps_high) * A w).
+   The sample weight multiplies the advantage, so a row's whole contribution scales with it.
+3. Sequence ratio s_i = exp(mean_t log rho) (geometric mean; `RatioConfig.level="sum"` uses the
+   sum, the exact sequence likelihood ratio). Per strategy (a context swap pushes ratios down,
+   FINDINGS lesson 3): "mask" zeroes rows with s outside [low, high]; "truncate" multiplies the
+   row's loss by the constant clip(s, low, high) / s; "none" leaves it alone.
+   Masked rows stay in the denominators: masking never up-weights the other rows.
+4. Optional KL to a reference model: beta * (exp(r - logp) - (r - logp) - 1) per token (k3).
+5. Aggregation: "token-mean" (sum over tokens / tokens of the batch), "seq-mean-token-mean"
+   (GRPO: mean over rows of each row's token mean) or "seq-mean-token-sum" (mean of row sums).
+The "rs" loss (rejection-sampling expert iteration) replaces 1-3: per-token -logp * w on rows whose
+reward >= threshold, aggregated the same way over those rows only (SFT on the good samples).
+
+Diagnostics (`LossDiagnostics`) are additive sums, so micro-batches merge exactly: mean log ratio,
+clip fraction (tokens where the clip stops the gradient), masked / truncated fraction (rows),
+effective sample size (sum s)^2 / sum s^2 of the sequence ratios, overall, per strategy, per agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Mapping, Sequence
+
+import torch
+
+from pipeline.training.config import LossConfig, RatioConfig
+
+__all__ = ["LossBatch", "RatioStats", "LossDiagnostics", "LossOutput", "compute_loss", "aggregate", "LossConfig", "RatioConfig"]
+
+LOG_RATIO_CLAMP = 20.0
+_MODES = {"none": 0, "mask": 1, "truncate": 2}
+
+
+@dataclass(frozen=True)
+class LossBatch:
+    """The tensors of one (micro-)batch, all (B, T) or (B,), and the row labels."""
+
+    logp: torch.Tensor
+    """(B, T) log p_train of each completion token under the training context (with grad)."""
+    logq: torch.Tensor
+    """(B, T) stored sampling logprobs of the same tokens."""
+    mask: torch.Tensor
+    """(B, T) 1.0 on completion tokens, 0.0 on padding."""
+    advantage: torch.Tensor
+    """(B,) advantage of each row."""
+    sample_weight: torch.Tensor
+    """(B,) sample weight of each row."""
+    reward: torch.Tensor
+    """(B,) reward of each row, NaN where unknown (used by the "rs" loss)."""
+    strategy: Sequence[str]
+    """Strategy id of each row (selects its `RatioConfig`, labels diagnostics)."""
+    agent: Sequence[str]
+    """Agent id of each row (labels diagnostics)."""
+    ref_logp: torch.Tensor | None = None
+    """(B, T) log p_ref of each token, required when beta > 0."""
+
+
+@dataclass(frozen=True)
+class RatioStats:
+    """Additive ratio statistics of a set of rows; the properties give the rates."""
+
+    n_rows: int = 0
+    """Rows counted."""
+    n_tokens: int = 0
+    """Completion tokens counted."""
+    sum_log_ratio: float = 0.0
+    """Sum over tokens of log p_train - log q_sample."""
+    n_clipped_tokens: int = 0
+    """Tokens whose gradient the PPO clip stopped (rho < 1-eps_low with A < 0, or rho > 1+eps_high with A > 0)."""
+    n_masked_rows: int = 0
+    """Rows zeroed by a sequence-ratio mask."""
+    n_truncated_rows: int = 0
+    """Rows whose sequence ratio was truncated to the cap."""
+    n_rs_rows: int = 0
+    """Rows the "rs" loss trained on (reward >= threshold)."""
+    sum_seq_ratio: float = 0.0
+    """Sum of sequence ratios s_i (for the effective sample size)."""
+    sum_seq_ratio_sq: float = 0.0
+    """Sum of s_i squared."""
+    sum_kl: float = 0.0
+    """Sum over tokens of the k3 KL estimate (0 when beta = 0)."""
+
+    def merge(self, other: "RatioStats") -> "RatioStats":
+        return RatioStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    @property
+    def mean_log_ratio(self) -> float:
+        return self.sum_log_ratio / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def clip_fraction(self) -> float:
+        return self.n_clipped_tokens / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def masked_fraction(self) -> float:
+        return self.n_masked_rows / self.n_rows if self.n_rows else 0.0
+
+    @property
+    def truncated_fraction(self) -> float:
+        return self.n_truncated_rows / self.n_rows if self.n_rows else 0.0
+
+    @property
+    def ess(self) -> float:
+        """Effective sample size (sum s)^2 / sum s^2 (equals n_rows when every ratio is equal)."""
+        return self.sum_seq_ratio**2 / self.sum_seq_ratio_sq if self.sum_seq_ratio_sq > 0 else 0.0
+
+    @property
+    def ess_fraction(self) -> float:
+        return self.ess / self.n_rows if self.n_rows else 0.0
+
+    @property
+    def mean_kl(self) -> float:
+        return self.sum_kl / self.n_tokens if self.n_tokens else 0.0
+
+    def rates(self) -> dict[str, float]:
+        return {
+            "mean_log_ratio": self.mean_log_ratio,
+            "clip_fraction": self.clip_fraction,
+            "masked_fraction": self.masked_fraction,
+            "truncated_fraction": self.truncated_fraction,
+            "ess_fraction": self.ess_fraction,
+            "kl": self.mean_kl,
+            "rows": float(self.n_rows),
+            "tokens": float(self.n_tokens),
+        }
+
+
+def _merge_maps(a: Mapping[str, RatioStats], b: Mapping[str, RatioStats]) -> dict[str, RatioStats]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out[k].merge(v) if k in out else v
+    return out
+
+
+@dataclass(frozen=True)
+class LossDiagnostics:
+    """Ratio statistics of a batch (or of many, merged): overall, per strategy, per agent."""
+
+    overall: RatioStats = field(default_factory=RatioStats)
+    by_strategy: Mapping[str, RatioStats] = field(default_factory=dict)
+    by_agent: Mapping[str, RatioStats] = field(default_factory=dict)
+
+    def merge(self, other: "LossDiagnostics") -> "LossDiagnostics":
+        return LossDiagnostics(
+            overall=self.overall.merge(other.overall),
+            by_strategy=_merge_maps(self.by_strategy, other.by_strategy),
+            by_agent=_merge_maps(self.by_agent, other.by_agent),
+        )
+
+    def as_metrics(self, prefix: str = "") -> dict[str, float]:
+        """Flat metric names for a logger: `ratio/<rate>`, `strategy/<id>/<rate>`, `agent/<id>/<rate>`."""
+        out = {f"{prefix}ratio/{k}": v for k, v in self.overall.rates().items()}
+        for sid, st in sorted(self.by_strategy.items()):
+            out.update({f"{prefix}strategy/{sid}/{k}": v for k, v in st.rates().items()})
+        for aid, st in sorted(self.by_agent.items()):
+            out.update({f"{prefix}agent/{aid}/{k}": v for k, v in st.rates().items()})
+        return out
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: torch.Tensor
+    """Scalar loss to backpropagate."""
+    diagnostics: LossDiagnostics
+    """Ratio statistics of the batch."""
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce (B, T) per-token losses to a scalar over the tokens in `mask` and the rows in `rows`
+    (a (B,) 0/1 tensor; None = every row)."""
+    if rows is not None:
+        mask = mask * rows[:, None]
+    row_sum = (per_token * mask).sum(-1)
+    n_rows = mask.new_tensor(float(per_token.shape[0])) if rows is None else rows.sum()
+    if how == "token-mean":
+        return row_sum.sum() / mask.sum().clamp(min=1.0)
+    if how == "seq-mean-token-mean":
+        return (row_sum / mask.sum(-1).clamp(min=1.0)).sum() / n_rows.clamp(min=1.0)
+    if how == "seq-mean-token-sum":
+        return row_sum.sum() / n_rows.clamp(min=1.0)
+    raise ValueError(f"unknown aggregation {how!r}")
+
+
+def _ratio_tensors(strategies: Sequence[str], config: LossConfig, like: torch.Tensor):
+    """Per-row (mode code, low, high, sum-level flag) from each row's strategy."""
+    rcs = [config.ratio_for(s) for s in strategies]
+    mode = torch.tensor([_MODES[r.mode] for r in rcs], device=like.device)
+    low = torch.tensor([r.low for r in rcs], dtype=like.dtype, device=like.device)
+    high = torch.tensor([r.high for r in rcs], dtype=like.dtype, device=like.device)
+    use_sum = torch.tensor([r.level == "sum" for r in rcs], device=like.device)
+    return mode, low, high, use_sum
+
+
+def compute_loss(batch: LossBatch, config: LossConfig) -> LossOutput:
+    """The loss of one batch under `config`, with its diagnostics (see the module docstring)."""
+    mask = batch.mask.to(batch.logp.dtype)
+    logq = batch.logq.to(batch.logp.dtype)
+    n_tok = mask.sum(-1)
+
+    # 1. token log ratio, zero on padding, clamped so exp() stays finite
+    log_ratio = ((batch.logp - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    rho = torch.exp(log_ratio)
+
+    # 3. sequence ratio of each row (detached: it only scales rows, like a weight)
+    mode, low, high, use_sum = _ratio_tensors(batch.strategy, config, batch.logp)
+    with torch.no_grad():
+        seq_sum = log_ratio.sum(-1)
+        seq_log = torch.where(use_sum, seq_sum, seq_sum / n_tok.clamp(min=1.0)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        s = torch.exp(seq_log)
+        outside = (s < low) | (s > high)
+        masked = (mode == _MODES["mask"]) & outside
+        truncated = (mode == _MODES["truncate"]) & outside
+        row_factor = torch.ones_like(s)
+        row_factor = torch.where(masked, torch.zeros_like(s), row_factor)
+        row_factor = torch.where(truncated, s.clamp(min=low, max=high) / s, row_factor)
+
+    weighted_adv = (batch.advantage * batch.sample_weight).to(batch.logp.dtype)[:, None]
+    clipped_tok = torch.zeros_like(mask, dtype=torch.bool)
+    if config.kind == "ppo":
+        # 2. PPO clip on the weighted advantage
+        unclipped = rho * weighted_adv
+        clipped = rho.clamp(1.0 - config.eps_low, 1.0 + config.eps_high) * weighted_adv
+        per_token = -torch.min(unclipped, clipped)
+        per_token = per_token * row_factor[:, None]
+        with torch.no_grad():
+            clipped_tok = (((rho < 1.0 - config.eps_low) & (weighted_adv < 0)) | ((rho > 1.0 + config.eps_high) & (weighted_adv > 0))) & (mask > 0)
+        rows = None
+        rs_rows = torch.zeros_like(s)
+    else:
+        # rejection sampling: NLL of the rows that passed, weighted by their sample weight
+        reward = batch.reward.to(batch.logp.dtype)
+        rs_rows = (~torch.isnan(reward) & (reward >= config.rs_threshold)).to(batch.logp.dtype)
+        per_token = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
+        rows = rs_rows
+        masked = torch.zeros_like(masked)
+        truncated = torch.zeros_like(truncated)
+
+    # 4. KL to the reference model (k3), unweighted
+    kl = torch.zeros_like(per_token)
+    if config.beta > 0:
+        if batch.ref_logp is None:
+            raise ValueError("LossConfig.beta > 0 needs ref_logp in the batch")
+        d = (batch.ref_logp.to(batch.logp.dtype) - batch.logp) * mask
+        kl = torch.exp(d) - d - 1.0
+        per_token = per_token + config.beta * kl
+
+    # 5. aggregation
+    loss = aggregate(per_token, mask, config.aggregation, rows=rows)
+
+    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, s, kl))
+
+
+def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, s, kl) -> LossDiagnostics:
+    with torch.no_grad():
+        cols = torch.stack(
+            [
+                mask.sum(-1),
+                (log_ratio * mask).sum(-1),
+                (clipped_tok.to(mask.dtype)).sum(-1),
+                masked.to(mask.dtype),
+                truncated.to(mask.dtype),
+                rs_rows.to(mask.dtype),
+                s,
+                s * s,
+                (kl.detach() * mask).sum(-1),
+            ],
+            dim=1,
+        ).double().cpu().tolist()
+    per_row = [
+        RatioStats(
+            n_rows=1,
+            n_tokens=int(c[0]),
+            sum_log_ratio=c[1],
+            n_clipped_tokens=int(c[2]),
+            n_masked_rows=int(c[3]),
+            n_truncated_rows=int(c[4]),
+            n_rs_rows=int(c[5]),
+            sum_seq_ratio=c[6],
+            sum_seq_ratio_sq=c[7],
+            sum_kl=c[8],
+        )
+        for c in cols
+    ]
+    overall = RatioStats()
+    by_strategy: dict[str, RatioStats] = {}
+    by_agent: dict[str, RatioStats] = {}
+    for st, sid, aid in zip(per_row, batch.strategy, batch.agent):
+        overall = overall.merge(st)
+        by_strategy[sid] = by_strategy[sid].merge(st) if sid in by_strategy else st
+        by_agent[aid] = by_agent[aid].merge(st) if aid in by_agent else st
+    return LossDiagnostics(overall=overall, by_strategy=by_strategy, by_agent=by_agent)

@@ -1,0 +1,248 @@
+"""loss.py against plain-Python references: ratios, PPO clip, per-strategy sequence caps,
+aggregations, stratified weights (seed 004 test 2), the rs loss, KL, diagnostics, config checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import ConfigError
+from pipeline.training.config import LossConfig, RatioConfig, TrainConfig
+from pipeline.training.loss import LossBatch, aggregate, compute_loss
+
+
+def make_batch(logp, logq, adv, weight=None, strategy=None, agent=None, reward=None, lengths=None, ref=None):
+    logp = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
+    logq = torch.tensor(logq, dtype=torch.float64)
+    b, t = logp.shape
+    mask = torch.ones(b, t, dtype=torch.float64)
+    if lengths is not None:
+        for i, n in enumerate(lengths):
+            mask[i, n:] = 0.0
+    return LossBatch(
+        logp=logp,
+        logq=logq,
+        mask=mask,
+        advantage=torch.tensor(adv, dtype=torch.float64),
+        sample_weight=torch.tensor(weight if weight is not None else [1.0] * b, dtype=torch.float64),
+        reward=torch.tensor(reward if reward is not None else [1.0] * b, dtype=torch.float64),
+        strategy=strategy or ["iid"] * b,
+        agent=agent or ["solver"] * b,
+        ref_logp=None if ref is None else torch.tensor(ref, dtype=torch.float64),
+    )
+
+
+def reference_ppo(batch: LossBatch, cfg: LossConfig) -> float:
+    """The loss written out row by row in plain Python."""
+    logp, logq, mask = batch.logp.tolist(), batch.logq.tolist(), batch.mask.tolist()
+    per_row_sums, per_row_counts = [], []
+    for i in range(len(logp)):
+        toks = [t for t in range(len(logp[i])) if mask[i][t] > 0]
+        lr = [max(-20, min(20, logp[i][t] - logq[i][t])) for t in toks]
+        rc = cfg.ratio_for(batch.strategy[i])
+        seq = sum(lr) if rc.level == "sum" else sum(lr) / max(len(toks), 1)
+        s = math.exp(seq)
+        factor = 1.0
+        if rc.mode == "mask" and not rc.low <= s <= rc.high:
+            factor = 0.0
+        if rc.mode == "truncate" and not rc.low <= s <= rc.high:
+            factor = min(max(s, rc.low), rc.high) / s
+        a = float(batch.advantage[i] * batch.sample_weight[i])
+        losses = []
+        for x in lr:
+            rho = math.exp(x)
+            losses.append(-min(rho * a, min(max(rho, 1 - cfg.eps_low), 1 + cfg.eps_high) * a) * factor)
+        per_row_sums.append(sum(losses))
+        per_row_counts.append(len(toks))
+    n = len(logp)
+    if cfg.aggregation == "token-mean":
+        return sum(per_row_sums) / max(sum(per_row_counts), 1)
+    if cfg.aggregation == "seq-mean-token-mean":
+        return sum(s / max(c, 1) for s, c in zip(per_row_sums, per_row_counts)) / n
+    return sum(per_row_sums) / n
+
+
+def test_on_policy_ratio_is_one_and_loss_is_minus_weighted_advantage():
+    b = make_batch([[-1.0, -2.0], [-0.5, -0.7]], [[-1.0, -2.0], [-0.5, -0.7]], [1.0, -0.5], weight=[2.0, 1.0])
+    out = compute_loss(b, LossConfig())
+    assert out.loss.item() == pytest.approx(-(2 * 1.0 * 2 + 1 * -0.5 * 2) / 4)
+    d = out.diagnostics.overall
+    assert d.mean_log_ratio == 0.0 and d.clip_fraction == 0.0 and d.masked_fraction == 0.0
+    assert d.ess == pytest.approx(2.0) and d.n_tokens == 4
+
+
+def test_ppo_clip_counts_and_gradients():
+    # row 0: A > 0, ratio 1.5 > 1.28 -> clipped, no gradient; row 1: A < 0, ratio 0.5 < 0.8 -> clipped
+    # row 2: A > 0, ratio 0.5 -> unclipped branch (min picks rho * A), gradient flows
+    logq = [[0.0], [0.0], [0.0]]
+    logp = [[math.log(1.5)], [math.log(0.5)], [math.log(0.5)]]
+    cfg = LossConfig(ratio=RatioConfig(mode="none"))
+    b = make_batch(logp, [[-1e-9 + x for x in r] for r in logq], [1.0, -1.0, 1.0])
+    out = compute_loss(b, cfg)
+    out.loss.backward()
+    g = b.logp.grad[:, 0].tolist()
+    assert g[0] == 0.0 and g[1] == 0.0 and g[2] != 0.0
+    assert out.diagnostics.overall.n_clipped_tokens == 2
+    assert out.loss.item() == pytest.approx(reference_ppo(b, cfg))
+
+
+def test_sequence_mask_and_truncate_per_strategy():
+    low_ratio = math.log(0.25)  # sequence ratio 1/4, below the 1/3 cap
+    logp = [[low_ratio, low_ratio]] * 3
+    logq = [[0.0, 0.0]] * 3
+    strategies = ["iid", "prompt_aug", "feedback"]
+    cfg = LossConfig(
+        eps_low=0.9,  # keep the token clip out of the way
+        ratio=RatioConfig(mode="mask"),
+        ratio_by_strategy={"prompt_aug": RatioConfig(mode="truncate"), "feedback": RatioConfig(mode="none")},
+    )
+    b = make_batch(logp, logq, [1.0, 1.0, 1.0], strategy=strategies)
+    out = compute_loss(b, cfg)
+    out.loss.backward()
+    g = b.logp.grad.sum(-1).tolist()
+    assert g[0] == 0.0  # masked
+    assert g[1] / g[2] == pytest.approx((1 / 3) / 0.25)  # truncated to the cap vs untouched
+    diag = out.diagnostics
+    assert diag.by_strategy["iid"].masked_fraction == 1.0
+    assert diag.by_strategy["prompt_aug"].truncated_fraction == 1.0
+    assert diag.by_strategy["feedback"].masked_fraction == 0.0
+    assert diag.overall.masked_fraction == pytest.approx(1 / 3)
+    assert out.loss.item() == pytest.approx(reference_ppo(b, cfg))
+
+
+def test_sequence_level_sum_vs_mean():
+    # token log ratios -0.5 each over 4 tokens: mean -0.5 (s=0.61, inside), sum -2 (s=0.135, outside)
+    b = make_batch([[-0.5] * 4], [[0.0] * 4], [1.0])
+    inside = compute_loss(b, LossConfig(eps_low=0.9, ratio=RatioConfig(level="mean")))
+    outside = compute_loss(b, LossConfig(eps_low=0.9, ratio=RatioConfig(level="sum")))
+    assert inside.diagnostics.overall.n_masked_rows == 0
+    assert outside.diagnostics.overall.n_masked_rows == 1
+    assert outside.loss.item() == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    b=st.integers(1, 4),
+    t=st.integers(1, 5),
+    aggregation=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]),
+    mode=st.sampled_from(["mask", "truncate", "none"]),
+    level=st.sampled_from(["mean", "sum"]),
+)
+def test_matches_plain_reference(data, b, t, aggregation, mode, level):
+    f = st.floats(-3.0, 0.0, allow_nan=False)
+    logp = [[data.draw(f) for _ in range(t)] for _ in range(b)]
+    logq = [[data.draw(f) for _ in range(t)] for _ in range(b)]
+    adv = [data.draw(st.floats(-2.0, 2.0)) for _ in range(b)]
+    w = [data.draw(st.floats(0.1, 3.0)) for _ in range(b)]
+    lengths = [data.draw(st.integers(1, t)) for _ in range(b)]
+    cfg = LossConfig(aggregation=aggregation, ratio=RatioConfig(mode=mode, level=level))
+    batch = make_batch(logp, logq, adv, weight=w, lengths=lengths)
+    out = compute_loss(batch, cfg)
+    assert out.loss.item() == pytest.approx(reference_ppo(batch, cfg), rel=1e-9, abs=1e-12)
+
+
+def test_stratified_weights_scale_each_rows_gradient_seed004():
+    # two strategies with explicit mixture weights; DESIGN: sample_weight = w_s * N / n_s
+    w_s = {"iid": 0.75, "prompt_aug": 0.25}
+    strategy = ["iid", "iid", "prompt_aug", "prompt_aug", "prompt_aug", "prompt_aug"]
+    n_s = {s: strategy.count(s) for s in w_s}
+    n = len(strategy)
+    weight = [w_s[s] * n / n_s[s] for s in strategy]
+    assert weight[:2] == [2.25, 2.25] and weight[2] == pytest.approx(0.375)
+    logp = [[-0.3, -0.6]] * n
+    adv = [1.0, -1.0, 0.5, -0.5, 1.5, 0.25]
+    cfg = LossConfig()
+    weighted = make_batch(logp, logp, adv, weight=weight, strategy=strategy)
+    plain = make_batch(logp, logp, adv, strategy=strategy)
+    lw, lp = compute_loss(weighted, cfg).loss, compute_loss(plain, cfg).loss
+    lw.backward()
+    lp.backward()
+    for i in range(n):
+        assert weighted.logp.grad[i].tolist() == pytest.approx((weight[i] * plain.logp.grad[i]).tolist())
+    # the loss is the stratified mixture: sum_s w_s * (mean loss of stratum s)
+    per_row = [-a * 1.0 for a in adv]  # on-policy token loss of a row is -A (ratio 1), 2 tokens each
+    mixture = sum(w_s[s] * sum(l for l, si in zip(per_row, strategy) if si == s) / n_s[s] for s in w_s)
+    assert lw.item() == pytest.approx(mixture)
+
+
+def test_rs_loss_ignores_rows_below_threshold():
+    logp = [[-0.5, -1.0], [-2.0, -3.0], [-0.1, -0.2], [-4.0, -4.0]]
+    b = make_batch(logp, logp, [0.0] * 4, weight=[1.0, 1.0, 2.0, 1.0], reward=[1.0, 0.0, 1.0, float("nan")])
+    cfg = LossConfig(kind="rs", rs_threshold=1.0)
+    out = compute_loss(b, cfg)
+    out.loss.backward()
+    assert b.logp.grad[1].abs().sum().item() == 0.0
+    assert b.logp.grad[3].abs().sum().item() == 0.0
+    assert out.loss.item() == pytest.approx((1.0 * 1.5 + 2.0 * 0.3) / 4)  # token-mean over passing rows' tokens
+    assert out.diagnostics.overall.n_rs_rows == 2
+    none_pass = make_batch(logp, logp, [0.0] * 4, reward=[0.0] * 4)
+    zero = compute_loss(none_pass, cfg).loss
+    zero.backward()
+    assert zero.item() == 0.0 and none_pass.logp.grad.abs().sum().item() == 0.0
+
+
+def test_kl_k3_to_reference():
+    logp = [[-1.0, -1.0]]
+    ref = [[-1.5, -0.5]]
+    b = make_batch(logp, logp, [0.0], ref=ref)
+    out = compute_loss(b, LossConfig(beta=0.1))
+    k3 = [math.exp(r - p) - (r - p) - 1 for r, p in zip(ref[0], logp[0])]
+    assert out.loss.item() == pytest.approx(0.1 * sum(k3) / 2)
+    assert out.diagnostics.overall.mean_kl == pytest.approx(sum(k3) / 2)
+    with pytest.raises(ValueError, match="ref_logp"):
+        compute_loss(make_batch(logp, logp, [0.0]), LossConfig(beta=0.1))
+
+
+def test_extreme_ratios_stay_finite_and_diagnostics_merge():
+    b = make_batch([[0.0, 0.0], [-1.0, -1.0]], [[-80.0, -80.0], [-1.0, -1.0]], [-1.0, 1.0], strategy=["a", "b"], agent=["solver", "verifier"])
+    out = compute_loss(b, LossConfig(ratio=RatioConfig(mode="none")))
+    assert math.isfinite(out.loss.item())
+    d = out.diagnostics
+    both = d.merge(d)
+    assert both.overall.n_rows == 4 and both.by_agent["verifier"].n_rows == 2
+    s = [math.exp(20.0), 1.0]
+    assert d.overall.ess == pytest.approx(sum(s) ** 2 / sum(x * x for x in s))
+    metrics = d.as_metrics()
+    assert "strategy/a/clip_fraction" in metrics and "agent/verifier/ess_fraction" in metrics
+
+
+def test_aggregate_modes():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(per_token, mask, "token-mean").item() == pytest.approx(10 / 4)
+    assert aggregate(per_token, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
+    assert aggregate(per_token, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
+    assert aggregate(per_token, mask, "token-mean", rows=torch.tensor([0.0, 1.0])).item() == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    "build, field",
+    [
+        (lambda: LossConfig(kind="dpo"), "LossConfig.kind"),
+        (lambda: LossConfig(eps_low=1.5), "LossConfig.eps_low"),
+        (lambda: LossConfig(aggregation="sum"), "LossConfig.aggregation"),
+        (lambda: LossConfig(beta=-1.0), "LossConfig.beta"),
+        (lambda: LossConfig(ratio_by_strategy={"iid": 3.0}), "ratio_by_strategy['iid']"),
+        (lambda: RatioConfig(low=2.0), "RatioConfig.low"),
+        (lambda: RatioConfig(mode="clip"), "RatioConfig.mode"),
+        (lambda: TrainConfig(lr=0.0), "TrainConfig.lr"),
+        (lambda: TrainConfig(minibatch_size=10, micro_batch_size=4), "TrainConfig.minibatch_size"),
+        (lambda: TrainConfig(epochs=0), "TrainConfig.epochs"),
+    ],
+)
+def test_config_errors_name_the_field(build, field):
+    with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        build()
+
+
+def test_defaults_follow_findings():
+    cfg = TrainConfig()
+    assert cfg.lr == 5e-4
+    assert (1 - cfg.loss.eps_low, 1 + cfg.loss.eps_high) == pytest.approx((0.8, 1.28))
+    assert (cfg.loss.ratio.mode, cfg.loss.ratio.low, cfg.loss.ratio.high) == ("mask", pytest.approx(1 / 3), 3.0)
+    assert cfg.loss.beta == 0.0
