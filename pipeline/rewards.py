@@ -139,8 +139,10 @@ def _as_reward(out: Outcome, label: str) -> Outcome:
     v = out.value
     if v is None:
         return Outcome(None, f"{label} returned None")
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not isinstance(v, (int, float)):
         try:
+            if isinstance(v, (str, bytes)):
+                raise TypeError(v)
             v = float(v)  # numpy scalars
         except (TypeError, ValueError):
             return Outcome(None, f"{label} returned {type(out.value).__name__}, expected a number")

@@ -1,0 +1,360 @@
+import dataclasses
+import math
+import time
+from collections import Counter, defaultdict
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from fakes import FakeSampler, FakeTask
+from pipeline.agents import Agent, MathOrchestra, default_agents
+from pipeline.errors import ConfigError, DataError
+from pipeline.models.chat import encode_prompt, prompt_hash
+from pipeline.rollouts import RolloutConfig, plan_call, run_round, step_seed, write_steps
+from pipeline.store import read_table
+from pipeline.strategies import IID, Feedback, PromptAug, Tree
+from schemas import STEPS, validate
+
+ALL = (IID(group_size=4), PromptAug(group_size=3), Feedback(group_size=4), Tree(group_size=3))
+
+
+class RecordingSampler(FakeSampler):
+    """Remembers every Sample it returned, to check rows carry them verbatim and exactly once."""
+
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
+        out = super().generate(prompt_ids, n, temperature, max_tokens, seed)
+        self.returned = getattr(self, "returned", []) + [(list(p), s) for p, row in zip(prompt_ids, out) for s in row]
+        return out
+
+
+def run(strategies=ALL, n_problems=5, sampler=None, config=None, task=None, agents=None):
+    task = task or FakeTask()
+    sampler = sampler or RecordingSampler()
+    table = run_round(task.problems("train", n_problems, 0), agents or default_agents(), MathOrchestra(task), list(strategies), sampler, config or RolloutConfig())
+    return table, pl.from_arrow(table), sampler
+
+
+@pytest.mark.parametrize("strategy", ALL, ids=lambda s: s.strategy_id)
+def test_every_strategy_produces_valid_documented_rows(strategy):
+    table, df, _ = run([strategy])
+    validate(table, STEPS)
+    assert table.column_names == STEPS.schema.names
+    assert set(df["strategy"]) == {strategy.strategy_id}
+    assert set(df["agent_id"]) == {"solver", "verifier"}
+    assert df["active"].all()
+    assert df["step_id"].n_unique() == df.height
+    assert (df["node_id"] == df["step_id"]).all()
+    assert (df["step"] == 2 * df["turn"] + (df["agent_id"] == "verifier").cast(pl.Int32)).all()
+    assert set(df["model_version"]) == {"fake-v0"} and set(df["engine"]) == {"fake"}
+
+
+def test_rows_keep_exact_prompts_and_verbatim_completions():
+    table, df, sampler = run()
+    tok = sampler.tokenizer
+    for row in df.iter_rows(named=True):
+        assert row["prompt_ids"] == encode_prompt(tok, row["sampling_messages"])
+        assert row["prompt_hash"] == prompt_hash(row["prompt_ids"])
+        assert len(row["completion_ids"]) == len(row["completion_logprobs"])
+        assert row["completion_text"] == tok.decode([t for t in row["completion_ids"] if t != 0])
+    # every Sample the engine returned is one row, ids and logprobs unchanged (float32 storage)
+    f32 = lambda xs: tuple(np.asarray(xs, dtype=np.float32).tolist())  # noqa: E731
+    returned = Counter((tuple(p), tuple(s.token_ids), f32(s.logprobs)) for p, s in sampler.returned)
+    stored = Counter((tuple(r["prompt_ids"]), tuple(r["completion_ids"]), f32(r["completion_logprobs"])) for r in df.iter_rows(named=True))
+    assert returned == stored
+    assert table.schema.field("completion_logprobs").type == pa.list_(pa.float32())
+
+
+def test_one_engine_call_per_agent_step():
+    table, df, sampler = run(n_problems=7)
+    steps = sorted(set(df["step"]))
+    assert len(sampler.calls) == len(steps) == df["step"].max() + 1
+    for step, call in zip(steps, sampler.calls):
+        rows = df.filter(pl.col("step") == step)
+        assert len(call.prompts) * call.n == rows.height
+        assert set(rows["seed"]) == {call.seed} == {step_seed(0, 0, step)}
+    # the first Solver step sends each distinct prompt once per group, sampled with n = group size
+    first = sampler.calls[0]
+    assert first.n == math.gcd(*(s.group_size for s in ALL))
+
+
+def test_agent_budgets_and_temperature_reach_the_engine():
+    cfg = RolloutConfig(temperature=0.7, max_tokens=40, max_tokens_by_agent={"verifier": 3})
+    _, df, sampler = run(config=cfg)
+    assert [c.max_tokens for c in sampler.calls] == [40 if i % 2 == 0 else 3 for i in range(len(sampler.calls))]
+    assert {c.temperature for c in sampler.calls} == {0.7}
+    v = df.filter(pl.col("agent_id") == "verifier")
+    assert (v["completion_ids"].list.len() <= 3).all()
+    # "yes" + end-of-sequence is 4 tokens: cut to 3 and marked "length"
+    yes = v.filter(pl.col("completion_text").str.starts_with("ye"))
+    assert yes.height > 0 and set(yes["finish_reason"]) == {"length"}
+
+
+def test_tree_invariants():
+    n = 3
+    _, df, _ = run([Tree(group_size=n)], n_problems=6, sampler=RecordingSampler(verifier_accuracy=0.5))
+    for (uid, agent, turn), node in df.group_by(["uid", "agent_id", "turn"]):
+        assert node.height == n
+        assert node["selected"].sum() == 1
+        assert node["prompt_hash"].n_unique() == 1
+        assert node["parent_node_id"].n_unique() == 1
+        assert sorted(node["sample_idx"]) == list(range(n))
+        best = node.filter(pl.col("selected"))["reward"][0]
+        assert best == node["reward"].max()  # greedy argmax
+        assert node["reward"].arg_max() == node["selected"].arg_max()  # first on ties
+    for uid, tree in df.group_by("uid"):
+        by_step = {s: g for s, g in tree.group_by("step")}
+        steps = sorted(k[0] for k in by_step)
+        assert steps == list(range(len(steps)))
+        assert by_step[(0,)]["parent_node_id"].is_null().all()
+        for s in steps[1:]:
+            parent = by_step[(s - 1,)].filter(pl.col("selected"))["node_id"][0]
+            assert set(by_step[(s,)]["parent_node_id"]) == {parent}
+        # branch i is one trajectory through every step
+        assert tree.group_by("traj_uid").len()["len"].n_unique() == 1
+
+
+def test_tree_broadcasts_the_selected_state():
+    _, df, _ = run([Tree(group_size=3)], n_problems=4, sampler=RecordingSampler(verifier_accuracy=0.0, garbage=0.0), config=RolloutConfig(max_loop_num=3))
+    for uid, tree in df.group_by("uid"):
+        for s in sorted(set(tree["step"])):
+            node = tree.filter(pl.col("step") == s)
+            chosen = node.filter(pl.col("selected")).row(0, named=True)
+            nxt = tree.filter(pl.col("step") == s + 1)
+            if nxt.height == 0:
+                continue
+            msgs = nxt["sampling_messages"][0].to_list()
+            if chosen["agent_id"] == "solver":  # the Verifier judges the selected attempt
+                assert chosen["completion_text"] in msgs[-1]["content"]
+            else:  # the Solver's next turn continues from the selected attempt and verdict
+                assert chosen["completion_text"] in msgs[-1]["content"]
+                assert msgs[-2]["role"] == "assistant"
+
+
+def test_tree_not_greedy_selects_candidate_zero():
+    _, df, _ = run([Tree(group_size=4, greedy=False)], n_problems=4)
+    assert df.filter(pl.col("selected"))["sample_idx"].unique().to_list() == [0]
+
+
+def test_active_mask_stops_approved_samples():
+    # a Verifier that always approves: every ordinary sample stops after loop 0
+    _, df, _ = run([IID(), PromptAug()], sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=1.0), config=RolloutConfig(max_loop_num=4))
+    assert set(df["turn"]) == {0}
+    # a Verifier that never approves: every sample loops max_loop_num times
+    _, df, _ = run([IID()], sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=0.0), config=RolloutConfig(max_loop_num=3))
+    assert df.group_by("traj_uid").len()["len"].unique().to_list() == [6]
+    # mixed: no trajectory has rows after an approval, and an unapproved one runs to the end
+    _, df, _ = run([IID(group_size=8)], n_problems=8, config=RolloutConfig(max_loop_num=3))
+    task = FakeTask()
+    for traj, rows in df.sort("step").group_by("traj_uid"):
+        verdicts = [task.parse_verdict(t) for t in rows.filter(pl.col("agent_id") == "verifier")["completion_text"]]
+        approved_at = [i for i, v in enumerate(verdicts) if v is True]
+        if approved_at:
+            assert approved_at == [len(verdicts) - 1]
+        else:
+            assert len(verdicts) == 3
+
+
+def test_solver_retries_after_a_rejection_see_attempt_and_rejection():
+    _, df, _ = run([IID()], sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=0.0))
+    for traj, rows in df.sort("step").group_by("traj_uid"):
+        rows = rows.sort("step")
+        attempt0, verdict0, retry = rows.row(0, named=True), rows.row(1, named=True), rows.row(2, named=True)
+        msgs = retry["sampling_messages"]
+        assert msgs[: len(attempt0["sampling_messages"])] == attempt0["sampling_messages"]
+        assert msgs[-2] == {"role": "assistant", "content": attempt0["completion_text"]}
+        assert msgs[-1]["role"] == "user" and verdict0["completion_text"] in msgs[-1]["content"]
+        assert retry["parent_node_id"] == verdict0["node_id"] and verdict0["parent_node_id"] == attempt0["node_id"]
+
+
+def test_feedback_gives_every_sample_a_second_attempt_after_task_feedback():
+    task = FakeTask()
+    fb = Feedback(group_size=4, train_context="problem")
+    _, df, _ = run([fb], task=task, sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=1.0), config=RolloutConfig(max_loop_num=1))
+    second = df.filter((pl.col("agent_id") == "solver") & (pl.col("turn") == 1))
+    assert second.height == 5 * 4  # even after an approved, correct attempt1
+    assert df["turn"].max() == 1
+    problems = {p.uid: p for p in task.problems("train", 5, 0)}
+    for row in second.iter_rows(named=True):
+        msgs = row["sampling_messages"]
+        first = df.filter(pl.col("node_id") == df.filter(pl.col("node_id") == row["parent_node_id"])["parent_node_id"][0]).row(0, named=True)
+        assert msgs[-2] == {"role": "assistant", "content": first["completion_text"]}
+        assert msgs[-1] == task.feedback_message(problems[row["uid"]], first["completion_text"])
+        assert fb.training_messages(msgs, 1, "solver") == task.solver_messages(problems[row["uid"]])
+
+
+def test_prompt_aug_samples_with_the_hint():
+    task = FakeTask()
+    _, df, _ = run([PromptAug(group_size=2)], task=task)
+    problems = {p.uid: p for p in task.problems("train", 5, 0)}
+    for row in df.filter(pl.col("agent_id") == "solver").iter_rows(named=True):
+        assert {"role": "system", "content": "Hint: " + problems[row["uid"]].hint} in row["sampling_messages"]
+    for row in df.filter(pl.col("agent_id") == "verifier").iter_rows(named=True):
+        assert not any(m["content"].startswith("Hint: ") for m in row["sampling_messages"])
+
+
+def test_rewards_of_ordinary_trajectories():
+    task = FakeTask()
+    problems = {p.uid: p for p in task.problems("train", 6, 0)}
+    alpha = 0.5
+    _, df, _ = run([IID(group_size=6), Feedback(group_size=3)], n_problems=6, config=RolloutConfig(alpha=alpha, max_loop_num=3))
+    assert df["reward_error"].is_null().all()
+    for traj, rows in df.group_by("traj_uid"):
+        rows = rows.sort("step")
+        solver_rows = rows.filter(pl.col("agent_id") == "solver")
+        final = task.reward(problems[rows["uid"][0]], solver_rows["completion_text"][-1])
+        assert rows["global_reward"].to_list() == [final] * rows.height
+        for s in solver_rows.iter_rows(named=True):
+            assert s["local_reward"] == task.reward(problems[s["uid"]], s["completion_text"])
+        for i, v in enumerate(rows.filter(pl.col("agent_id") == "verifier").iter_rows(named=True)):
+            verdict = task.parse_verdict(v["completion_text"])
+            judged = task.reward(problems[v["uid"]], solver_rows["completion_text"][i]) == 1.0
+            assert v["local_reward"] == (0.0 if verdict is None else float(verdict == judged))
+        assert rows["reward"].to_list() == [alpha * g + l for g, l in zip(rows["global_reward"], rows["local_reward"])]
+
+
+class RaisingTask(FakeTask):
+    def reward(self, problem, completion_text):
+        if problem.uid.endswith("-1"):
+            raise ValueError("cannot score this")
+        return super().reward(problem, completion_text)
+
+
+class HangingTask(FakeTask):
+    def reward(self, problem, completion_text):
+        if problem.uid.endswith("-2"):
+            time.sleep(1.5)
+        return super().reward(problem, completion_text)
+
+
+def test_a_raising_reward_gives_null_rewards_and_an_error():
+    table, df, _ = run(task=RaisingTask(), n_problems=3)
+    validate(table, STEPS)
+    bad = df.filter(pl.col("uid").str.ends_with("-1"))
+    good = df.filter(~pl.col("uid").str.ends_with("-1"))
+    assert bad.height > 0 and bad["reward"].is_null().all() and bad["global_reward"].is_null().all()
+    assert bad["reward_error"].str.contains("ValueError: cannot score this").all()
+    assert good["reward"].is_not_null().all() and good["reward_error"].is_null().all()
+
+
+def test_a_hanging_reward_times_out():
+    t0 = time.monotonic()
+    _, df, _ = run([IID(group_size=2)], task=HangingTask(), n_problems=3, config=RolloutConfig(reward_timeout=0.1, max_loop_num=1))
+    assert time.monotonic() - t0 < 10
+    bad = df.filter(pl.col("uid").str.ends_with("-2"))
+    assert bad["reward"].is_null().all()
+    assert bad["reward_error"].str.contains("reward timed out after 0.1s").all()
+    assert df.filter(~pl.col("uid").str.ends_with("-2"))["reward"].is_not_null().all()
+
+
+def test_agents_on_their_own_policies_use_their_own_engines():
+    solver_engine, verifier_engine = RecordingSampler(), RecordingSampler()
+    _, df, _ = run(
+        [IID(group_size=2)], agents=default_agents(shared_policy=False), sampler={"solver": solver_engine, "verifier": verifier_engine},
+        config=RolloutConfig(max_loop_num=2),
+    )
+    assert df.filter(pl.col("agent_id") == "solver")["policy_id"].unique().to_list() == ["solver"]
+    assert df.filter(pl.col("agent_id") == "verifier")["policy_id"].unique().to_list() == ["verifier"]
+    assert len(solver_engine.calls) == df.filter(pl.col("agent_id") == "solver")["step"].n_unique()
+    assert len(verifier_engine.calls) == df.filter(pl.col("agent_id") == "verifier")["step"].n_unique()
+    with pytest.raises(ConfigError, match="no sampler for policy id"):
+        run(agents=default_agents(shared_policy=False), sampler={"solver": solver_engine})
+
+
+def test_same_seed_same_table_other_seed_other_samples():
+    a, _, _ = run()
+    b, _, _ = run()
+    c, _, _ = run(config=RolloutConfig(seed=1))
+    assert a.equals(b)
+    assert a.column("completion_ids") != c.column("completion_ids")
+
+
+def test_round_is_in_every_id():
+    _, df, _ = run(config=RolloutConfig(round=3))
+    assert set(df["round"]) == {3}
+    assert df["step_id"].str.starts_with("r3-").all() and df["traj_uid"].str.starts_with("r3-").all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"round": -1}, "round"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_loop_num": 0}, "max_loop_num"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"alpha": float("inf")}, "alpha"),
+        ({"seed": 1.5}, "seed"),
+        ({"reward_timeout": 0}, "reward_timeout"),
+        ({"max_tokens_by_agent": {"verifier": 0}}, "max_tokens_by_agent"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs, field):
+    with pytest.raises(ConfigError, match=f"RolloutConfig.{field}"):
+        RolloutConfig(**kwargs)
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RolloutConfig().seed = 3
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ConfigError, match="repeated: \\['iid'\\]"):
+        run([IID(), IID(group_size=2)])
+    with pytest.raises(ConfigError, match="at least one strategy"):
+        run([])
+    with pytest.raises(ConfigError, match="role 'verifier'"):
+        run(agents=[Agent("solver", "solver")])
+    task = FakeTask()
+    p = task.problems("train", 1, 0)[0]
+    with pytest.raises(DataError, match="uids must be unique"):
+        run_round([p, p], default_agents(), MathOrchestra(task), [IID()], FakeSampler(), RolloutConfig())
+
+
+class LossySampler(FakeSampler):
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
+        out = super().generate(prompt_ids, n, temperature, max_tokens, seed)
+        s = out[0][0]
+        out[0][0] = dataclasses.replace(s, logprobs=s.logprobs[:-1])
+        return out
+
+
+def test_engine_logprob_mismatch_is_an_error_naming_the_row():
+    with pytest.raises(DataError, match="logprobs for step_id 'r0-iid-"):
+        run([IID()], sampler=LossySampler())
+
+
+def test_plan_call_merges_identical_prompts():
+    plan = plan_call([([1, 2], 4), ([3], 4), ([1, 2], 4), ([1, 2], 4)])
+    assert plan.n == 4
+    assert plan.prompts == [[1, 2], [1, 2], [1, 2], [3]]
+    slots = [s for req in plan.slots for s in req]
+    assert len(slots) == len(set(slots)) == 16
+    assert all(plan.prompts[p] == [1, 2] for p, _ in plan.slots[2])
+    plan = plan_call([([1], 1), ([2], 3), ([1], 1)])
+    assert plan.n == 1 and len(plan.prompts) == 5
+    plan = plan_call([([1], 6), ([2], 4)])
+    assert plan.n == 2 and plan.prompts == [[1], [1], [1], [2], [2]]
+    assert plan_call([]).prompts == []
+
+
+def test_write_steps_round_trip(tmp_path):
+    table, df, _ = run(config=RolloutConfig(round=2))
+    path = write_steps(table, tmp_path, 2)
+    assert path == tmp_path / "round=2" / "steps.parquet"
+    back = read_table(path, STEPS)
+    assert back.height == df.height and back["step_id"].to_list() == df["step_id"].to_list()
+    with pytest.raises(DataError, match="round\\(s\\) \\[2\\]"):
+        write_steps(table, tmp_path, 1)
+
+
+def test_a_group_of_each_strategy_is_well_defined():
+    _, df, _ = run(n_problems=4, config=RolloutConfig(max_loop_num=1))
+    sizes = df.filter(pl.col("turn") == 0).group_by(["uid", "strategy", "agent_id"]).len()
+    expected = {s.strategy_id: s.group_size for s in ALL}
+    for row in sizes.iter_rows(named=True):
+        assert row["len"] == expected[row["strategy"]]
+    fb1 = df.filter((pl.col("strategy") == "feedback") & (pl.col("turn") == 1)).group_by(["uid", "agent_id"]).len()
+    assert fb1["len"].unique().to_list() == [4]
