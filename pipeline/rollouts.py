@@ -62,7 +62,7 @@ from pipeline.rewards import (
     verifier_local_reward,
 )
 from pipeline.store import table_path, write_table
-from pipeline.strategies import Strategy, make_strategy
+from pipeline.strategies import Feedback, Strategy, make_strategy
 from pipeline.types import Message, Problem, Sample, Sampler
 from schemas import STEPS, validate
 
@@ -269,6 +269,11 @@ def _check_inputs(problems: Sequence[Problem], agents: Sequence[Agent], strategi
     for role in (SOLVER, VERIFIER):
         if role not in by_role:
             raise ConfigError(f"agents: the math orchestra needs an agent with role {role!r}")
+    if any(isinstance(s, Feedback) for s in strategies) and by_role[SOLVER].agent_id != SOLVER:
+        raise ConfigError(
+            f"agents: the feedback strategy's training transform knows the Solver by agent_id {SOLVER!r}; "
+            f"the Solver here is {by_role[SOLVER].agent_id!r}"
+        )
     uids = [p.uid for p in problems]
     if len(set(uids)) != len(uids):
         dup = sorted({u for u in uids if uids.count(u) > 1})

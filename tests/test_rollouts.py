@@ -307,6 +307,10 @@ def test_bad_inputs_are_named():
         run([])
     with pytest.raises(ConfigError, match="role 'verifier'"):
         run(agents=[Agent("solver", "solver")])
+    with pytest.raises(ConfigError, match="knows the Solver by agent_id 'solver'"):
+        run([Feedback()], agents=[Agent("alice", "solver"), Agent("bob", "verifier")])
+    _, df, _ = run([IID(group_size=2)], agents=[Agent("alice", "solver"), Agent("bob", "verifier")])
+    assert set(df["agent_id"]) == {"alice", "bob"}
     task = FakeTask()
     p = task.problems("train", 1, 0)[0]
     with pytest.raises(DataError, match="uids must be unique"):
@@ -358,3 +362,89 @@ def test_a_group_of_each_strategy_is_well_defined():
         assert row["len"] == expected[row["strategy"]]
     fb1 = df.filter((pl.col("strategy") == "feedback") & (pl.col("turn") == 1)).group_by(["uid", "agent_id"]).len()
     assert fb1["len"].unique().to_list() == [4]
+
+
+# --- the real tiny default model on the HF engine ------------------------------------------
+
+
+class CountingSampler:
+    """Wraps a real engine and records each generate call's (number of prompts, n)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def model_version(self):
+        return self.inner.model_version
+
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
+        self.calls.append((len(prompt_ids), n))
+        return self.inner.generate(prompt_ids, n, temperature, max_tokens, seed)
+
+
+@pytest.fixture(scope="module")
+def hf_engine(default_model_dir):
+    from pipeline.engines import make_sampler
+
+    sampler = make_sampler("hf", default_model_dir)
+    yield sampler
+    sampler.close()
+
+
+def test_real_model_mixed_round_is_fast_and_swappable(hf_engine, default_model_dir, tmp_path):
+    from pipeline.models import load_tokenizer
+    from pipeline.tasks import make_task
+
+    task = make_task()
+    problems = task.problems("train", 32, 0)
+    strategies = [IID(group_size=4), PromptAug(group_size=4), Feedback(group_size=4), Tree(group_size=4)]
+    engine = CountingSampler(hf_engine)
+    tokenizer = load_tokenizer(default_model_dir)
+    t0 = time.monotonic()
+    table = run_round(problems, default_agents(), MathOrchestra(task), strategies, engine, RolloutConfig(max_tokens=32), tokenizer=tokenizer)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 45, f"a 32-problem mixed round took {elapsed:.1f}s"
+    validate(table, STEPS)
+    df = pl.from_arrow(table)
+    assert set(df["strategy"]) == {"iid", "prompt_aug", "feedback", "tree"}
+    assert set(df["agent_id"]) == {"solver", "verifier"}
+    assert set(df["engine"]) == {"hf"} and set(df["model_version"]) == {hf_engine.model_version}
+    assert len(engine.calls) == df["step"].n_unique()
+    assert sum(p * n for p, n in engine.calls) == df.height
+    for row in df.iter_rows(named=True):
+        assert row["prompt_ids"] == encode_prompt(tokenizer, row["sampling_messages"])
+        assert len(row["completion_ids"]) == len(row["completion_logprobs"]) > 0
+        assert all(lp <= 0 for lp in row["completion_logprobs"])
+    tree = df.filter(pl.col("strategy") == "tree")
+    for _, node in tree.group_by(["uid", "agent_id", "turn"]):
+        assert node.height == 4 and node["selected"].sum() == 1 and node["prompt_hash"].n_unique() == 1
+    # rewards are numbers for every row of the default task
+    assert df["reward"].is_not_null().all()
+    assert write_steps(table, tmp_path, 0).exists()
+
+
+def test_real_model_rows_reproduce_the_engine_logprobs(hf_engine, default_model_dir):
+    """Stored logprobs are those the engine sampled with: a teacher-forced pass of the model
+    over prompt_ids + completion_ids at the same temperature gives the same values."""
+    import torch
+
+    from pipeline.models import load_model
+    from pipeline.tasks import make_task
+
+    task = make_task()
+    temperature = 0.8
+    table = run_round(task.problems("train", 3, 1), default_agents(), MathOrchestra(task), [IID(group_size=2)], hf_engine, RolloutConfig(temperature=temperature, max_tokens=16))
+    model = load_model(default_model_dir)
+    model.eval()
+    for row in pl.from_arrow(table).head(6).iter_rows(named=True):
+        ids = row["prompt_ids"] + row["completion_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float() / temperature
+        logp = torch.log_softmax(logits, -1)
+        start = len(row["prompt_ids"])
+        expected = [logp[start - 1 + i, t].item() for i, t in enumerate(row["completion_ids"])]
+        assert np.allclose(expected, row["completion_logprobs"], atol=2e-3)
