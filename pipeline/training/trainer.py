@@ -1,0 +1,491 @@
+"""Train one policy on its rows of a training view and write its checkpoint.
+
+`train_policy(view, policy_id, init_dir, out_dir, config)`: the rows of `policy_id` (each with its
+training prompt, the sampled completion verbatim and the stored sampling logprobs) are batched by
+`collate` (prompts left-padded, completions right-padded, so every completion ends the row and the
+forward keeps only the last C+1 logits), scored by `completion_logps` at the sampling temperature,
+and `pipeline.training.loss.compute_loss` is THE loss: importance ratios against the stored logprobs,
+per-strategy sequence-ratio handling, sample weights, or the rejection-sampling loss.
+
+The loop is a `transformers.Trainer` subclass (`MaxitTrainer`) whose `compute_loss` calls loss.py:
+the Trainer brings the optimizer, schedule, gradient accumulation, bf16 autocast, accelerate
+(multi-GPU/FSDP) and `report_to` logging. TRL's `GRPOTrainer` is not subclassed: its data path
+generates completions and its `_compute_loss` has no sample weights, per-strategy ratio caps or
+rs loss; a test pins its GRPO loss to loss.py on a fixed batch instead.
+
+The checkpoint (a full HF model directory + tokenizer + `maxit_checkpoint.json`) is built in a
+temporary sibling and renamed into place (`pipeline.store.atomic_dir`): a crash leaves the
+previous `out_dir` (or none) as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from pipeline.errors import DataError
+from pipeline.store import atomic_dir, atomic_write_text
+from pipeline.training.config import LossConfig, TrainConfig
+from pipeline.training.loss import LossBatch, LossDiagnostics, compute_loss
+from pipeline.views import check_view, to_dataset, view_hash
+
+__all__ = [
+    "TrainResult",
+    "CheckpointMeta",
+    "CHECKPOINT_META",
+    "collate",
+    "completion_logps",
+    "batch_loss",
+    "MaxitTrainer",
+    "train_policy",
+    "train_policies",
+    "train_from_files",
+    "read_checkpoint_meta",
+    "set_threads",
+]
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_META = "maxit_checkpoint.json"
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What `maxit_checkpoint.json` in a checkpoint folder records."""
+
+    round: int | None
+    """Round whose rows trained it (None when the view has no `round` column and none was given)."""
+    policy_id: str
+    """Policy trained."""
+    parent: str
+    """Checkpoint the run started from."""
+    data_hash: str
+    """`pipeline.views.view_hash` of the rows trained on."""
+    n_rows: int
+    """Rows trained on (per epoch)."""
+    metrics: Mapping[str, float]
+    """Final metrics (loss, ratio diagnostics, throughput)."""
+    config: Mapping[str, Any]
+    """The TrainConfig, as JSON."""
+    created: str
+    """UTC time the checkpoint was written (ISO 8601)."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Outcome of `train_policy`."""
+
+    policy_id: str
+    """Policy trained."""
+    checkpoint: Path
+    """The checkpoint folder written (`out_dir`)."""
+    parent: Path
+    """The checkpoint training started from (`init_dir`)."""
+    round: int | None
+    """Round of the rows (see `CheckpointMeta.round`)."""
+    data_hash: str
+    """Hash of the rows trained on."""
+    n_rows: int
+    """Rows trained on (per epoch)."""
+    n_dropped_too_long: int
+    """Rows of the policy dropped because prompt + completion exceed the model's max length."""
+    steps: int
+    """Optimizer steps taken."""
+    completion_tokens: int
+    """Completion tokens processed over all epochs."""
+    train_seconds: float
+    """Wall time of the training loop."""
+    tokens_per_second: float
+    """completion_tokens / train_seconds."""
+    mean_loss: float
+    """Mean training loss over the run (NaN without steps)."""
+    min_row_visits: int
+    """Fewest times any row was trained on (= epochs when every row was seen every epoch)."""
+    max_row_visits: int
+    """Most times any row was trained on (= epochs)."""
+    diagnostics: LossDiagnostics = field(default_factory=LossDiagnostics)
+    """Ratio diagnostics over every micro-batch of the run."""
+
+
+def set_threads(n: int | None = None) -> int:
+    """Use `n` CPU threads (None = the cores this process may run on) for torch and OpenMP."""
+    if n is None:
+        try:
+            n = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - non-Linux
+            n = os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    os.environ["MKL_NUM_THREADS"] = str(n)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# batches and the forward pass
+
+
+def collate(rows: Sequence[Mapping[str, Any]], pad_token_id: int = 0) -> dict[str, Any]:
+    """Batch view rows: prompts left-padded, completions right-padded, so `prompt_ids +
+    completion_ids` of every row is contiguous and the completion ends each row."""
+    b = len(rows)
+    p_len = max(len(r["train_prompt_ids"]) for r in rows)
+    c_len = max(len(r["completion_ids"]) for r in rows)
+    prompt_ids = torch.full((b, p_len), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((b, p_len), dtype=torch.long)
+    completion_ids = torch.full((b, c_len), pad_token_id, dtype=torch.long)
+    completion_mask = torch.zeros((b, c_len), dtype=torch.float32)
+    sampling_logprobs = torch.zeros((b, c_len), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        p, c = r["train_prompt_ids"], r["completion_ids"]
+        if len(r["sampling_logprobs"]) != len(c):
+            raise DataError(f"step_id {r.get('step_id')!r}: 'completion_ids' and 'sampling_logprobs' differ in length")
+        prompt_ids[i, p_len - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        prompt_mask[i, p_len - len(p) :] = 1
+        completion_ids[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+        completion_mask[i, : len(c)] = 1.0
+        sampling_logprobs[i, : len(c)] = torch.as_tensor(r["sampling_logprobs"], dtype=torch.float32)
+    reward = [r.get("reward") for r in rows]
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "sampling_logprobs": sampling_logprobs,
+        "advantages": torch.tensor([float(r["advantage"]) for r in rows], dtype=torch.float32),
+        "sample_weight": torch.tensor([float(r["sample_weight"]) for r in rows], dtype=torch.float32),
+        "reward": torch.tensor([math.nan if x is None else float(x) for x in reward], dtype=torch.float32),
+        "strategy": [r["strategy"] for r in rows],
+        "agent": [r["agent_id"] for r in rows],
+        "step_id": [r["step_id"] for r in rows],
+    }
+
+
+def completion_logps(model, batch: Mapping[str, Any], temperature: float) -> torch.Tensor:
+    """(B, C) log p(completion token | training prompt, earlier completion tokens) at `temperature`
+    (0 on padding). Only the last C+1 positions are projected to the vocabulary."""
+    prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"].to(batch["prompt_mask"].dtype)], dim=1)
+    # positions count real tokens only, so a left-padded row sees the positions it had unpadded
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    c = completion_ids.size(1)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=c + 1, use_cache=False
+    ).logits
+    logits = logits[:, :-1, :].float() / temperature  # position t predicts completion token t
+    logps = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return logps * batch["completion_mask"]
+
+
+def batch_loss(model, batch: Mapping[str, Any], loss_config: LossConfig, temperature: float, ref_model=None):
+    """The loss.py loss of one collated batch under `model` (a `LossOutput`)."""
+    logp = completion_logps(model, batch, temperature)
+    ref_logp = None
+    if loss_config.beta > 0:
+        if ref_model is None:
+            raise ValueError("LossConfig.beta > 0 needs a reference model")
+        with torch.no_grad():
+            ref_logp = completion_logps(ref_model, batch, temperature)
+    return compute_loss(
+        LossBatch(
+            logp=logp,
+            logq=batch["sampling_logprobs"],
+            mask=batch["completion_mask"],
+            advantage=batch["advantages"],
+            sample_weight=batch["sample_weight"],
+            reward=batch["reward"],
+            strategy=batch["strategy"],
+            agent=batch["agent"],
+            ref_logp=ref_logp,
+        ),
+        loss_config,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the Trainer
+
+
+def _trainer_class():
+    from transformers import Trainer
+
+    class MaxitTrainer(Trainer):
+        """`transformers.Trainer` whose loss is `pipeline.training.loss.compute_loss` on view rows."""
+
+        # compute_loss returns a per-micro-batch mean: let the Trainer divide by the accumulation steps
+        loss_is_scaled_for_ga = False
+
+        def __init__(self, *args, loss_config: LossConfig, temperature: float, ref_model=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss_config = loss_config
+            self.temperature = temperature
+            self.ref_model = ref_model
+            self.run_diagnostics = LossDiagnostics()
+            self._log_diagnostics = LossDiagnostics()
+            self.completion_tokens = 0
+            self.rows_seen: dict[str, int] = {}
+            self.loss_sum = 0.0
+            self.loss_count = 0
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = batch_loss(model, inputs, self.loss_config, self.temperature, self.ref_model)
+            if model.training:
+                self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
+                self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
+                self.completion_tokens += int(inputs["completion_mask"].sum().item())
+                for sid in inputs["step_id"]:
+                    self.rows_seen[sid] = self.rows_seen.get(sid, 0) + 1
+                self.loss_sum += float(out.loss.detach())
+                self.loss_count += 1
+            return (out.loss, None) if return_outputs else out.loss
+
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            if "loss" in logs and self._log_diagnostics.overall.n_rows:
+                logs = {**logs, **self._log_diagnostics.as_metrics()}
+                self._log_diagnostics = LossDiagnostics()
+            super().log(logs, start_time)
+
+    return MaxitTrainer
+
+
+def __getattr__(name: str):
+    if name == "MaxitTrainer":  # built lazily so importing this module does not import transformers
+        return _trainer_class()
+    raise AttributeError(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# one run
+
+
+def _jsonable(obj):
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def read_checkpoint_meta(checkpoint_dir: str | Path) -> CheckpointMeta:
+    """The `maxit_checkpoint.json` of a checkpoint written by `train_policy`."""
+    raw = json.loads((Path(checkpoint_dir) / CHECKPOINT_META).read_text())
+    return CheckpointMeta(**raw)
+
+
+def _load(init_dir: Path, config: TrainConfig):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(init_dir)
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+    return tokenizer, model
+
+
+def _policy_rows(view, policy_id: str, max_length: int) -> tuple[pa.Table, int]:
+    table = check_view(view)
+    table = table.filter(pc.equal(table.column("policy_id"), policy_id))
+    lengths = pc.add(pc.list_value_length(table.column("train_prompt_ids")), pc.list_value_length(table.column("completion_ids")))
+    too_long = pc.greater(lengths, max_length)
+    n_long = int(pc.sum(too_long).as_py() or 0)
+    if n_long:
+        ids = table.filter(too_long).column("step_id").to_pylist()
+        log.warning("policy %s: dropped %d row(s) longer than %d tokens (step_id %s)", policy_id, n_long, max_length, ids[:10])
+        table = table.filter(pc.invert(too_long))
+    return table, n_long
+
+
+def _round_of(table: pa.Table, round_: int | None) -> int | None:
+    if round_ is not None:
+        return int(round_)
+    if "round" in table.column_names and table.num_rows:
+        rounds = pc.unique(table.column("round")).to_pylist()
+        if len(rounds) == 1:
+            return int(rounds[0])
+        raise DataError(f"training view holds rows of several rounds {sorted(rounds)}; pass round_ explicitly")
+    return None
+
+
+def train_policy(
+    view,
+    policy_id: str,
+    init_dir: str | Path,
+    out_dir: str | Path,
+    config: TrainConfig = TrainConfig(),
+    *,
+    round_: int | None = None,
+    callbacks: Sequence[Any] = (),
+) -> TrainResult:
+    """Train `policy_id` on its rows of `view` (pyarrow or Polars, `training_view` schema),
+    starting from the HF model directory `init_dir`, and write the checkpoint to `out_dir`
+    atomically. A policy without rows gets its parent's weights written unchanged (steps=0).
+    `callbacks` are `transformers.TrainerCallback`s added to the run."""
+    from transformers import TrainingArguments
+
+    init_dir, out_dir = Path(init_dir), Path(out_dir)
+    if init_dir.resolve() == out_dir.resolve():
+        raise ValueError(f"out_dir must differ from init_dir ({init_dir}): the parent checkpoint is kept")
+    set_threads(config.num_threads)
+    tokenizer, model = _load(init_dir, config)
+    max_length = config.max_length or int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+    table, n_long = _policy_rows(view, policy_id, max_length)
+    round_ = _round_of(table, round_)
+    data_hash = view_hash(table)
+    use_cuda = torch.cuda.is_available()
+    bf16 = config.bf16 if config.bf16 is not None else use_cuda
+
+    if config.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        lc = config.lora
+        model = get_peft_model(
+            model,
+            LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.target_modules), task_type="CAUSAL_LM"),
+        )
+    ref_model = None
+    if config.loss.beta > 0 and table.num_rows:
+        ref_model = _load(init_dir, config)[1].eval().requires_grad_(False)
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    steps, seconds, mean_loss, tokens, visits = 0, 0.0, math.nan, 0, {}
+    diagnostics = LossDiagnostics()
+    with atomic_dir(out_dir) as tmp:
+        if table.num_rows:
+            args = TrainingArguments(
+                output_dir=str(tmp / "logs"),
+                per_device_train_batch_size=config.micro_batch_size,
+                gradient_accumulation_steps=config.grad_accum_steps,
+                num_train_epochs=config.epochs,
+                learning_rate=config.lr,
+                weight_decay=config.weight_decay,
+                max_grad_norm=config.max_grad_norm,
+                lr_scheduler_type=config.lr_scheduler,
+                warmup_steps=config.warmup_steps,
+                logging_steps=config.logging_steps,
+                save_strategy="no",
+                report_to=config.report_to,
+                seed=config.seed,
+                data_seed=config.seed,
+                use_cpu=not use_cuda,
+                bf16=bf16,
+                remove_unused_columns=False,
+                dataloader_num_workers=0,
+                disable_tqdm=True,
+            )
+            if ref_model is not None and use_cuda:
+                ref_model = ref_model.to(args.device)
+            trainer = _trainer_class()(
+                model=model,
+                args=args,
+                train_dataset=to_dataset(table),
+                data_collator=lambda rows: collate(rows, pad_id),
+                processing_class=tokenizer,
+                callbacks=list(callbacks),
+                loss_config=config.loss,
+                temperature=config.temperature,
+                ref_model=ref_model,
+            )
+            t0 = time.perf_counter()
+            trainer.train()
+            seconds = time.perf_counter() - t0
+            steps = trainer.state.global_step
+            diagnostics = trainer.run_diagnostics
+            tokens = trainer.completion_tokens
+            mean_loss = trainer.loss_sum / trainer.loss_count if trainer.loss_count else math.nan
+            visits = trainer.rows_seen
+            model = trainer.model
+        if config.lora is not None:
+            model = model.merge_and_unload()
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with contextlib.suppress(OSError):
+            (tmp / "logs").rmdir()  # only when no logger wrote there
+        counts = [visits.get(sid, 0) for sid in table.column("step_id").to_pylist()]
+        if counts and min(counts) != max(counts):
+            log.warning("policy %s: rows were trained on unevenly (%d to %d times)", policy_id, min(counts), max(counts))
+        metrics = {
+            "mean_loss": mean_loss,
+            "steps": float(steps),
+            "train_seconds": seconds,
+            "completion_tokens": float(tokens),
+            "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+            "n_dropped_too_long": float(n_long),
+            **diagnostics.as_metrics(),
+        }
+        meta = CheckpointMeta(
+            round=round_,
+            policy_id=policy_id,
+            parent=str(init_dir),
+            data_hash=data_hash,
+            n_rows=table.num_rows,
+            metrics=metrics,
+            config=_jsonable(config),
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        atomic_write_text(tmp / CHECKPOINT_META, json.dumps(_jsonable(meta), indent=2, sort_keys=True))
+    return TrainResult(
+        policy_id=policy_id,
+        checkpoint=out_dir,
+        parent=init_dir,
+        round=round_,
+        data_hash=data_hash,
+        n_rows=table.num_rows,
+        n_dropped_too_long=n_long,
+        steps=steps,
+        completion_tokens=tokens,
+        train_seconds=seconds,
+        tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
+        mean_loss=mean_loss,
+        min_row_visits=min(counts, default=0),
+        max_row_visits=max(counts, default=0),
+        diagnostics=diagnostics,
+    )
+
+
+def train_policies(
+    view,
+    init_dirs: Mapping[str, str | Path],
+    out_root: str | Path,
+    config: TrainConfig = TrainConfig(),
+    *,
+    round_: int | None = None,
+) -> dict[str, TrainResult]:
+    """One `train_policy` run per policy in `init_dirs` (policy_id -> parent checkpoint), each
+    written to `<out_root>/<policy_id>`: one shared model ("shared") or one per agent."""
+    return {
+        pid: train_policy(view, pid, init, Path(out_root) / pid, config, round_=round_) for pid, init in init_dirs.items()
+    }
+
+
+def train_from_files(
+    view_path: str | Path,
+    policy_id: str,
+    init_dir: str | Path,
+    out_dir: str | Path,
+    config: TrainConfig = TrainConfig(),
+    *,
+    round_: int | None = None,
+) -> TrainResult:
+    """`train_policy` on a training view stored as Parquet (what `maxit train --view ... --policy ...` calls)."""
+    import pyarrow.parquet as pq
+
+    view_path = Path(view_path)
+    if not view_path.exists():
+        raise FileNotFoundError(f"no training view at {view_path}")
+    return train_policy(pq.read_table(view_path), policy_id, init_dir, out_dir, config, round_=round_)

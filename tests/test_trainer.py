@@ -1,0 +1,339 @@
+"""The trainer on the tiny model: on-policy ratio 1 through the real forward, parameters move,
+context-swapped batches, stratified weights and the rs loss reaching the gradient, atomic
+checkpoints under a crash, bad input named, and TRL's GRPO loss pinned to loss.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pyarrow as pa
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+from pipeline.errors import DataError
+from pipeline.models.chat import encode_prompt
+from pipeline.strategies import IID, PromptAug, Strategy
+from pipeline.training.config import LoraSettings, LossConfig, RatioConfig, TrainConfig
+from pipeline.training.trainer import (
+    CHECKPOINT_META,
+    batch_loss,
+    collate,
+    completion_logps,
+    read_checkpoint_meta,
+    train_from_files,
+    train_policy,
+)
+from pipeline.views import build_training_view, to_dataset, view_hash
+from schemas import SchemaError
+from tiny import advantage_row, advantages_table, tiny_model_dir
+
+T = 0.7  # sampling temperature of every test row
+FAST = dict(report_to="none", temperature=T, minibatch_size=8, micro_batch_size=4, epochs=1)
+
+
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "base")
+
+
+@pytest.fixture(scope="module")
+def tok(init_dir):
+    return AutoTokenizer.from_pretrained(init_dir)
+
+
+@pytest.fixture(scope="module")
+def model(init_dir):
+    return AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32).eval()
+
+
+def unpadded_logps(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    """log p(completion | prompt) from one forward over the row alone (no padding, no batching)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float() / temperature
+        lp = torch.log_softmax(logits, dim=-1)
+    return [lp[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(completion)]
+
+
+def rows_for(tok, model, n: int, strategy: str = "iid", hint: bool = False, seed: int = 0, **overrides) -> list[dict]:
+    """n advantages rows whose logprobs are those of `model` at T under their sampling context."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        question = {"role": "user", "content": f"{rng.randint(10, 99)}+{rng.randint(10, 99)}="}
+        msgs = ([{"role": "system", "content": "Hint: add the tens first"}] if hint else []) + [question]
+        prompt = encode_prompt(tok, msgs)
+        completion = [rng.randint(20, 60) for _ in range(rng.randint(2, 6))] + [1]
+        values = dict(
+            strategy=strategy,
+            sampling_messages=msgs,
+            prompt_ids=prompt,
+            completion_ids=completion,
+            completion_logprobs=unpadded_logps(model, prompt, completion, T),
+            advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5),
+            reward=float(rng.random() < 0.5),
+        )
+        values.update(overrides)
+        rows.append(advantage_row(f"{strategy}-{seed}-{i}", **values))
+    return rows
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_on_policy_ratio_is_one_through_the_trainer_forward_and_params_move(tok, model, init_dir, tmp_path):
+    view = build_training_view(advantages_table(rows_for(tok, model, 8)), {"iid": IID()}, tok)
+    # the collated, left/right-padded batch scores every token as the row alone does
+    batch = collate(to_dataset(view).to_list(), tok.pad_token_id)
+    with torch.no_grad():
+        logp = completion_logps(model, batch, T)
+    diff = ((logp - batch["sampling_logprobs"]) * batch["completion_mask"]).abs().max().item()
+    assert diff < 1e-5
+
+    # one optimizer step of the real run: its forward sees the initial weights
+    result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", TrainConfig(**FAST))
+    overall = result.diagnostics.overall
+    assert result.steps == 1 and overall.n_rows == 8
+    assert abs(overall.mean_log_ratio) < 1e-5
+    assert overall.ess_fraction == pytest.approx(1.0, abs=1e-6)
+    assert overall.clip_fraction == 0.0 and overall.masked_fraction == 0.0
+
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", dtype=torch.float32)
+    before, after = params(model), params(trained)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert AutoTokenizer.from_pretrained(tmp_path / "ckpt")("1+2=")["input_ids"] == tok("1+2=")["input_ids"]
+    meta = read_checkpoint_meta(tmp_path / "ckpt")
+    assert (meta.round, meta.policy_id, meta.parent, meta.n_rows) == (0, "shared", str(init_dir), 8)
+    assert meta.data_hash == view_hash(view) == result.data_hash
+    assert meta.metrics["ratio/ess_fraction"] == pytest.approx(1.0, abs=1e-6)
+
+
+@dataclass(frozen=True)
+class SwapTo99(Strategy):
+    strategy_id: ClassVar[str] = "swap"
+
+    def training_messages(self, sampling_messages, turn, agent_id):
+        return [{"role": "user", "content": "99"}]
+
+
+def test_seed004_swap_scores_the_action_under_the_new_context(tok, model):
+    # ob -> [9, 9]-style swap through the real forward: the action's logprobs are computed under
+    # the training context, the stored ones stay the sampled ones
+    msgs = [{"role": "user", "content": "123"}]
+    adv = advantages_table(
+        [advantage_row("s", strategy="swap", sampling_messages=msgs, prompt_ids=encode_prompt(tok, msgs), completion_ids=[40, 41], completion_logprobs=[-0.1, -0.2])]
+    )
+    view = build_training_view(adv, {"swap": SwapTo99()}, tok)
+    train_prompt = encode_prompt(tok, [{"role": "user", "content": "99"}])
+    batch = collate(to_dataset(view).to_list(), tok.pad_token_id)
+    assert torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)[0].tolist() == train_prompt + [40, 41]
+    with torch.no_grad():
+        logp = completion_logps(model, batch, T)[0].tolist()
+    assert logp == pytest.approx(unpadded_logps(model, train_prompt, [40, 41], T), abs=1e-6)
+    assert batch["sampling_logprobs"][0].tolist() == pytest.approx([-0.1, -0.2], abs=1e-7)
+
+
+def test_context_swapped_batch_gives_finite_loss_and_diagnostics(tok, model, init_dir, tmp_path):
+    rows = rows_for(tok, model, 6, strategy="prompt_aug", hint=True, seed=1) + rows_for(tok, model, 2, strategy="iid", seed=2)
+    view = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok)
+    assert view.column("context_swapped").to_pylist() == [True] * 6 + [False] * 2
+    cfg = TrainConfig(**FAST, loss=LossConfig(ratio_by_strategy={"prompt_aug": RatioConfig(mode="truncate")}))
+    result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", cfg)
+    assert math.isfinite(result.mean_loss)
+    aug, iid = result.diagnostics.by_strategy["prompt_aug"], result.diagnostics.by_strategy["iid"]
+    assert aug.n_rows == 6 and iid.n_rows == 2
+    assert aug.mean_log_ratio != 0.0 and abs(iid.mean_log_ratio) < 1e-5
+    assert aug.masked_fraction == 0.0  # truncation never masks
+    assert 0 < aug.ess <= 6
+    meta = json.loads((tmp_path / "ckpt" / CHECKPOINT_META).read_text())
+    for key in ("mean_log_ratio", "clip_fraction", "masked_fraction", "truncated_fraction", "ess_fraction"):
+        assert f"strategy/prompt_aug/{key}" in meta["metrics"]
+        assert f"agent/solver/{key}" in meta["metrics"]
+
+
+def _grads(model, batch, cfg) -> torch.Tensor:
+    model.zero_grad()
+    batch_loss(model, batch, cfg, T).loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def test_stratified_weights_scale_the_model_gradient(tok, model):
+    # seed 004 test 2 at model level: w_s = (0.75 iid, 0.25 prompt_aug), sample_weight = w_s * N / n_s
+    rows = rows_for(tok, model, 2, strategy="iid", seed=3) + rows_for(tok, model, 4, strategy="prompt_aug", hint=True, seed=4)
+    w_s, n_s, n = {"iid": 0.75, "prompt_aug": 0.25}, {"iid": 2, "prompt_aug": 4}, 6
+    for r in rows:
+        r["sample_weight"] = w_s[r["strategy"]] * n / n_s[r["strategy"]]
+    view = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok)
+    items = to_dataset(view).to_list()
+    cfg = LossConfig(aggregation="seq-mean-token-sum", ratio=RatioConfig(mode="none"))
+    model.train()
+    try:
+        g_all = _grads(model, collate(items, tok.pad_token_id), cfg)
+        per_row = []
+        for it in items:
+            g = _grads(model, collate([{**it, "sample_weight": 1.0}], tok.pad_token_id), cfg)
+            per_row.append(it["sample_weight"] * g)
+    finally:
+        model.zero_grad()
+        model.eval()
+    expected = torch.stack(per_row).sum(0) / n  # (1/N) sum_i w_i g_i
+    assert torch.allclose(g_all, expected, atol=1e-6, rtol=1e-4)
+    assert [it["sample_weight"] for it in items] == pytest.approx([2.25, 2.25, 0.375, 0.375, 0.375, 0.375])
+
+
+def test_rs_loss_ignores_rows_below_threshold_in_the_gradient(tok, model):
+    rows = rows_for(tok, model, 4, seed=5)
+    rows[0]["reward"], rows[1]["reward"], rows[2]["reward"], rows[3]["reward"] = 1.0, 0.0, 1.0, 0.0
+    view = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    items = to_dataset(view).to_list()
+    cfg = LossConfig(kind="rs")
+    model.train()
+    try:
+        g_all = _grads(model, collate(items, tok.pad_token_id), cfg)
+        g_pass = _grads(model, collate([items[0], items[2]], tok.pad_token_id), cfg)
+    finally:
+        model.zero_grad()
+        model.eval()
+    assert torch.allclose(g_all, g_pass, atol=1e-7)
+    assert g_all.abs().sum() > 0
+
+
+class Boom(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        raise RuntimeError("boom after step 1")
+
+
+def test_crash_mid_training_leaves_previous_checkpoint_and_no_partial_dir(tok, model, init_dir, tmp_path):
+    view = build_training_view(advantages_table(rows_for(tok, model, 16, seed=6)), {"iid": IID()}, tok)
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "previous.txt").write_text("round 0 checkpoint")
+    with pytest.raises(RuntimeError, match="boom"):
+        train_policy(view, "shared", init_dir, out, TrainConfig(**FAST), callbacks=[Boom()])
+    assert sorted(p.name for p in out.iterdir()) == ["previous.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary siblings left
+    fresh = tmp_path / "fresh"
+    with pytest.raises(RuntimeError, match="boom"):
+        train_policy(view, "shared", init_dir, fresh, TrainConfig(**FAST), callbacks=[Boom()])
+    assert not fresh.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_bad_view_input_names_column_and_step_id(tok, model, init_dir, tmp_path):
+    view = build_training_view(advantages_table(rows_for(tok, model, 3, seed=7)), {"iid": IID()}, tok)
+    with pytest.raises(SchemaError, match="sampling_logprobs"):
+        train_policy(view.drop_columns(["sampling_logprobs"]), "shared", init_dir, tmp_path / "a", TrainConfig(**FAST))
+    lp = view.column("sampling_logprobs").to_pylist()
+    lp[1] = lp[1][:-1]
+    broken = view.set_column(view.schema.get_field_index("sampling_logprobs"), "sampling_logprobs", pa.array(lp, pa.list_(pa.float32())))
+    bad_id = view.column("step_id")[1].as_py()
+    with pytest.raises(DataError, match=rf"'completion_ids'.*'sampling_logprobs'.*'{bad_id}'"):
+        train_policy(broken, "shared", init_dir, tmp_path / "b", TrainConfig(**FAST))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_policy_rows_epochs_too_long_rows_and_files(tok, model, init_dir, tmp_path):
+    rows = rows_for(tok, model, 6, seed=8, policy_id="solver") + rows_for(tok, model, 3, seed=9, policy_id="verifier", agent_id="verifier")
+    rows[0]["completion_ids"] = list(range(20, 120))
+    rows[0]["completion_logprobs"] = [-5.0] * 100
+    view = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    path = tmp_path / "view.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(view, path)
+    cfg = TrainConfig(report_to="none", temperature=T, minibatch_size=2, micro_batch_size=2, epochs=2, max_length=64)
+    result = train_from_files(path, "solver", init_dir, tmp_path / "solver", cfg)
+    assert result.n_rows == 5 and result.n_dropped_too_long == 1
+    assert result.min_row_visits == result.max_row_visits == 2  # every row, once per epoch
+    assert result.steps == 6  # ceil(5 / 2) per epoch
+    assert set(result.diagnostics.by_agent) == {"solver"}
+    solver_rows = view.filter(pa.compute.equal(view.column("policy_id"), "solver")).slice(1)
+    assert result.data_hash == view_hash(solver_rows)
+
+    empty = train_policy(view, "nobody", init_dir, tmp_path / "nobody", cfg)
+    assert empty.steps == 0 and empty.n_rows == 0
+    same = AutoModelForCausalLM.from_pretrained(tmp_path / "nobody", dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(params(model).values(), params(same).values()))
+
+
+def test_lora_run_writes_a_merged_plain_checkpoint(tok, model, init_dir, tmp_path):
+    view = build_training_view(advantages_table(rows_for(tok, model, 8, seed=10)), {"iid": IID()}, tok)
+    cfg = TrainConfig(**{**FAST, "lr": 5e-2}, lora=LoraSettings(r=4, alpha=8))
+    train_policy(view, "shared", init_dir, tmp_path / "lora", cfg)
+    assert not (tmp_path / "lora" / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora", dtype=torch.float32)
+    before, after = params(model), params(merged)
+    assert set(before) == set(after)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_trl_grpo_loss_equals_loss_py_on_a_fixed_batch(tok, init_dir, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    ours = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        temperature=T,
+        importance_sampling_level="token",
+    )
+    trl_trainer = GRPOTrainer(
+        model=theirs,
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["a", "b"]}),
+        processing_class=tok,
+    )
+    trl_trainer.model.eval()
+    rng = random.Random(11)
+    rows = [
+        dict(
+            step_id=f"s{i}",
+            train_prompt_ids=[3] + [rng.randint(10, 200) for _ in range(rng.randint(2, 7))] + [5, 4],
+            completion_ids=[rng.randint(10, 200) for _ in range(c)],
+            sampling_logprobs=[rng.uniform(-6.5, -4.5) for _ in range(c)],
+            advantage=rng.uniform(-1.5, 1.5),
+            sample_weight=w,
+            reward=1.0,
+            strategy="iid",
+            agent_id="solver",
+        )
+        for i, (c, w) in enumerate([(3, 1.0), (5, 2.0), (1, 0.5), (4, 1.5)])
+    ]
+    batch = collate(rows, tok.pad_token_id)
+    trl_inputs = {
+        "prompt_ids": batch["prompt_ids"],
+        "prompt_mask": batch["prompt_mask"],
+        "completion_ids": batch["completion_ids"],
+        "completion_mask": batch["completion_mask"].long(),
+        # TRL has no sample weights: fold them into its advantages
+        "advantages": batch["advantages"] * batch["sample_weight"],
+        "old_per_token_logps": batch["sampling_logprobs"],
+    }
+    for trl_type, aggregation in (("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean")):
+        trl_trainer.loss_type = trl_type
+        trl_trainer.model.zero_grad()
+        theirs_loss = trl_trainer._compute_loss(trl_trainer.model, trl_inputs)
+        theirs_loss.backward()
+        ours.zero_grad()
+        ours_loss = batch_loss(ours, batch, LossConfig(aggregation=aggregation, ratio=RatioConfig(mode="none")), T).loss
+        ours_loss.backward()
+        assert ours_loss.item() == pytest.approx(theirs_loss.item(), abs=1e-6), trl_type
+        g_theirs = torch.cat([p.grad.flatten() for p in trl_trainer.model.parameters()])
+        g_ours = torch.cat([p.grad.flatten() for p in ours.parameters()])
+        assert torch.allclose(g_ours, g_theirs, atol=1e-6), trl_type
