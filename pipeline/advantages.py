@@ -1,0 +1,287 @@
+"""Group-relative advantages over stored rollout rows, with Polars window expressions.
+
+`compute_advantages(steps, config)` is a pure function from a frame of agent calls to the same
+rows with `group_size, group_mean, group_std, advantage, sample_weight` added. It reads only the
+columns it needs (`step_id`, `uid`, the `group_by` columns, `traj_uid` in trajectory-mean mode,
+`reward` or `global_reward`/`local_reward`, and `active` if present), so it runs on tables that
+other tools wrote as well as on maxit's `steps` table. Everything is lazy `.over()` windows: no
+Python loop over rows or groups.
+
+Semantics (DESIGN.md, "Semantics decided here"; AdvantageConfig documents each switch):
+- group key = uid + group_by (DrMAS: agent_id; AT-GRPO: agent_id, turn; default adds strategy);
+- members = active rows with a reward (DrMAS: an agent called k times counts k times), or, with
+  `trajectory_mean`, one member per trajectory valued at the mean of its rows in the group;
+- A = (r - mean) / (std + eps) with ddof=1 ("std") or A = r - mean ("center");
+- groups of one member: A = 0, or verl's mean 0 / std 1 (`singleton="raw"`);
+  groups whose members all have the same value: A = 0 exactly;
+- inactive rows and rows with a null reward: out of the statistics, A = 0, weight 0;
+- NaN or infinite rewards, and null keys, are errors naming the offending step_ids;
+- sample_weight = w_s * N / n_s over member rows (1 for every member when no weights are given);
+- a `round` column, when present, is part of every group and of the strategy counts, so a table
+  spanning several rounds gives the same numbers as each round on its own.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pipeline.config import AdvantageConfig
+from pipeline.errors import DataError, SchemaError
+
+__all__ = ["compute_advantages", "advantage_metrics", "required_columns", "ADVANTAGE_COLUMNS"]
+
+ADVANTAGE_COLUMNS = ("group_size", "group_mean", "group_std", "advantage", "sample_weight")
+
+_MAX_IDS = 10
+_SEED_A, _SEED_B = 0x6D61786974, 0x5EED2
+
+
+def required_columns(config: AdvantageConfig, schema: pl.Schema) -> list[str]:
+    """The columns `compute_advantages` reads from a frame with `schema` under `config`."""
+    cols = ["step_id", *config.group_key]
+    if config.trajectory_mean:
+        cols.append("traj_uid")
+    if config.strategy_weights is not None and "strategy" not in cols:
+        cols.append("strategy")
+    if "global_reward" in schema or "local_reward" in schema:
+        cols += [c for c in ("global_reward", "local_reward") if c in schema]
+    else:
+        cols.append("reward")
+    if "active" in schema:
+        cols.append("active")
+    return cols
+
+
+def _check_input(schema: pl.Schema, config: AdvantageConfig) -> None:
+    problems: list[str] = []
+    needed = required_columns(config, schema)
+    for col in needed:
+        if col not in schema:
+            if col == "reward":
+                problems.append("missing column 'reward' (or 'global_reward' and 'local_reward')")
+            else:
+                why = " (needed by trajectory_mean=True)" if col == "traj_uid" else ""
+                why = " (needed by strategy_weights)" if col == "strategy" and "strategy" not in config.group_by else why
+                problems.append(f"missing column {col!r}{why}")
+            continue
+        dtype = schema[col]
+        if col in ("reward", "global_reward", "local_reward"):
+            if not (dtype.is_numeric() or dtype == pl.Null):
+                problems.append(f"column {col!r} has type {dtype}, expected a number (float64)")
+        elif col == "active":
+            if dtype != pl.Boolean:
+                problems.append(f"column 'active' has type {dtype}, expected bool")
+        elif col == "turn":
+            if not dtype.is_integer():
+                problems.append(f"column 'turn' has type {dtype}, expected an integer (int32)")
+        elif dtype not in (pl.String, pl.Categorical) and not isinstance(dtype, pl.Enum):
+            problems.append(f"column {col!r} has type {dtype}, expected string")
+    if "global_reward" in schema and "local_reward" not in schema or "local_reward" in schema and "global_reward" not in schema:
+        present = "global_reward" if "global_reward" in schema else "local_reward"
+        absent = "local_reward" if present == "global_reward" else "global_reward"
+        problems.append(f"column {present!r} is present but {absent!r} is missing; reward = alpha*global_reward + local_reward needs both")
+    if problems:
+        raise SchemaError("steps (advantage input)", problems)
+
+
+def _ids(df: pl.DataFrame, mask: pl.Series) -> str:
+    ids = df.filter(mask)["step_id"]
+    shown = ", ".join(repr(i) for i in ids.head(_MAX_IDS).to_list())
+    more = f" and {ids.len() - _MAX_IDS} more" if ids.len() > _MAX_IDS else ""
+    return f"{ids.len()} row(s): step_id {shown}{more}"
+
+
+def _check_values(out: pl.DataFrame, config: AdvantageConfig) -> None:
+    problems: list[str] = []
+    reward = out["reward"]
+    if not reward.is_finite().fill_null(True).all():
+        problems.append(f"NaN or infinite reward in {_ids(out, reward.is_not_null() & ~reward.is_finite())}")
+    for col in config.group_key + (["traj_uid"] if config.trajectory_mean else []) + (["active"] if "active" in out.columns else []):
+        if out[col].null_count():
+            what = "" if col == "active" else " (part of the group key)"
+            problems.append(f"null {col!r}{what} in {_ids(out, out[col].is_null())}")
+    if problems:
+        raise DataError("cannot compute advantages:\n  - " + "\n  - ".join(problems))
+
+
+def compute_advantages(steps: pl.DataFrame | pl.LazyFrame, config: AdvantageConfig | None = None) -> pl.DataFrame:
+    """The input rows, in input order, with `reward` (recomputed from global/local when present)
+    and `group_size, group_mean, group_std, advantage, sample_weight` added."""
+    config = config or AdvantageConfig()
+    df = steps.collect() if isinstance(steps, pl.LazyFrame) else steps
+    schema = df.schema
+    _check_input(schema, config)
+    # The plan reads only the columns it needs and yields only the new ones; the input's other
+    # columns are joined back without a copy (materializing pass-through string columns in the
+    # plan would cost more than the windows themselves).
+    cols = list(dict.fromkeys(required_columns(config, schema) + (["round"] if "round" in schema else [])))
+    internal = ["_member", "_collision"] + (["_w_raw"] if config.strategy_weights is not None else [])
+    new_cols = ["reward", *ADVANTAGE_COLUMNS, *internal]
+    sub = df.lazy().select(cols)
+    new = _plan(sub, sub.collect_schema(), config, exact=False).select(new_cols).collect()
+    if new["_collision"].any():
+        # Two different group keys share a 64-bit hash (about 1e-8 odds at a million groups):
+        # recompute with windows over the key columns themselves.
+        new = _plan(sub, sub.collect_schema(), config, exact=True).select(new_cols).collect()
+    out = df.drop([c for c in new_cols if c in schema]).hstack(new)
+    _check_values(out, config)
+    if config.strategy_weights is not None:
+        missing = out.filter(pl.col("_member") & pl.col("_w_raw").is_null())["strategy"].unique().sort().to_list()
+        if missing:
+            raise DataError(
+                f"strategy_weights has no weight for strategy {missing} (given: {sorted(config.strategy_weights)}); "
+                "give every strategy present a weight"
+            )
+    keep = [c for c in schema.names() if c not in ADVANTAGE_COLUMNS]
+    if "reward" not in keep:
+        keep.append("reward")
+    return out.select(*keep, *ADVANTAGE_COLUMNS)
+
+
+def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: bool) -> pl.LazyFrame:
+    """The lazy plan. Windows run over one UInt64 hash of the group key (much faster than over
+    several string columns); a second, independently seeded hash must be constant inside every
+    window, and `_collision` flags the rows where it is not (then `exact=True` re-plans over the
+    key columns)."""
+    # A table holding several rounds (e.g. read through a round=* glob) never mixes them:
+    # groups and strategy counts are per round.
+    per_round = ["round"] if "round" in schema and "round" not in config.group_key else []
+    keys = config.group_key + per_round
+    tkeys = [*keys, "traj_uid"]
+    eps = float(config.eps)
+
+    if "global_reward" in schema:
+        reward = float(config.alpha) * pl.col("global_reward").cast(pl.Float64) + pl.col("local_reward").cast(pl.Float64)
+    else:
+        reward = pl.col("reward").cast(pl.Float64)
+    active = pl.col("active") if "active" in schema else pl.lit(True)
+    member = (active & reward.is_not_null() & reward.is_finite()).fill_null(False)
+    prep = [reward.alias("reward"), member.alias("_member")]
+    if exact:
+        g, t = keys, tkeys
+    else:
+        g, t = "_g", "_t"
+        prep += [pl.struct(keys).hash(_SEED_A).alias("_g"), pl.struct(keys).hash(_SEED_B).alias("_g2")]
+        if config.trajectory_mean:
+            prep += [pl.struct(tkeys).hash(_SEED_A).alias("_t"), pl.struct(tkeys).hash(_SEED_B).alias("_t2")]
+    lf = lf.with_columns(prep)
+
+    # Member values: each active row (DrMAS), or each trajectory's mean, held by one row of it.
+    if config.trajectory_mean:
+        row = pl.int_range(pl.len(), dtype=pl.UInt32)
+        lf = lf.with_columns(row.alias("_row"))
+        traj_mean = pl.when("_member").then(pl.col("reward")).mean().over(t)
+        first_row = pl.when("_member").then(pl.col("_row")).min().over(t)
+        traj = [
+            pl.when("_member").then(traj_mean).alias("_val"),
+            (pl.col("_member") & (pl.col("_row") == first_row)).alias("_rep"),
+        ]
+        if not exact:
+            traj.append((pl.col("_t2").min().over(t) != pl.col("_t2").max().over(t)).alias("_tcollision"))
+        lf = lf.with_columns(traj)
+        stat = pl.when("_rep").then(pl.col("_val"))
+    else:
+        lf = lf.with_columns(pl.when("_member").then(pl.col("reward")).alias("_val"))
+        stat = pl.col("_val")
+
+    # Group statistics: null-skipping aggregations over the member values, one window key.
+    windows = [
+        stat.count().over(g).cast(pl.Int32).alias("_n"),
+        stat.mean().over(g).alias("_mean"),
+        stat.std(ddof=1).over(g).alias("_std"),
+        (stat.max().over(g) == stat.min().over(g)).alias("_flat"),
+    ]
+    if exact:
+        windows.append(pl.lit(False).alias("_collision"))
+    else:
+        collision = pl.col("_g2").min().over(g) != pl.col("_g2").max().over(g)
+        if config.trajectory_mean:
+            collision = collision | pl.col("_tcollision")
+        windows.append(collision.alias("_collision"))
+    lf = lf.with_columns(windows)
+    n, val, mean, std = pl.col("_n"), pl.col("_val"), pl.col("_mean"), pl.col("_std")
+    raw_singleton = config.singleton == "raw"
+    group_mean = pl.when(n == 0).then(None).when((n == 1) & raw_singleton).then(0.0).otherwise(mean)
+    group_std = (
+        pl.when(n == 0).then(None)
+        .when(n == 1).then(pl.lit(1.0) if raw_singleton else pl.lit(None, dtype=pl.Float64))
+        .when(pl.col("_flat")).then(0.0)
+        .otherwise(std)
+    )
+    centered = val - pl.col("group_mean")
+    scaled = centered / (pl.col("group_std") + eps) if config.normalize == "std" else centered
+    advantage = (
+        pl.when(~pl.col("_member")).then(0.0)
+        .when(n == 1).then(scaled if raw_singleton else pl.lit(0.0))
+        .when(pl.col("_flat")).then(0.0)
+        .otherwise(scaled)
+    )
+
+    # Stratified weights: w_s * N / n_s over member rows, w_s normalized over strategies present.
+    if config.strategy_weights is None:
+        weight = pl.when("_member").then(1.0).otherwise(0.0)
+        extra: list[pl.Expr] = []
+    else:
+        w_raw = pl.col("strategy").cast(pl.String).replace_strict(dict(config.strategy_weights), default=None, return_dtype=pl.Float64)
+        extra = [w_raw.alias("_w_raw")]
+        n_total = pl.col("_member").sum()
+        n_s = pl.col("_member").sum().over(["strategy", *per_round])
+        z = pl.when("_member").then(pl.col("_w_raw") / n_s).sum()
+        if per_round:
+            n_total, z = n_total.over(per_round), z.over(per_round)
+        weight = pl.when("_member").then(pl.col("_w_raw") / z * n_total / n_s).otherwise(0.0)
+
+    lf = lf.with_columns(group_mean.alias("group_mean"), group_std.alias("group_std"), *extra)
+    return lf.with_columns(
+        n.alias("group_size"),
+        advantage.alias("advantage"),
+        weight.cast(pl.Float64).alias("sample_weight"),
+    )
+
+
+def advantage_metrics(advantages: pl.DataFrame | pl.LazyFrame, config: AdvantageConfig | None = None) -> pl.DataFrame:
+    """Per (agent_id, strategy): row counts (active, members, inactive, null reward), reward mean
+    over members, and over its groups (the advantage groups, split by agent and strategy): the
+    number of groups, the fractions of singleton groups, zero-std groups, and all-good / all-bad /
+    mixed groups (success = global_reward > 0 when that column exists, else reward > 0)."""
+    config = config or AdvantageConfig()
+    lf = advantages.lazy()
+    schema = lf.collect_schema()
+    by = [c for c in ("agent_id", "strategy") if c in schema]
+    sub = list(dict.fromkeys([*config.group_key, *by]))
+    if "active" not in schema:
+        lf = lf.with_columns(pl.lit(True).alias("active"))
+    active = pl.col("active")
+    member = active & pl.col("reward").is_not_null()
+    success = (pl.col("global_reward") if "global_reward" in schema else pl.col("reward")) > 0
+    lf = lf.with_columns(member.alias("_member"), success.alias("_success"))
+    rows = lf.group_by(by).agg(
+        pl.len().alias("rows"),
+        active.sum().alias("active"),
+        pl.col("_member").sum().alias("members"),
+        (~active).sum().alias("inactive"),
+        (active & pl.col("reward").is_null()).sum().alias("null_reward"),
+        pl.col("reward").filter("_member").mean().alias("reward_mean"),
+        pl.col("advantage").filter("_member").abs().mean().alias("abs_advantage_mean"),
+        pl.col("sample_weight").filter("_member").mean().alias("weight_mean"),
+    )
+    groups = (
+        lf.filter("_member")
+        .group_by(sub)
+        .agg(
+            pl.len().alias("n"),
+            (pl.col("reward").max() == pl.col("reward").min()).alias("flat"),
+            pl.col("_success").all().alias("all_good"),
+            (~pl.col("_success")).all().alias("all_bad"),
+        )
+        .group_by(by)
+        .agg(
+            pl.len().alias("groups"),
+            (pl.col("n") == 1).mean().alias("singleton_frac"),
+            ((pl.col("n") > 1) & pl.col("flat")).mean().alias("zero_std_frac"),
+            pl.col("all_good").mean().alias("all_good_frac"),
+            pl.col("all_bad").mean().alias("all_bad_frac"),
+            (~pl.col("all_good") & ~pl.col("all_bad")).mean().alias("mixed_frac"),
+        )
+    )
+    return rows.join(groups, on=by, how="left").sort(by).collect()

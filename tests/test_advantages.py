@@ -1,0 +1,285 @@
+"""The advantage engine: seed examples, every grouping, degenerate groups, weights, and a
+property test against the pure-Python reference."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.advantages import advantage_metrics, compute_advantages
+from pipeline.advantages_reference import reference_advantages
+from pipeline.config import AdvantageConfig
+from pipeline.errors import ConfigError, DataError, SchemaError
+
+
+def frame(**cols) -> pl.DataFrame:
+    n = len(next(iter(cols.values())))
+    base = {
+        "step_id": [f"s{i}" for i in range(n)],
+        "uid": ["P"] * n,
+        "traj_uid": [f"t{i}" for i in range(n)],
+        "agent_id": ["solver"] * n,
+        "turn": [0] * n,
+        "strategy": ["iid"] * n,
+    }
+    base.update(cols)
+    return pl.DataFrame(base, schema_overrides={"turn": pl.Int32})
+
+
+def test_seed_002_worked_example():
+    """Rewards [1,0,1,1] -> mean 0.75, std 0.5, advantage 0.5 for the 1s (seed 002), for the
+    Solver and the Verifier alike, with per-agent groups."""
+    df = frame(
+        traj_uid=["t0", "t1", "t2", "t3"] * 2,
+        agent_id=["solver"] * 4 + ["verifier"] * 4,
+        reward=[1.0, 0.0, 1.0, 1.0] * 2,
+    )
+    out = compute_advantages(df, AdvantageConfig(group_by=("agent_id",), eps=0.0))
+    assert out["group_mean"].to_list() == [0.75] * 8
+    assert out["group_std"].to_list() == pytest.approx([0.5] * 8)
+    assert out["advantage"].to_list() == pytest.approx([0.5, -1.5, 0.5, 0.5] * 2)
+    assert out["group_size"].to_list() == [4] * 8
+
+
+def test_drmas_and_standard_grpo_differ_when_an_agent_is_called_several_times():
+    # trajectory t0: the solver is called twice (loop 0 wrong, loop 1 right); t1: once, right;
+    # t2: once, wrong.
+    df = frame(
+        traj_uid=["t0", "t0", "t1", "t2"],
+        turn=[0, 1, 0, 0],
+        reward=[0.0, 1.0, 1.0, 0.0],
+    )
+    drmas = compute_advantages(df, AdvantageConfig(group_by=("agent_id",), eps=0.0))
+    grpo = compute_advantages(df, AdvantageConfig(group_by=("agent_id",), trajectory_mean=True, eps=0.0))
+    # DrMAS: four members [0,1,1,0]: mean .5, std sqrt(1/3)
+    s = math.sqrt(1 / 3)
+    assert drmas["advantage"].to_list() == pytest.approx([-0.5 / s, 0.5 / s, 0.5 / s, -0.5 / s])
+    # standard GRPO: members are trajectory means [0.5, 1, 0]: mean .5, std .5; both rows of t0 share A=0
+    assert grpo["group_size"].to_list() == [3] * 4
+    assert grpo["advantage"].to_list() == pytest.approx([0.0, 0.0, 1.0, -1.0])
+    assert drmas["advantage"].to_list() != pytest.approx(grpo["advantage"].to_list())
+
+
+def test_at_grpo_agent_turn_groups():
+    df = frame(
+        traj_uid=["a", "b", "a", "b", "a", "b"],
+        agent_id=["solver", "solver", "solver", "solver", "verifier", "verifier"],
+        turn=[0, 0, 1, 1, 0, 0],
+        reward=[1.0, 0.0, 3.0, 1.0, 5.0, 5.0],
+    )
+    out = compute_advantages(df, AdvantageConfig(group_by=("agent_id", "turn"), normalize="center"))
+    assert out["group_mean"].to_list() == [0.5, 0.5, 2.0, 2.0, 5.0, 5.0]
+    assert out["advantage"].to_list() == [0.5, -0.5, 1.0, -1.0, 0.0, 0.0]
+    plain = compute_advantages(df, AdvantageConfig(group_by=(), normalize="center"))
+    assert plain["group_size"].to_list() == [6] * 6
+
+
+def test_singleton_and_zero_std_groups():
+    df = frame(uid=["A", "B", "B", "B"], reward=[0.7, 0.1, 0.1, 0.1])
+    zero = compute_advantages(df, AdvantageConfig())
+    assert zero["advantage"].to_list() == [0.0, 0.0, 0.0, 0.0]
+    assert zero["group_std"].to_list()[1:] == [0.0, 0.0, 0.0]
+    assert zero["group_std"][0] is None
+    raw = compute_advantages(df, AdvantageConfig(singleton="raw"))
+    assert raw["advantage"][0] == pytest.approx(0.7 / (1 + 1e-6))
+    assert (raw["group_mean"][0], raw["group_std"][0]) == (0.0, 1.0)
+    assert raw["advantage"].to_list()[1:] == [0.0, 0.0, 0.0]
+
+
+def test_inactive_and_null_reward_rows_are_out_of_the_statistics():
+    df = frame(reward=[1.0, 0.0, None, 100.0], active=[True, True, True, False])
+    out = compute_advantages(df, AdvantageConfig(eps=0.0))
+    assert out["group_size"].to_list() == [2] * 4
+    assert out["group_mean"].to_list() == [0.5] * 4
+    assert out["advantage"].to_list()[2:] == [0.0, 0.0]
+    assert out["sample_weight"].to_list() == [1.0, 1.0, 0.0, 0.0]
+    m = advantage_metrics(out)
+    assert m.select("rows", "members", "inactive", "null_reward").row(0) == (4, 2, 1, 1)
+
+
+def test_mixed_reward_is_recomputed_from_global_and_local():
+    df = frame(global_reward=[1.0, 0.0, 1.0], local_reward=[0.5, 0.5, 0.0], reward=[9.0, 9.0, 9.0])
+    out = compute_advantages(df, AdvantageConfig(alpha=2.0, normalize="center"))
+    assert out["reward"].to_list() == [2.5, 0.5, 2.0]
+    assert out["advantage"].to_list() == pytest.approx([2.5 - 5 / 3, 0.5 - 5 / 3, 2.0 - 5 / 3])
+
+
+def test_stratified_weights():
+    # 3 iid members and 1 prompt_aug member; w = {iid: 1, prompt_aug: 1} -> normalized 1/2 each
+    df = frame(uid=["A", "A", "A", "B"], strategy=["iid", "iid", "iid", "prompt_aug"], reward=[1.0, 0.0, 1.0, 1.0])
+    out = compute_advantages(df, AdvantageConfig(strategy_weights={"iid": 1.0, "prompt_aug": 1.0}))
+    # sample_weight = w_s * N / n_s: iid 0.5*4/3, prompt_aug 0.5*4/1; mean weight 1
+    assert out["sample_weight"].to_list() == pytest.approx([2 / 3, 2 / 3, 2 / 3, 2.0])
+    assert out["sample_weight"].mean() == pytest.approx(1.0)
+    # w_s = n_s / N gives 1 everywhere
+    plain = compute_advantages(df, AdvantageConfig(strategy_weights={"iid": 0.75, "prompt_aug": 0.25}))
+    assert plain["sample_weight"].to_list() == pytest.approx([1.0] * 4)
+    with pytest.raises(DataError, match="prompt_aug"):
+        compute_advantages(df, AdvantageConfig(strategy_weights={"iid": 1.0}))
+
+
+def test_nan_and_inf_rewards_name_the_rows():
+    df = frame(reward=[1.0, float("nan"), float("inf"), 0.0])
+    with pytest.raises(DataError) as err:
+        compute_advantages(df)
+    assert "'s1'" in str(err.value) and "'s2'" in str(err.value) and "'s0'" not in str(err.value)
+
+
+def test_bad_input_names_the_columns():
+    df = frame(reward=[1.0, 0.0]).drop("uid").with_columns(pl.col("turn").cast(pl.String))
+    with pytest.raises(SchemaError) as err:
+        compute_advantages(df)
+    msg = str(err.value)
+    assert "'uid'" in msg and "'turn'" in msg
+    with pytest.raises(SchemaError, match="local_reward"):
+        compute_advantages(frame(global_reward=[1.0]))
+    with pytest.raises(SchemaError, match="traj_uid"):
+        compute_advantages(frame(reward=[1.0]).drop("traj_uid"), AdvantageConfig(trajectory_mean=True))
+    with pytest.raises(DataError, match="null 'uid'"):
+        compute_advantages(frame(reward=[1.0, 2.0], uid=["A", None]))
+
+
+def test_needs_only_the_columns_it_reads():
+    df = pl.DataFrame({"step_id": ["a", "b"], "uid": ["u", "u"], "reward": [1.0, 0.0]})
+    out = compute_advantages(df, AdvantageConfig(group_by=()))
+    assert out.columns == ["step_id", "uid", "reward", "group_size", "group_mean", "group_std", "advantage", "sample_weight"]
+    assert out["advantage"].to_list() == pytest.approx([0.7071061, -0.7071061], rel=1e-5)
+
+
+def test_recomputing_on_an_advantages_table_replaces_its_columns():
+    first = compute_advantages(frame(reward=[1.0, 0.0, 1.0]), AdvantageConfig(normalize="center"))
+    again = compute_advantages(first, AdvantageConfig(normalize="std", eps=0.0))
+    assert again.columns == first.columns
+    assert again["advantage"].to_list() == pytest.approx([1 / 3 / math.sqrt(1 / 3), -2 / 3 / math.sqrt(1 / 3), 1 / 3 / math.sqrt(1 / 3)])
+
+
+def test_rounds_never_share_a_group():
+    one = frame(reward=[1.0, 0.0, 1.0], strategy=["iid", "iid", "prompt_aug"], uid=["A", "A", "B"])
+    two = frame(reward=[0.0, 0.0, 1.0], strategy=["iid", "prompt_aug", "prompt_aug"], uid=["A", "B", "B"])
+    cfg = AdvantageConfig(strategy_weights={"iid": 1.0, "prompt_aug": 3.0})
+    both = pl.concat([one.with_columns(round=pl.lit(0)), two.with_columns(round=pl.lit(1))])
+    together = compute_advantages(both, cfg)
+    separate = pl.concat([compute_advantages(one, cfg), compute_advantages(two, cfg)])
+    for col in ("advantage", "sample_weight", "group_size"):
+        assert together[col].to_list() == pytest.approx(separate[col].to_list())
+
+
+def test_lazy_input_and_row_order_kept():
+    df = frame(uid=["B", "A", "B", "A"], reward=[1.0, 2.0, 3.0, 5.0])
+    out = compute_advantages(df.lazy(), AdvantageConfig(normalize="center"))
+    assert out["step_id"].to_list() == ["s0", "s1", "s2", "s3"]
+    assert out["advantage"].to_list() == [-1.0, -1.5, 1.0, 1.5]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"group_by": ("agent",)}, "group_by"),
+        ({"group_by": "agent_id"}, "group_by"),
+        ({"normalize": "z"}, "normalize"),
+        ({"singleton": "one"}, "singleton"),
+        ({"eps": -1}, "eps"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"strategy_weights": {"iid": 0}}, "strategy_weights"),
+    ],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        AdvantageConfig(**kwargs)
+
+
+def test_metrics_group_fractions():
+    df = frame(
+        uid=["A", "A", "B", "B", "C", "C"],
+        global_reward=[1.0, 1.0, 0.0, 0.0, 1.0, 0.0],
+        local_reward=[0.0] * 6,
+    )
+    m = advantage_metrics(compute_advantages(df))
+    row = m.row(0, named=True)
+    assert row["groups"] == 3
+    assert row["all_good_frac"] == pytest.approx(1 / 3)
+    assert row["all_bad_frac"] == pytest.approx(1 / 3)
+    assert row["mixed_frac"] == pytest.approx(1 / 3)
+    assert row["zero_std_frac"] == pytest.approx(2 / 3)
+
+
+# ---- property test against the pure-Python reference ---------------------------------------
+
+rows_strategy = st.lists(
+    st.fixed_dictionaries(
+        {
+            "uid": st.sampled_from(["u0", "u1", "u2"]),
+            "traj_uid": st.sampled_from(["t0", "t1", "t2", "t3"]),
+            "agent_id": st.sampled_from(["solver", "verifier"]),
+            "turn": st.integers(0, 2),
+            "strategy": st.sampled_from(["iid", "prompt_aug", "feedback"]),
+            "active": st.booleans(),
+            "global_reward": st.one_of(st.none(), st.sampled_from([0.0, 1.0]), st.floats(-3, 3, allow_nan=False)),
+            "local_reward": st.sampled_from([0.0, 0.5, -0.25]),
+        }
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+config_strategy = st.builds(
+    AdvantageConfig,
+    group_by=st.sampled_from([(), ("agent_id",), ("agent_id", "turn"), ("agent_id", "turn", "strategy"), ("strategy",)]),
+    normalize=st.sampled_from(["std", "center"]),
+    trajectory_mean=st.booleans(),
+    singleton=st.sampled_from(["zero", "raw"]),
+    alpha=st.sampled_from([1.0, 0.5, 2.0]),
+    strategy_weights=st.sampled_from([None, {"iid": 1.0, "prompt_aug": 2.0, "feedback": 0.5}]),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=rows_strategy, config=config_strategy)
+def test_matches_pure_python_reference(rows, config):
+    for i, r in enumerate(rows):
+        r["step_id"] = f"s{i}"
+    # traj_uid unique per (uid, strategy) like real data: a trajectory belongs to one problem
+    for r in rows:
+        r["traj_uid"] = f"{r['uid']}/{r['strategy']}/{r['traj_uid']}"
+    df = pl.DataFrame(rows, schema_overrides={"turn": pl.Int32, "global_reward": pl.Float64})
+    got = compute_advantages(df, config)
+    want = reference_advantages(rows, config)
+    for col in ("group_size", "advantage", "sample_weight", "group_mean", "group_std", "reward"):
+        g = got[col].to_list()
+        w = [x[col] for x in want]
+        for a, b in zip(g, w):
+            if b is None:
+                assert a is None, (col, g, w)
+            else:
+                assert a == pytest.approx(b, rel=1e-9, abs=1e-9), (col, g, w)
+
+
+def test_exact_plan_agrees_with_the_hashed_one_and_is_used_on_a_collision(monkeypatch):
+    import pipeline.advantages as A
+    from pipeline.synthetic import synthetic_steps
+
+    df = synthetic_steps(200, samples=3, layout="loops", seed=3)
+    for cfg in (AdvantageConfig(), AdvantageConfig(trajectory_mean=True, group_by=("agent_id",))):
+        sub = df.lazy()
+        hashed = A._plan(sub, sub.collect_schema(), cfg, exact=False).collect()
+        exact = A._plan(sub, sub.collect_schema(), cfg, exact=True).collect()
+        assert not hashed["_collision"].any()
+        for col in ("advantage", "group_size", "group_mean", "group_std"):
+            assert hashed[col].to_list() == exact[col].to_list()
+    # force the collision path: the second seed's hash now differs inside a window
+    calls = []
+    real_plan = A._plan
+
+    def plan(lf, schema, config, exact):
+        calls.append(exact)
+        out = real_plan(lf, schema, config, exact)
+        return out if exact else out.with_columns(pl.lit(True).alias("_collision"))
+
+    monkeypatch.setattr(A, "_plan", plan)
+    out = A.compute_advantages(df)
+    assert calls == [False, True]
+    assert out["advantage"].to_list() == real_plan(df.lazy(), df.schema, AdvantageConfig(), True).collect()["advantage"].to_list()

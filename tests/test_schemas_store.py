@@ -1,0 +1,87 @@
+"""Table contracts and atomic writes."""
+
+from __future__ import annotations
+
+import os
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from pipeline import store
+from pipeline.synthetic import synthetic_steps
+from schemas import STEPS, SchemaError, empty_table, validate
+
+
+@pytest.fixture
+def steps() -> pl.DataFrame:
+    return synthetic_steps(n_problems=3, samples=2, full=True)
+
+
+def test_synthetic_full_table_is_a_valid_steps_table(steps):
+    assert validate(steps, STEPS) is steps
+    assert validate(steps.lazy(), "steps") is not None
+    validate(empty_table("steps"), "steps")
+
+
+def test_validate_names_every_problem(steps):
+    bad = steps.drop("uid").with_columns(pl.col("turn").cast(pl.Int64), pl.col("completion_ids").cast(pl.List(pl.Int64)))
+    bad = bad.with_columns(pl.when(pl.col("step_id").is_in(["3", "7"])).then(None).otherwise(pl.col("agent_id")).alias("agent_id"))
+    bad = pl.concat([bad, bad.head(1)])
+    with pytest.raises(SchemaError) as err:
+        validate(bad, STEPS)
+    msg = str(err.value)
+    assert "missing column 'uid'" in msg
+    assert "column 'turn' has type int64, expected int32" in msg
+    assert "'completion_ids'" in msg
+    assert "column 'agent_id' is null in 2 row(s) (step_id '3', '7')" in msg
+    assert "must be unique; duplicated: '0'" in msg
+    assert len(err.value.problems) == 5
+
+
+def test_large_string_and_list_variants_are_accepted(steps):
+    table = steps.to_arrow()  # polars writes large_string / large_list
+    assert pa.types.is_large_string(table.schema.field("uid").type) or pa.types.is_string_view(table.schema.field("uid").type)
+    validate(table, STEPS)
+
+
+def test_write_table_is_atomic_and_validated(tmp_path, steps):
+    path = store.table_path(tmp_path, 0, "steps")
+    store.write_table(steps, path, STEPS)
+    before = path.read_bytes()
+    with pytest.raises(SchemaError):
+        store.write_table(steps.drop("uid"), path, STEPS)
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir()] == ["steps.parquet"]  # no temp file left behind
+    assert store.read_table(path, STEPS).height == steps.height
+    assert store.scan_table(tmp_path, "steps").select("round").collect()["round"].unique().to_list() == [0]
+
+
+def test_write_table_leaves_no_partial_file_when_interrupted(tmp_path, steps, monkeypatch):
+    path = tmp_path / "t.parquet"
+    store.write_table(steps, path)
+    import pyarrow.parquet as pq
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pq, "write_table", boom)
+    with pytest.raises(KeyboardInterrupt):
+        store.write_table(steps.head(1), path)
+    assert pl.read_parquet(path).height == steps.height
+    assert os.listdir(tmp_path) == ["t.parquet"]
+
+
+def test_atomic_dir_replaces_or_keeps(tmp_path):
+    target = tmp_path / "ckpt"
+    with store.atomic_dir(target) as d:
+        (d / "w").write_text("one")
+    with pytest.raises(RuntimeError):
+        with store.atomic_dir(target) as d:
+            (d / "w").write_text("two")
+            raise RuntimeError("crash mid-write")
+    assert (target / "w").read_text() == "one"
+    with store.atomic_dir(target) as d:
+        (d / "w").write_text("three")
+    assert (target / "w").read_text() == "three"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
