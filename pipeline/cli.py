@@ -116,6 +116,115 @@ def cmd_sql(args) -> int:
     return 0
 
 
+def _settings_from_args(args):
+    from assets.config import RunSettings
+
+    group_by = args.group_by
+    if group_by is None:
+        group_by = ["agent_id", "turn", "strategy"]
+    elif group_by in (["none"], []):
+        group_by = []
+    return RunSettings(
+        model_dir=args.model_dir,
+        task_file=args.task_file,
+        shared_policy=not args.separate_policies,
+        problems=args.problems,
+        samples=args.samples,
+        strategies=list(args.strategies),
+        max_loop_num=args.max_loop_num,
+        alpha=args.alpha,
+        seed=args.seed,
+        group_by=list(group_by),
+        normalize=args.normalize,
+        trajectory_mean=args.trajectory_mean,
+        loss=args.loss,
+        lr=args.lr,
+        epochs=args.epochs,
+        eval_problems=args.eval_problems,
+        eval_samples=args.eval_samples,
+    )
+
+
+def cmd_run(args) -> int:
+    import resource
+
+    from assets.launch import run_rounds
+
+    settings = _settings_from_args(args)
+    settings.run_config()  # validate every flag before anything starts
+    t0 = time.perf_counter()
+    summary = run_rounds(args.rounds, args.store, settings, engine=args.engine, restart=args.restart, quiet_dagster=not args.verbose)
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    _print_frame(summary, f"maxit run: {args.rounds} round(s) in {time.perf_counter() - t0:.0f}s, peak memory {peak:.0f} MB, store {args.store}")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from assets.launch import ui
+
+    return ui(host=args.host, port=args.port, store=args.store, engine=args.engine)
+
+
+def cmd_rollout(args) -> int:
+    from pipeline.rollouts import rollout_command
+
+    path = rollout_command(args.store, args.round, args.problems, args.samples, args.engine, model_dir=args.model_dir, strategies=tuple(args.strategies), seed=args.seed)
+    import polars as pl
+
+    steps = pl.read_parquet(path)
+    print(f"{steps.height} agent calls -> {path}")
+    _print_frame(
+        steps.group_by("agent_id", "strategy").agg(pl.len().alias("rows"), pl.col("reward").mean().alias("reward_mean"), pl.col("completion_ids").list.len().mean().alias("tokens_mean")).sort("agent_id", "strategy")
+    )
+    return 0
+
+
+def cmd_train(args) -> int:
+    from pipeline.training.config import LossConfig, TrainConfig
+    from pipeline.training.trainer import train_from_files
+
+    init = args.init
+    if init is None:
+        from pipeline.models import default_model
+
+        init = default_model()
+    config = TrainConfig(lr=args.lr, epochs=args.epochs, temperature=args.temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
+    res = train_from_files(args.view, args.policy, init, args.out, config)
+    print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
+    return 0
+
+
+def cmd_model(args) -> int:
+    from pipeline.models import build_default_model
+
+    path = build_default_model(seed=args.seed, force=args.force)
+    print(path)
+    return 0
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", default="runs/default", help="folder of the run's tables and checkpoints")
+    p.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
+    p.add_argument("--model-dir", default=None, help="starting checkpoint (local HF model dir); default: the embedded tiny model")
+    p.add_argument("--task-file", default=None, help="local JSONL/Parquet problems (question/answer columns) instead of the arithmetic task")
+    p.add_argument("--separate-policies", action="store_true", help="Solver and Verifier each get their own policy")
+    p.add_argument("--problems", type=int, default=128, help="training problems per round")
+    p.add_argument("--samples", type=int, default=4, help="group size of every strategy")
+    p.add_argument("--strategies", nargs="+", default=["iid", "prompt_aug", "feedback", "tree"])
+    p.add_argument("--max-loop-num", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loss", choices=["rs", "ppo"], default="rs", help="rs: rejection-sampling expert iteration; ppo: importance-weighted PG")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--eval-problems", type=int, default=200)
+    p.add_argument("--eval-samples", type=int, default=2)
+    g = p.add_argument_group("advantages")
+    g.add_argument("--group-by", nargs="*", default=None, metavar="COL")
+    g.add_argument("--normalize", choices=["std", "center"], default="std")
+    g.add_argument("--trajectory-mean", action="store_true")
+    g.add_argument("--alpha", type=float, default=1.0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="maxit", description="Multi-Agent eXpert ITeration: train teams of LLM agents by expert iteration.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +237,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     add_advantage_flags(p)
     p.set_defaults(func=cmd_advantages)
+
+    p = sub.add_parser("run", help="run N expert-iteration rounds in-process (Dagster), resuming complete rounds")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--restart", action="store_true", help="re-run rounds that are already complete")
+    p.add_argument("--verbose", action="store_true", help="show Dagster's own log lines")
+    add_run_flags(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("ui", help="the Dagster UI (dagster dev) on 127.0.0.1; Ctrl-C stops it cleanly")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=3000)
+    p.add_argument("--store", default=None, help="store the UI's runs write to (default runs/default)")
+    p.add_argument("--engine", choices=["auto", "vllm", "hf"], default=None)
+    p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("rollout", help="one mixed-strategy two-agent round of rollouts -> DIR/round=R/steps.parquet")
+    p.add_argument("--store", required=True)
+    p.add_argument("--round", type=int, default=0)
+    p.add_argument("--problems", type=int, default=32)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
+    p.add_argument("--model-dir", default=None)
+    p.add_argument("--strategies", nargs="+", default=["iid", "prompt_aug", "feedback", "tree"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_rollout)
+
+    p = sub.add_parser("train", help="train one policy on a training view")
+    p.add_argument("--view", required=True, help="training_view Parquet file")
+    p.add_argument("--policy", required=True, help="policy_id whose rows are trained (e.g. shared, solver)")
+    p.add_argument("--init", default=None, help="starting checkpoint (default: the embedded tiny model)")
+    p.add_argument("--out", required=True, help="checkpoint folder to write (atomically)")
+    p.add_argument("--loss", choices=["rs", "ppo"], default="ppo")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--report-to", default="tensorboard")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("model", help="build (or find) the embedded default model and print its folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(func=cmd_model)
 
     p = sub.add_parser("sql", help="SQL over every round's tables (DuckDB)")
     p.add_argument("query")

@@ -21,6 +21,7 @@ __all__ = [
     "ADVANTAGES",
     "TRAINING_VIEW",
     "EVALUATION",
+    "PROBLEMS",
     "SCHEMAS",
     "TableSchema",
     "SchemaError",
@@ -115,6 +116,22 @@ TRAINING_VIEW = TableSchema(
     unique=("step_id",),
 )
 
+PROBLEMS = TableSchema(
+    "problems",
+    pa.schema(
+        [
+            _f("round", pa.int32()),
+            _f("uid", pa.string()),
+            _f("question", pa.string()),
+            _f("answer", pa.string()),
+            _f("split", pa.string()),
+            _f("hint", pa.string(), nullable=True),
+        ]
+    ),
+    row_id="uid",
+    unique=("uid",),
+)
+
 EVALUATION = TableSchema(
     "evaluation",
     pa.schema(
@@ -130,7 +147,7 @@ EVALUATION = TableSchema(
     ),
 )
 
-SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION)}
+SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION)}
 
 
 class SchemaError(ValueError):

@@ -1,0 +1,26 @@
+import dagster as dg
+
+from assets.config import RunSettings
+from assets.metadata import md_table
+from assets.partitions import round_of, rounds
+from assets.resources import EngineResource, StoreResource
+from pipeline.advantages import advantage_metrics
+from pipeline.rounds import stage_advantages
+from pipeline.store import read_table, table_path
+
+
+@dg.asset(partitions_def=rounds, group_name="expert_iteration", deps=["rollouts"], kinds={"polars"})
+def advantages(context: dg.AssetExecutionContext, settings: RunSettings, store: StoreResource, engine: EngineResource) -> dg.MaterializeResult:
+    """Group-relative advantages per (uid, agent_id, turn, strategy) group, and sample weights."""
+    r = round_of(context)
+    ctx = settings.context(store, engine)
+    adv = stage_advantages(ctx, r, read_table(table_path(store.root(), r, "steps")))
+    m = advantage_metrics(adv, ctx.config.advantage)
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": adv.height,
+            "path": str(table_path(store.root(), r, "advantages")),
+            "group_key": "uid+" + "+".join(ctx.config.advantage.group_by),
+            "by_agent_strategy": md_table(m.select("agent_id", "strategy", "members", "reward_mean", "groups", "zero_std_frac", "all_good_frac", "all_bad_frac")),
+        }
+    )

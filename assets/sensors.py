@@ -1,0 +1,66 @@
+"""The round job, the sensor that starts round r+1 when round r's evaluation succeeds, and a
+schedule for periodic iteration."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.partitions import rounds
+
+round_job = dg.define_asset_job(
+    "expert_iteration_round",
+    selection=dg.AssetSelection.groups("expert_iteration"),
+    partitions_def=rounds,
+    description="One expert-iteration round: problems -> rollouts -> advantages -> training_view -> policy -> evaluation.",
+)
+
+
+def next_round(instance) -> int:
+    """One past the newest round whose evaluation is materialized (0 when none is)."""
+    done = [int(k) for k in instance.get_materialized_partitions(dg.AssetKey("evaluation")) if k.isdigit()]
+    return max(done) + 1 if done else 0
+
+
+def make_next_round_sensor(max_rounds: int) -> dg.SensorDefinition:
+    @dg.asset_sensor(
+        asset_key=dg.AssetKey("evaluation"),
+        job=round_job,
+        name="next_round_sensor",
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        minimum_interval_seconds=10,
+        description=f"When round r's evaluation is materialized, add round r+1 and run it (up to {max_rounds} rounds), with the same run config.",
+    )
+    def next_round_sensor(context: dg.SensorEvaluationContext, asset_event: dg.EventLogEntry):
+        partition = asset_event.dagster_event.partition if asset_event.dagster_event else None
+        if partition is None or not partition.isdigit():
+            return dg.SkipReason(f"evaluation materialized without a round partition ({partition!r})")
+        nxt = int(partition) + 1
+        if nxt >= max_rounds:
+            return dg.SkipReason(f"round {partition} was the last of max_rounds={max_rounds}")
+        run = context.instance.get_run_by_id(asset_event.run_id) if asset_event.run_id else None
+        run_config = run.run_config if run is not None else {}
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=f"round-{nxt}", partition_key=str(nxt), run_config=run_config)],
+            dynamic_partitions_requests=[rounds.build_add_request([str(nxt)])],
+        )
+
+    return next_round_sensor
+
+
+def make_iteration_schedule(max_rounds: int, cron: str = "0 * * * *") -> dg.ScheduleDefinition:
+    @dg.schedule(
+        cron_schedule=cron,
+        job=round_job,
+        name="iteration_schedule",
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description=f"Periodically run the next round (up to {max_rounds}). Schedules cannot add dynamic partitions, so the partition is added on the instance first.",
+    )
+    def iteration_schedule(context: dg.ScheduleEvaluationContext):
+        nxt = next_round(context.instance)
+        if nxt >= max_rounds:
+            return dg.SkipReason(f"all {max_rounds} rounds are done")
+        if not context.instance.has_dynamic_partition(rounds.name, str(nxt)):
+            context.instance.add_dynamic_partitions(rounds.name, [str(nxt)])
+        return dg.RunRequest(run_key=f"round-{nxt}", partition_key=str(nxt))
+
+    return iteration_schedule

@@ -1,0 +1,380 @@
+"""One expert-iteration round, stage by stage, as plain functions (Dagster's assets call these).
+
+    problems(r) -> rollouts(r) -> advantages(r) -> training_view(r) -> policy(r) -> evaluation(r)
+
+Each stage reads what it needs, writes its table to `<store>/round=<r>/<table>.parquet`
+atomically, and returns it. Round r samples with the checkpoints that the policy registry holds
+for the latest round before r (the base model for round 0), trains them, registers round r's
+checkpoints, and evaluates them. A round is complete when its `evaluation` table exists: it is
+written last, atomically, after the checkpoints are registered, so a run killed at any point
+resumes by re-running the first incomplete round from scratch (its tables are replaced, never
+appended to: no lost or duplicated rows).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import polars as pl
+import pyarrow as pa
+
+from pipeline import store as st
+from pipeline.config import AdvantageConfig
+from pipeline.errors import ConfigError, DataError
+from pipeline.evaluation import EvalConfig
+from pipeline.registry import PolicyRegistry
+from pipeline.types import Problem, Sampler
+from schemas import EVALUATION, PROBLEMS, STEPS
+
+__all__ = [
+    "RunConfig",
+    "RoundContext",
+    "EnginePool",
+    "stage_problems",
+    "stage_rollouts",
+    "stage_advantages",
+    "stage_training_view",
+    "stage_policy",
+    "stage_evaluation",
+    "evaluate_base",
+    "run_round_stages",
+    "round_complete",
+    "completed_rounds",
+    "BASE_ROUND",
+]
+
+BASE_ROUND = -1
+
+
+def _default_train_config():
+    from pipeline.training.config import TrainConfig
+
+    return TrainConfig()
+
+
+def _default_view_config():
+    from pipeline.views import ViewConfig
+
+    return ViewConfig()
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one expert-iteration run needs; the CLI flags and the Dagster `Config` classes
+    map onto it."""
+
+    # --- Parameters that control the team and the task ----------------------------------------
+    task: str = "arithmetic"
+    """Task name (`pipeline.tasks.make_task`), used when `task_file` is None."""
+    task_file: str | None = None
+    """A local JSONL/Parquet file of problems (`pipeline.tasks.load_task_file`) instead of `task`."""
+    model_dir: str | None = None
+    """Starting checkpoint of every policy (a local HF model directory with a chat template);
+    None = the embedded default model (built and warm-started on first use)."""
+    shared_policy: bool = True
+    """Solver and Verifier share one policy ("shared"), or each has its own ("solver", "verifier")."""
+
+    # --- Parameters that control sampling ------------------------------------------------------
+    engine: str = "auto"
+    """"vllm", "hf", or "auto" (vLLM when importable)."""
+    problems: int = 128
+    """Training problems drawn per round."""
+    samples: int = 4
+    """Group size of every strategy (tree: candidates per node)."""
+    strategies: tuple[str, ...] = ("iid", "prompt_aug", "feedback", "tree")
+    """Search strategies interleaved in each round (pipeline.strategies)."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
+    max_tokens: int = 16
+    """Completion budget of each agent call."""
+    max_loop_num: int = 2
+    """Solver/Verifier loops per sample (seed 002)."""
+    alpha: float = 1.0
+    """reward = alpha * global_reward + local_reward."""
+
+    # --- Parameters that control learning ------------------------------------------------------
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """Grouping and normalization of advantages."""
+    view: object = field(default_factory=_default_view_config)
+    """`pipeline.views.ViewConfig`: which rows are trained."""
+    train: object = field(default_factory=_default_train_config)
+    """`pipeline.training.config.TrainConfig`: loss, learning rate, epochs."""
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation after every round (and of the starting checkpoint, as round -1)."""
+    seed: int = 0
+    """Seed of the problem draws and of sampling (each round derives its own)."""
+
+    def __post_init__(self) -> None:
+        for name in ("problems", "samples", "max_tokens", "max_loop_num"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
+        if self.engine not in ("auto", "vllm", "hf"):
+            raise ConfigError(f"RunConfig.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
+        from pipeline.strategies import STRATEGY_IDS
+
+        if not self.strategies:
+            raise ConfigError("RunConfig.strategies must name at least one strategy")
+        bad = [s for s in self.strategies if s not in STRATEGY_IDS]
+        if bad:
+            raise ConfigError(f"RunConfig.strategies: unknown {bad}; choose from {sorted(STRATEGY_IDS)}")
+        object.__setattr__(self, "strategies", tuple(self.strategies))
+        if self.train.temperature != self.temperature:
+            raise ConfigError(
+                f"RunConfig.train.temperature ({self.train.temperature}) must equal RunConfig.temperature "
+                f"({self.temperature}): the stored logprobs are at the sampling temperature"
+            )
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        return ("shared",) if self.shared_policy else ("solver", "verifier")
+
+
+class EnginePool:
+    """One sampler per policy, kept alive across stages and rounds of a process and pointed at
+    the checkpoint a stage asks for (`Sampler.load_checkpoint` swaps weights in place)."""
+
+    def __init__(self, engine: str = "auto", options: Mapping | None = None):
+        self.engine = engine
+        self.options = dict(options or {})
+        self._samplers: dict[str, Sampler] = {}
+
+    def get(self, policy_id: str, model_dir: str | Path) -> Sampler:
+        from pipeline.engines import make_sampler
+
+        model_dir = Path(model_dir)
+        sampler = self._samplers.get(policy_id)
+        if sampler is None:
+            sampler = make_sampler(self.engine, model_dir, **self.options)
+            self._samplers[policy_id] = sampler
+        elif Path(sampler.model_dir).resolve() != model_dir.resolve():
+            sampler.load_checkpoint(model_dir)
+        return sampler
+
+    def close(self) -> None:
+        for s in self._samplers.values():
+            s.close()
+        self._samplers.clear()
+
+
+@dataclass
+class RoundContext:
+    """What the stages of a run share: the store, the run config, the registry, the engines."""
+
+    store: Path
+    config: RunConfig
+    engines: EnginePool | None = None
+    registry: PolicyRegistry | None = None
+    """Where round r finds round r-1's checkpoints (default: the store's own registry)."""
+
+    def __post_init__(self) -> None:
+        self.store = Path(self.store)
+        if self.engines is None:
+            self.engines = EnginePool(self.config.engine)
+        if self.registry is None:
+            self.registry = PolicyRegistry(self.store)
+
+    # -- the team ---------------------------------------------------------------------------
+    def task(self):
+        from pipeline.tasks import load_task_file, make_task
+
+        if self.config.task_file:
+            return load_task_file(self.config.task_file)
+        return make_task(self.config.task)
+
+    def agents(self):
+        from pipeline.agents import default_agents
+
+        return default_agents(shared_policy=self.config.shared_policy)
+
+    def strategy_objects(self) -> dict:
+        from pipeline.strategies import make_strategy
+
+        return {s: make_strategy(s, group_size=self.config.samples) for s in self.config.strategies}
+
+    def base_model(self) -> Path:
+        if self.config.model_dir:
+            path = Path(self.config.model_dir)
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"model_dir {path} is not a local HF model directory (no config.json)")
+            return path
+        from pipeline.models import default_model
+
+        return default_model()
+
+    def checkpoints(self, before_round: int) -> dict[str, Path]:
+        """policy_id -> the checkpoint round `before_round` starts from (registering the base
+        model as round -1 on first use)."""
+        reg = self.registry
+        out = {}
+        for pid in self.config.policy_ids:
+            path = reg.latest(pid, before_round)
+            if path is None:
+                reg.base(pid, self.base_model())
+                path = reg.latest(pid, before_round)
+            out[pid] = path
+        return out
+
+    def round_checkpoints(self, round_: int) -> dict[str, Path]:
+        """policy_id -> the checkpoint trained in `round_` (-1: the base model)."""
+        if round_ == BASE_ROUND:
+            return self.checkpoints(0)
+        out = {}
+        for pid in self.config.policy_ids:
+            rec = self.registry.get(round_, pid)
+            if rec is None:
+                raise DataError(f"round {round_} has no registered checkpoint for policy {pid!r}; materialize its policy first")
+            out[pid] = Path(rec.path)
+        return out
+
+    def samplers(self, checkpoints: Mapping[str, Path]) -> dict[str, Sampler]:
+        return {pid: self.engines.get(pid, path) for pid, path in checkpoints.items()}
+
+    def round_seed(self, round_: int, salt: int = 0) -> int:
+        return (self.config.seed * 1_000_003 + (round_ + 2) * 7919 + salt) % (2**31 - 1)
+
+
+# -- stages ---------------------------------------------------------------------------------
+
+
+def problems_table(problems: Sequence[Problem], round_: int) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "round": [round_] * len(problems),
+            "uid": [p.uid for p in problems],
+            "question": [p.question for p in problems],
+            "answer": [p.answer for p in problems],
+            "split": [p.split for p in problems],
+            "hint": [p.hint for p in problems],
+        },
+        schema={"round": pl.Int32, "uid": pl.String, "question": pl.String, "answer": pl.String, "split": pl.String, "hint": pl.String},
+    )
+
+
+def problems_from_table(df: pl.DataFrame) -> list[Problem]:
+    return [Problem(uid=r["uid"], question=r["question"], answer=r["answer"], split=r["split"], hint=r["hint"]) for r in df.iter_rows(named=True)]
+
+
+def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
+    """Draw round r's training problems (a fresh draw each round, from the train split only)."""
+    task = ctx.task()
+    problems = task.problems("train", ctx.config.problems, ctx.round_seed(round_, 1))
+    df = problems_table(problems, round_)
+    st.write_table(df, st.table_path(ctx.store, round_, "problems"), PROBLEMS)
+    return df
+
+
+def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa.Table:
+    """Sample the team on round r's problems under every strategy -> the `steps` table."""
+    from pipeline.agents import MathOrchestra
+    from pipeline.rollouts import RolloutConfig, run_round, write_steps
+
+    c = ctx.config
+    task = ctx.task()
+    samplers = ctx.samplers(ctx.checkpoints(round_))
+    config = RolloutConfig(
+        round=round_, temperature=c.temperature, max_tokens=c.max_tokens, max_loop_num=c.max_loop_num, alpha=c.alpha, seed=ctx.round_seed(round_, 2)
+    )
+    table = run_round(problems_from_table(problems), ctx.agents(), MathOrchestra(task), list(ctx.strategy_objects().values()), samplers, config)
+    write_steps(table, ctx.store, round_)
+    return table
+
+
+def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
+    from pipeline.advantages import compute_advantages
+
+    steps_df = steps if isinstance(steps, pl.DataFrame) else pl.from_arrow(steps)
+    cfg = replace(ctx.config.advantage, alpha=ctx.config.alpha)
+    weights = {s: obj.weight for s, obj in ctx.strategy_objects().items() if obj.weight is not None}
+    if weights and cfg.strategy_weights is None:
+        cfg = replace(cfg, strategy_weights=weights)
+    out = compute_advantages(steps_df, cfg)
+    st.write_table(out, st.table_path(ctx.store, round_, "advantages"), "advantages")
+    return out
+
+
+def stage_training_view(ctx: RoundContext, round_: int, advantages):
+    from pipeline.models import load_tokenizer
+    from pipeline.views import build_training_view_with_stats
+
+    checkpoints = ctx.checkpoints(round_)
+    tokenizer = load_tokenizer(next(iter(checkpoints.values())))
+    view, stats = build_training_view_with_stats(advantages, ctx.strategy_objects(), tokenizer, ctx.config.view)
+    st.write_table(view, st.table_path(ctx.store, round_, "training_view"), "training_view")
+    return view, stats
+
+
+def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
+    """Train each policy on its rows; checkpoints go to `<store>/checkpoints/round=<r>/<policy>`
+    (atomically) and into the registry."""
+    from pipeline.training.trainer import train_policy
+
+    results = {}
+    parents = ctx.checkpoints(round_)
+    for pid, parent in parents.items():
+        out_dir = ctx.store / "checkpoints" / f"round={round_}" / pid
+        res = train_policy(view, pid, parent, out_dir, ctx.config.train, round_=round_)
+        ctx.registry.register(
+            round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash,
+            metrics={"steps": res.steps, "rows": res.n_rows, "mean_loss": res.mean_loss, "tokens_per_second": res.tokens_per_second},
+        )
+        results[pid] = res
+    return results
+
+
+def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
+    """Evaluate round r's checkpoints (round -1: the starting checkpoints) on the held-out split."""
+    from pipeline.evaluation import evaluate_team
+    from pipeline.models import load_tokenizer
+
+    checkpoints = ctx.round_checkpoints(round_)
+    samplers = ctx.samplers(checkpoints)
+    tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
+    c = ctx.config
+    cfg = replace(c.evaluation, temperature=c.temperature, max_tokens=c.max_tokens)
+    df = evaluate_team(ctx.task(), ctx.agents(), samplers, tokenizers, cfg, round_)
+    st.write_table(df, st.table_path(ctx.store, round_, "evaluation"), EVALUATION)
+    return df
+
+
+def evaluate_base(ctx: RoundContext) -> pl.DataFrame:
+    """The baseline row set: the starting checkpoints evaluated as round -1 (once per store)."""
+    path = st.table_path(ctx.store, BASE_ROUND, "evaluation")
+    if path.exists():
+        return pl.read_parquet(path)
+    return stage_evaluation(ctx, BASE_ROUND)
+
+
+def round_complete(store: str | Path, round_: int) -> bool:
+    return st.table_path(store, round_, "evaluation").exists()
+
+
+def completed_rounds(store: str | Path) -> list[int]:
+    store = Path(store)
+    return sorted(int(p.parent.name.split("=", 1)[1]) for p in store.glob("round=*/evaluation.parquet") if int(p.parent.name.split("=", 1)[1]) >= 0)
+
+
+def run_round_stages(ctx: RoundContext, round_: int) -> dict:
+    """All stages of one round in order, without Dagster (what a test or a notebook calls).
+    Returns the tables and the seconds each stage took."""
+    t: dict[str, float] = {}
+    out: dict = {}
+
+    def timed(name, fn, *args):
+        t0 = time.perf_counter()
+        value = fn(*args)
+        t[name] = time.perf_counter() - t0
+        out[name] = value
+        return value
+
+    problems = timed("problems", stage_problems, ctx, round_)
+    steps = timed("rollouts", stage_rollouts, ctx, round_, problems)
+    adv = timed("advantages", stage_advantages, ctx, round_, steps)
+    view, _stats = timed("training_view", stage_training_view, ctx, round_, adv)
+    timed("policy", stage_policy, ctx, round_, view)
+    timed("evaluation", stage_evaluation, ctx, round_)
+    out["seconds"] = t
+    return out
