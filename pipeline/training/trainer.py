@@ -21,6 +21,7 @@ previous `out_dir` (or none) as it was.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -401,9 +402,15 @@ def train_policy(
                 temperature=config.temperature,
                 ref_model=ref_model,
             )
-            t0 = time.perf_counter()
-            trainer.train()
-            seconds = time.perf_counter() - t0
+            # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
+            # that from walking the whole heap of a long-lived process (a fixed ~0.3 s per run here)
+            gc.freeze()
+            try:
+                t0 = time.perf_counter()
+                trainer.train()
+                seconds = time.perf_counter() - t0
+            finally:
+                gc.unfreeze()
             steps = trainer.state.global_step
             diagnostics = trainer.run_diagnostics
             tokens = trainer.completion_tokens
