@@ -337,3 +337,17 @@ def test_trl_grpo_loss_equals_loss_py_on_a_fixed_batch(tok, init_dir, tmp_path):
         g_theirs = torch.cat([p.grad.flatten() for p in trl_trainer.model.parameters()])
         g_ours = torch.cat([p.grad.flatten() for p in ours.parameters()])
         assert torch.allclose(g_ours, g_theirs, atol=1e-6), trl_type
+
+
+def test_shared_or_separate_policies_and_tensorboard_logs(tok, model, init_dir, tmp_path):
+    from pipeline.training.trainer import train_policies
+
+    rows = rows_for(tok, model, 4, seed=12, policy_id="solver") + rows_for(tok, model, 2, seed=13, policy_id="verifier", agent_id="verifier")
+    view = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    cfg = TrainConfig(**{**FAST, "report_to": "tensorboard"})
+    results = train_policies(view, {"solver": init_dir, "verifier": init_dir}, tmp_path / "round0", cfg)
+    assert {k: r.n_rows for k, r in results.items()} == {"solver": 4, "verifier": 2}
+    assert set(results["verifier"].diagnostics.by_agent) == {"verifier"}
+    for pid in ("solver", "verifier"):
+        assert read_checkpoint_meta(tmp_path / "round0" / pid).policy_id == pid
+        assert list((tmp_path / "round0" / pid / "logs").rglob("events.out.tfevents*"))

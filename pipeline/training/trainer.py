@@ -21,6 +21,7 @@ previous `out_dir` (or none) as it was.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -219,6 +220,7 @@ def batch_loss(model, batch: Mapping[str, Any], loss_config: LossConfig, tempera
 # the Trainer
 
 
+@functools.lru_cache(maxsize=None)
 def _trainer_class():
     from transformers import Trainer
 
@@ -254,6 +256,12 @@ def _trainer_class():
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             if "loss" in logs and self._log_diagnostics.overall.n_rows:
+                overall = self._log_diagnostics.overall
+                log.info(
+                    "step %d: loss %.4g, mean log ratio %.4g, clip %.3f, masked %.3f, ESS %.3f",
+                    self.state.global_step, logs["loss"], overall.mean_log_ratio, overall.clip_fraction,
+                    overall.masked_fraction, overall.ess_fraction,
+                )
                 logs = {**logs, **self._log_diagnostics.as_metrics()}
                 self._log_diagnostics = LossDiagnostics()
             super().log(logs, start_time)
@@ -337,7 +345,7 @@ def train_policy(
     starting from the HF model directory `init_dir`, and write the checkpoint to `out_dir`
     atomically. A policy without rows gets its parent's weights written unchanged (steps=0).
     `callbacks` are `transformers.TrainerCallback`s added to the run."""
-    from transformers import TrainingArguments
+    from transformers import PrinterCallback, TrainingArguments
 
     init_dir, out_dir = Path(init_dir), Path(out_dir)
     if init_dir.resolve() == out_dir.resolve():
@@ -404,6 +412,7 @@ def train_policy(
             )
             # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
             # that from walking the whole heap of a long-lived process (a fixed ~0.3 s per run here)
+            trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
             gc.freeze()
             try:
                 t0 = time.perf_counter()
