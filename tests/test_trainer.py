@@ -238,7 +238,7 @@ def test_bad_view_input_names_column_and_step_id(tok, model, init_dir, tmp_path)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_policy_rows_epochs_too_long_rows_and_files(tok, model, init_dir, tmp_path):
+def test_policy_rows_epochs_too_long_rows_kl_and_files(tok, model, init_dir, tmp_path):
     rows = rows_for(tok, model, 6, seed=8, policy_id="solver") + rows_for(tok, model, 3, seed=9, policy_id="verifier", agent_id="verifier")
     rows[0]["completion_ids"] = list(range(20, 120))
     rows[0]["completion_logprobs"] = [-5.0] * 100
@@ -247,8 +247,9 @@ def test_policy_rows_epochs_too_long_rows_and_files(tok, model, init_dir, tmp_pa
     import pyarrow.parquet as pq
 
     pq.write_table(view, path)
-    cfg = TrainConfig(report_to="none", temperature=T, minibatch_size=2, micro_batch_size=2, epochs=2, max_length=64)
+    cfg = TrainConfig(report_to="none", temperature=T, minibatch_size=2, micro_batch_size=2, epochs=2, max_length=64, loss=LossConfig(beta=0.05))
     result = train_from_files(path, "solver", init_dir, tmp_path / "solver", cfg)
+    assert result.diagnostics.overall.mean_kl > 0  # the policy moved away from the reference
     assert result.n_rows == 5 and result.n_dropped_too_long == 1
     assert result.min_row_visits == result.max_row_visits == 2  # every row, once per epoch
     assert result.steps == 6  # ceil(5 / 2) per epoch

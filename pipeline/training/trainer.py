@@ -410,9 +410,9 @@ def train_policy(
                 temperature=config.temperature,
                 ref_model=ref_model,
             )
+            trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
             # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
             # that from walking the whole heap of a long-lived process (a fixed ~0.3 s per run here)
-            trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
             gc.freeze()
             try:
                 t0 = time.perf_counter()
