@@ -13,6 +13,7 @@ appended to: no lost or duplicated rows).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -319,7 +320,11 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
         res = train_policy(view, pid, parent, out_dir, ctx.config.train, round_=round_)
         ctx.registry.register(
             round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash,
-            metrics={"steps": res.steps, "rows": res.n_rows, "mean_loss": res.mean_loss, "tokens_per_second": res.tokens_per_second},
+            metrics={
+                k: v
+                for k, v in {"steps": res.steps, "rows": res.n_rows, "mean_loss": res.mean_loss, "tokens_per_second": res.tokens_per_second}.items()
+                if math.isfinite(v)  # a policy without rows has no loss; keep the JSON strict
+            },
         )
         results[pid] = res
     return results
