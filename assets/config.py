@@ -39,6 +39,7 @@ class RunSettings(dg.ConfigurableResource):
     epochs: int = 2
     minibatch_size: int = 256
     micro_batch_size: int = 64
+    train_on: str = Field(default="rollouts", description="'rollouts' or 'ground_truth' (the step-matched SFT baseline)")
     # evaluation
     eval_problems: int = 200
     eval_samples: int = 2
@@ -71,6 +72,7 @@ class RunSettings(dg.ConfigurableResource):
                 loss=LossConfig(kind=self.loss),
                 report_to="none",
             ),
+            train_on=self.train_on,
             evaluation=EvalConfig(problems=self.eval_problems, samples=self.eval_samples),
         )
 

@@ -103,6 +103,10 @@ class RunConfig:
     """`pipeline.views.ViewConfig`: which rows are trained."""
     train: object = field(default_factory=_default_train_config)
     """`pipeline.training.config.TrainConfig`: loss, learning rate, epochs."""
+    train_on: str = "rollouts"
+    """"rollouts" (expert iteration) or "ground_truth": the step-matched SFT baseline, which
+    trains on the Solver's reference answers, as many rows as the rollouts' view has that round
+    (same minibatches, same optimizer steps), with the "rs" (NLL) loss."""
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation after every round (and of the starting checkpoint, as round -1)."""
     seed: int = 0
@@ -123,6 +127,10 @@ class RunConfig:
         if bad:
             raise ConfigError(f"RunConfig.strategies: unknown {bad}; choose from {sorted(STRATEGY_IDS)}")
         object.__setattr__(self, "strategies", tuple(self.strategies))
+        if self.train_on not in ("rollouts", "ground_truth"):
+            raise ConfigError(f"RunConfig.train_on must be 'rollouts' or 'ground_truth', got {self.train_on!r}")
+        if self.train_on == "ground_truth" and self.train.loss.kind != "rs":
+            raise ConfigError("RunConfig.train_on='ground_truth' needs the 'rs' loss (its rows were not sampled: no importance ratio exists)")
         if self.train.temperature != self.temperature:
             raise ConfigError(
                 f"RunConfig.train.temperature ({self.train.temperature}) must equal RunConfig.temperature "
@@ -304,6 +312,11 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
     checkpoints = ctx.checkpoints(round_)
     tokenizer = load_tokenizer(next(iter(checkpoints.values())))
     view, stats = build_training_view_with_stats(advantages, ctx.strategy_objects(), tokenizer, ctx.config.view)
+    if ctx.config.train_on == "ground_truth":
+        from pipeline.baselines import ground_truth_view
+
+        problems = problems_from_table(st.read_table(st.table_path(ctx.store, round_, "problems")))
+        view = ground_truth_view(problems, ctx.task(), tokenizer, view.num_rows, round_, policy_id=ctx.agents()[0].policy_id)
     st.write_table(view, st.table_path(ctx.store, round_, "training_view"), "training_view")
     return view, stats
 

@@ -1,0 +1,123 @@
+"""Dagster wiring: definitions load, one round materializes in-process on the tiny model, the
+sensor requests the next round, a failing blocking check stops the round."""
+
+from __future__ import annotations
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from assets.checks import all_checks
+from assets.config import RunSettings
+from assets.definitions import ROUND_ASSETS, defs, make_resources
+from assets.partitions import rounds
+from assets.resources import close_engines
+from assets.sensors import make_next_round_sensor, next_round
+from pipeline.registry import PolicyRegistry
+from pipeline.store import table_path
+
+
+def small_settings(model_dir) -> RunSettings:
+    return RunSettings(
+        model_dir=str(model_dir),
+        problems=6,
+        samples=2,
+        eval_problems=8,
+        eval_samples=1,
+        epochs=1,
+        minibatch_size=64,
+        micro_batch_size=32,
+    )
+
+
+def materialize_round(instance, store, settings, r: int, assets=None):
+    key = str(r)
+    if not instance.has_dynamic_partition(rounds.name, key):
+        instance.add_dynamic_partitions(rounds.name, [key])
+    return dg.materialize(
+        assets or [*ROUND_ASSETS, *all_checks],
+        partition_key=key,
+        instance=instance,
+        resources=make_resources(str(store), "hf", settings),
+        raise_on_error=False,
+    )
+
+
+def test_definitions_load():
+    repo = defs.get_repository_def()
+    assert {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()} >= {
+        "problems", "rollouts", "advantages", "training_view", "policy", "evaluation"
+    }
+    job = defs.resolve_job_def("expert_iteration_round")
+    assert job.partitions_def == rounds
+    assert defs.resolve_sensor_def("next_round_sensor") is not None
+    assert defs.resolve_schedule_def("iteration_schedule") is not None
+
+
+@pytest.fixture(scope="module")
+def one_round(tmp_path_factory, default_model_dir):
+    store = tmp_path_factory.mktemp("store")
+    instance = dg.DagsterInstance.ephemeral()
+    settings = small_settings(default_model_dir)
+    result = materialize_round(instance, store, settings, 0)
+    yield instance, store, settings, result
+    close_engines()
+
+
+def test_one_round_materializes_in_process(one_round):
+    instance, store, settings, result = one_round
+    assert result.success
+    for table in ("problems", "steps", "advantages", "training_view", "evaluation"):
+        assert table_path(store, 0, table).exists(), table
+    assert table_path(store, -1, "evaluation").exists()  # the baseline
+    steps = pl.read_parquet(table_path(store, 0, "steps"))
+    assert set(steps["strategy"].unique()) == {"iid", "prompt_aug", "feedback", "tree"}
+    assert set(steps["agent_id"].unique()) == {"solver", "verifier"}
+    rec = PolicyRegistry(store).get(0, "shared")
+    assert rec is not None and rec.parent is not None
+    ev = pl.read_parquet(table_path(store, 0, "evaluation"))
+    assert {"accuracy", "verdict_accuracy"} <= set(ev["metric"])
+    checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks["steps_schema"] and checks["tree_groups_share_context"] and checks["advantages_sane"]
+    assert checks["problems_disjoint_from_heldout"]
+    mats = result.asset_materializations_for_node("rollouts")
+    assert mats[0].metadata["dagster/row_count"].value == steps.height
+    assert next_round(instance) == 1
+
+
+def test_sensor_requests_the_next_round(one_round):
+    instance, *_ = one_round
+    sensor = make_next_round_sensor(max_rounds=3)
+    ctx = dg.build_sensor_context(instance=instance, definitions=dg.Definitions(sensors=[sensor], jobs=[defs.resolve_job_def("expert_iteration_round")]))
+    out = sensor(ctx)
+    assert isinstance(out, dg.SensorResult)
+    assert [rr.partition_key for rr in out.run_requests] == ["1"]
+    assert out.dynamic_partitions_requests[0].partition_keys == ["1"]
+    last = make_next_round_sensor(max_rounds=1)
+    ctx = dg.build_sensor_context(instance=instance, definitions=dg.Definitions(sensors=[last], jobs=[defs.resolve_job_def("expert_iteration_round")]))
+    assert isinstance(last(ctx), dg.SkipReason)
+
+
+def test_failing_blocking_check_stops_the_round(tmp_path, default_model_dir, monkeypatch):
+    import pipeline.rollouts as rollouts_mod
+
+    real_write = rollouts_mod.write_steps
+
+    def corrupt(table, store, round_):
+        df = pl.from_arrow(table)
+        first_tree = df.filter(pl.col("strategy") == "tree")["step_id"][0]
+        df = df.with_columns(pl.when(pl.col("step_id") == first_tree).then(pl.lit("not-the-siblings-context")).otherwise(pl.col("prompt_hash")).alias("prompt_hash"))
+        return real_write(df.to_arrow(), store, round_)
+
+    monkeypatch.setattr(rollouts_mod, "write_steps", corrupt)
+    instance = dg.DagsterInstance.ephemeral()
+    try:
+        result = materialize_round(instance, tmp_path, small_settings(default_model_dir), 0)
+    finally:
+        close_engines()
+    assert not result.success
+    checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks["tree_groups_share_context"] is False
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert "rollouts" in materialized and "advantages" not in materialized
+    assert not table_path(tmp_path, 0, "advantages").exists()
