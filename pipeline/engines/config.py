@@ -1,0 +1,65 @@
+"""Settings of the rollout engines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeline.errors import ConfigError
+
+__all__ = ["EngineConfig"]
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings shared by the engines, then those of each engine.
+
+    Parameters of both engines."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and activations. float32 keeps sampled logprobs equal to the trainer's to ~1e-5."""
+    threads: int | None = None
+    """CPU threads for torch (None: leave torch's setting; vLLM binds to `cpu_cores`)."""
+    # Parameters of the transformers engine.
+    max_batch: int = 512
+    """Sequences (prompts x n) per `generate` call."""
+    # Parameters of the vLLM engine.
+    max_model_len: int | None = None
+    """Longest prompt + completion vLLM reserves KV cache for (None: the model's max positions)."""
+    kv_cache_gb: int = 1
+    """KV cache size in GiB on CPU (VLLM_CPU_KVCACHE_SPACE); a GPU uses gpu_memory_utilization."""
+    gpu_memory_utilization: float = 0.5
+    """Share of GPU memory vLLM may take (GPU only)."""
+    cpu_cores: str | None = None
+    """Cores vLLM's CPU backend binds its threads to, e.g. "0-1" (VLLM_CPU_OMP_THREADS_BIND;
+    None: all cores this process may run on)."""
+    enforce_eager: bool = True
+    """Run without CUDA graphs / torch.compile (required on CPU; faster start anywhere)."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of shared prompt prefixes (the n samples of a prompt, tree siblings)."""
+    swap: Literal["reload", "rebuild"] = "reload"
+    """How `load_checkpoint` swaps weights: reload them into the running engine (same
+    architecture), or build a new engine."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"engine.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"engine.threads must be >= 1 or None, got {self.threads}")
+        if self.max_batch < 1:
+            raise ConfigError(f"engine.max_batch must be >= 1, got {self.max_batch}")
+        if self.max_model_len is not None and self.max_model_len < 8:
+            raise ConfigError(f"engine.max_model_len must be >= 8 or None, got {self.max_model_len}")
+        if self.kv_cache_gb < 1:
+            raise ConfigError(f"engine.kv_cache_gb must be >= 1, got {self.kv_cache_gb}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.swap not in ("reload", "rebuild"):
+            raise ConfigError(f"engine.swap must be 'reload' or 'rebuild', got {self.swap!r}")
+
+    def torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)

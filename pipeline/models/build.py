@@ -1,0 +1,143 @@
+"""Building the default model in code: the tokenizer trained on the default task's formats and a
+small Llama with random weights, saved as a Hugging Face model directory (safetensors, fp32,
+`generation_config.json` with eos/pad) that transformers, TRL and vLLM all load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.errors import ConfigError
+
+from .tokenizer import TokenizerConfig, train_tokenizer
+
+__all__ = [
+    "ModelConfig",
+    "tokenizer_corpus",
+    "build_tokenizer",
+    "build_untrained_model",
+    "weights_hash",
+    "count_parameters",
+]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of the default model (a Llama; 4 x 128 with tied embeddings is ~1.1M parameters)."""
+
+    num_layers: int = 4
+    """Transformer blocks."""
+    hidden_size: int = 128
+    """Model width."""
+    num_heads: int = 4
+    """Attention heads; hidden_size / num_heads must be a head size vLLM's CPU backend supports (32, 64, ...)."""
+    intermediate_size: int = 512
+    """MLP width."""
+    max_position_embeddings: int = 256
+    """Longest sequence (prompt + completion)."""
+    tie_word_embeddings: bool = True
+    """Share the input embedding and the output projection."""
+    seed: int = 0
+    """Seed of the random initialization and of the tokenizer's training corpus."""
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    """The tokenizer trained alongside."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "intermediate_size", "max_position_embeddings"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})"
+            )
+        if self.hidden_size // self.num_heads < 16:
+            raise ConfigError(f"model.hidden_size / model.num_heads must be >= 16, got {self.hidden_size // self.num_heads}")
+
+    def key(self) -> dict:
+        return asdict(self)
+
+
+def tokenizer_corpus(seed: int = 0, n: int = 2000) -> list[str]:
+    """Texts of every format of the default task (questions with answers, hints, Verifier
+    prompts, feedback turns), from which the BPE learns its merges."""
+    from pipeline.strategies import HINT_PREFIX
+    from pipeline.tasks.arithmetic import ArithmeticTask, make_hint
+    from pipeline.tasks.base import RIGHT_FEEDBACK, WRONG_FEEDBACK
+
+    task = ArithmeticTask()
+    rng = random.Random(f"tokenizer-corpus:{seed}")
+    out: list[str] = []
+    for _ in range(n):
+        a, op, b = task.sample_operands(rng)
+        p = task.make_problem(a, op, b)
+        out.append(p.question + p.answer)
+        out.append(task.verifier_messages(p, p.answer)[0]["content"])
+        for kind in ("tens", "prefix"):
+            out.append(HINT_PREFIX + str(make_hint(int(p.answer), kind)))
+    out += [WRONG_FEEDBACK, RIGHT_FEEDBACK, "yes", "no"] * 50
+    return out
+
+
+def build_tokenizer(config: ModelConfig = ModelConfig()):
+    """The default tokenizer (see `pipeline.models.tokenizer`)."""
+    return train_tokenizer(tokenizer_corpus(config.seed), config.tokenizer)
+
+
+def build_untrained_model(config: ModelConfig, tokenizer, out_dir: str | Path) -> Path:
+    """Save `tokenizer` and a randomly initialized Llama of `config` to `out_dir` (fp32 safetensors)."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = LlamaForCausalLM(cfg).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+    )
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def weights_hash(model_dir: str | Path, length: int = 12) -> str:
+    """A short hash of a checkpoint's weight files (`*.safetensors`, else `*.bin`): its model_version."""
+    model_dir = Path(model_dir)
+    files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    if not files:
+        raise ConfigError(f"no weight files (*.safetensors or *.bin) in model_dir {model_dir}")
+    h = hashlib.blake2b(digest_size=16)
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:length]
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,317 @@
+"""Warm-start SFT of the default model on the default task's formats, so the first round of
+expert iteration starts from a Solver that is sometimes right (and a Verifier that answers
+yes/no), with clear room to improve.
+
+Examples (mixed in every batch, loss on the completion tokens only, EOS included):
+- Solver plain:   user "123+45="                                    -> "168"
+- Solver hinted:  system "Hint: the tens digit is 6" (or "16_"), user -> "168"
+- Verifier:       user "<q>\\nProposed answer: <a>\\nIs it right? ..." -> "yes" / "no"
+                  (half right, half near misses: one digit off, +-1, +-10, +-100)
+- Feedback:       user q, assistant attempt1, user "That is wrong. Try again." -> right answer
+                  (or a right attempt1, "That is right. Say it again." -> the same answer)
+
+Stopping point: the SFT accuracy curve is steep (FINDINGS: 0.8% -> 25% within 80 steps, and
+its onset moves by hundreds of steps between seeds), so a fixed step count lands anywhere
+between 0% and 60%. Instead, every `probe_every` steps the plain Solver is sampled at T=1 on
+`probe_size` *train-split* problems, and training stops at the first probe at or above
+`target_accuracy` (or at `max_steps`). The probe is seeded, so the whole warm start is
+deterministic from the seed. Held-out problems are never trained on nor used to stop.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from pipeline.errors import ConfigError
+from pipeline.types import Message
+
+__all__ = [
+    "WarmStartConfig",
+    "WarmStartResult",
+    "sft_examples",
+    "warm_start",
+    "solver_accuracy",
+    "encode_messages_fast",
+]
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Settings of the warm-start SFT.
+
+    Parameters that control the optimizer."""
+
+    batch_size: int = 128
+    """Examples per step."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (FINDINGS: 3e-3 with batch 128)."""
+    warmup_steps: int = 30
+    """Linear warmup from 0 to `lr`; constant afterwards."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_steps: int = 900
+    """Hard cap on optimizer steps."""
+    min_steps: int = 100
+    """No stopping before this many steps."""
+    # Parameters that control the stopping rule.
+    target_accuracy: float = 0.3
+    """Stop at the first probe whose plain-Solver T=1 accuracy (train split) reaches this."""
+    probe_every: int = 20
+    """Steps between probes."""
+    probe_size: int = 256
+    """Train-split problems sampled once each at each probe."""
+    # Parameters that control the example mix (normalized to sum 1).
+    mix_plain: float = 0.45
+    """Share of plain Solver examples."""
+    mix_hint: float = 0.2
+    """Share of hinted Solver examples (half "tens", half "prefix" hints)."""
+    mix_verifier: float = 0.2
+    """Share of Verifier yes/no examples (half right, half wrong proposals)."""
+    mix_feedback: float = 0.15
+    """Share of second-attempt examples after feedback."""
+    seed: int = 0
+    """Seed of the examples, the probes and the optimizer's data order."""
+    threads: int | None = None
+    """torch threads (None: leave torch's setting)."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "max_steps", "probe_every", "probe_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"warm_start.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ConfigError(f"warm_start.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.min_steps < 0:
+            raise ConfigError("warm_start.warmup_steps and warm_start.min_steps must be >= 0")
+        if not 0 < self.target_accuracy <= 1:
+            raise ConfigError(f"warm_start.target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        mix = (self.mix_plain, self.mix_hint, self.mix_verifier, self.mix_feedback)
+        if min(mix) < 0 or self.mix_plain <= 0:
+            raise ConfigError(f"warm_start.mix_* must be >= 0 and mix_plain > 0, got {mix}")
+
+
+@dataclass
+class WarmStartResult:
+    """What a warm start did."""
+
+    steps: int
+    """Optimizer steps taken."""
+    seconds: float
+    """Wall time of the SFT (probes included)."""
+    probe_accuracy: float
+    """Last train-split probe accuracy (plain Solver, T=1)."""
+    stopped_early: bool
+    """True if the target accuracy was reached before max_steps."""
+    history: list[tuple[int, float]] = field(default_factory=list)
+    """(step, probe accuracy) of every probe."""
+
+
+def _near_miss(answer: int, rng: random.Random) -> int:
+    """A plausible wrong answer: one digit changed, or off by 1, 10 or 100."""
+    for _ in range(20):
+        kind = rng.random()
+        if kind < 0.5:
+            digits = list(str(answer))
+            i = rng.randrange(len(digits))
+            digits[i] = str(rng.choice([d for d in range(10) if str(d) != digits[i]]))
+            wrong = int("".join(digits))
+        else:
+            wrong = answer + rng.choice([-1, 1]) * rng.choice([1, 10, 100])
+        if wrong != answer and wrong >= 0:
+            return wrong
+    return answer + 1
+
+
+def sft_examples(task, rng: random.Random, n: int, config: WarmStartConfig) -> list[tuple[list[Message], str]]:
+    """`n` (messages, target) pairs of the mix in `config`, on train-split problems of `task`."""
+    from pipeline.strategies import HINT_PREFIX
+    from pipeline.tasks.arithmetic import make_hint
+    from pipeline.tasks.base import RIGHT_FEEDBACK, WRONG_FEEDBACK
+
+    weights = [config.mix_plain, config.mix_hint, config.mix_verifier, config.mix_feedback]
+    out: list[tuple[list[Message], str]] = []
+    while len(out) < n:
+        a, op, b = task.sample_operands(rng)
+        if task.split_of(a, op, b) != "train":
+            continue
+        p = task.make_problem(a, op, b)
+        ans = int(p.answer)
+        kind = rng.choices(range(4), weights)[0]
+        plain = task.solver_messages(p)
+        if kind == 0:
+            out.append((plain, p.answer))
+        elif kind == 1:
+            hint = make_hint(ans, rng.choice(["tens", "prefix"]))
+            out.append(([Message(role="system", content=HINT_PREFIX + hint), *plain], p.answer))
+        elif kind == 2:
+            right = rng.random() < 0.5
+            proposed = str(ans if right else _near_miss(ans, rng))
+            out.append((task.verifier_messages(p, proposed), "yes" if right else "no"))
+        else:
+            right = rng.random() < 0.3
+            attempt = p.answer if right else str(_near_miss(ans, rng))
+            msgs = [*plain, Message(role="assistant", content=attempt), Message(role="user", content=RIGHT_FEEDBACK if right else WRONG_FEEDBACK)]
+            out.append((msgs, p.answer))
+    return out
+
+
+class _FastEncoder:
+    """Renders messages exactly as the chat template does (role marker, content, EOS per
+    message, then the assistant marker), encoding all contents of a batch in one call.
+    `check` compares it to `encode_prompt` so the two can never drift apart silently."""
+
+    def __init__(self, tokenizer) -> None:
+        from .tokenizer import ROLE_TOKENS
+
+        self.tok = tokenizer
+        self.role_id = {r: tokenizer.convert_tokens_to_ids(t) for r, t in ROLE_TOKENS.items()}
+        self.eos = tokenizer.eos_token_id
+
+    def encode(self, examples: Sequence[tuple[Sequence[Message], str]]) -> list[tuple[list[int], list[int]]]:
+        texts: list[str] = []
+        for msgs, target in examples:
+            texts += [m["content"] for m in msgs] + [target]
+        enc = iter(self.tok(texts, add_special_tokens=False)["input_ids"])
+        out = []
+        for msgs, _ in examples:
+            prompt: list[int] = []
+            for m in msgs:
+                prompt += [self.role_id[m["role"]], *next(enc), self.eos]
+            prompt.append(self.role_id["assistant"])
+            out.append((prompt, [*next(enc), self.eos]))
+        return out
+
+    def check(self, examples: Sequence[tuple[Sequence[Message], str]]) -> None:
+        from .chat import encode_prompt
+
+        for (msgs, target), (prompt, completion) in zip(examples, self.encode(examples)):
+            full = self.tok.apply_chat_template(
+                [*msgs, {"role": "assistant", "content": target}], tokenize=True, return_dict=False
+            )
+            if encode_prompt(self.tok, msgs) != prompt or list(full) != prompt[:-1] + [prompt[-1], *completion]:
+                raise ConfigError("the tokenizer's chat template does not render as <|role|>content<|end|>; "
+                                  "warm start needs the default model's template")
+
+
+def encode_messages_fast(tokenizer, examples):
+    """(prompt_ids, completion_ids) of (messages, target) pairs, identical to the chat template."""
+    return _FastEncoder(tokenizer).encode(examples)
+
+
+def _batch_tensors(pairs: list[tuple[list[int], list[int]]], pad_id: int):
+    import torch
+
+    # Right padding: with causal attention no real token ever attends to the padding after it,
+    # so no attention mask is needed (and the masked path is several times slower on CPU).
+    L = max(len(p) + len(c) for p, c in pairs)
+    ids = torch.full((len(pairs), L), pad_id, dtype=torch.long)
+    labels = torch.full((len(pairs), L), -100, dtype=torch.long)
+    for i, (p, c) in enumerate(pairs):
+        seq = p + c
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(p) : len(seq)] = torch.tensor(c)
+    return ids, labels
+
+
+def solver_accuracy(
+    model,
+    tokenizer,
+    problems,
+    task,
+    temperature: float = 1.0,
+    samples: int = 1,
+    hint: bool = False,
+    seed: int = 0,
+    max_new_tokens: int = 8,
+    batch_size: int = 512,
+) -> float:
+    """Mean reward of the Solver on `problems` (`samples` each) with transformers sampling
+    (top_k=0, top_p=1: the plain temperature distribution; temperature 0 = greedy)."""
+    import torch
+
+    from pipeline.strategies import PromptAug
+
+    aug = PromptAug()
+    enc = _FastEncoder(tokenizer)
+    contexts = []
+    for p in problems:
+        msgs = task.solver_messages(p)
+        contexts.append(aug.augment(msgs, p) if hint else msgs)
+    prompts = [pr for pr, _ in enc.encode([(m, "") for m in contexts])]
+    rows = [(i, prompts[i]) for i in range(len(prompts)) for _ in range(samples)]
+    total = 0.0
+    was_training = model.training
+    model.eval()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            L = max(len(p) for _, p in chunk)
+            ids = torch.full((len(chunk), L), tokenizer.pad_token_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for j, (_, p) in enumerate(chunk):
+                ids[j, L - len(p) :] = torch.tensor(p)
+                mask[j, L - len(p) :] = 1
+            kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                **kw,
+            )
+            texts = tokenizer.batch_decode(out[:, L:], skip_special_tokens=True)
+            for (i, _), text in zip(chunk, texts):
+                total += task.reward(problems[i], text) or 0.0
+    model.train(was_training)
+    return total / max(1, len(rows))
+
+
+def warm_start(model, tokenizer, config: WarmStartConfig = WarmStartConfig(), task=None, log: Callable[[str], None] = print) -> WarmStartResult:
+    """Train `model` in place by SFT on the default task's formats until the stopping rule fires."""
+    import torch
+
+    from pipeline.tasks.arithmetic import ArithmeticTask
+
+    task = task or ArithmeticTask()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    rng = random.Random(f"warm-start:{config.seed}")
+    probe = task.problems("train", config.probe_size, seed=10_000 + config.seed)
+    enc = _FastEncoder(tokenizer)
+    enc.check(sft_examples(task, random.Random(0), 16, config))
+
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
+    model.train()
+    t0 = time.perf_counter()
+    history: list[tuple[int, float]] = []
+    acc = 0.0
+    loss_avg = math.nan
+    step = 0
+    stopped = False
+    for step in range(1, config.max_steps + 1):
+        pairs = enc.encode(sft_examples(task, rng, config.batch_size, config))
+        ids, labels = _batch_tensors(pairs, tokenizer.pad_token_id)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_avg = loss.item() if math.isnan(loss_avg) else 0.9 * loss_avg + 0.1 * loss.item()
+        if step % config.probe_every == 0:
+            acc = solver_accuracy(model, tokenizer, probe, task, temperature=1.0, seed=config.seed * 7919 + step)
+            history.append((step, acc))
+            log(f"warm start: step {step:4d}/{config.max_steps}  loss {loss_avg:.3f}  "
+                f"solver T=1 acc (train probe) {acc:6.1%}  {time.perf_counter() - t0:5.1f}s")
+            if step >= config.min_steps and acc >= config.target_accuracy:
+                stopped = True
+                break
+    model.eval()
+    return WarmStartResult(step, time.perf_counter() - t0, acc, stopped, history)

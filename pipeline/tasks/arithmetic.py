@@ -1,0 +1,169 @@
+"""The default task: synthetic 2-3 digit addition and subtraction, generated from a seed.
+
+Formats (what the default model is warm-started on, see `pipeline.models.warmstart`):
+- Solver: one user message with the question, e.g. "123+45="; the answer is the bare number
+  ("168") and the assistant turn ends with EOS.
+- Verifier: user message "<question>\\nProposed answer: <solver text>\\nIs it right? Answer yes or no.";
+  the Verifier answers "yes" or "no".
+- Hint (`Problem.hint`, shown by the `prompt_aug` strategy as a system message "Hint: ..."): by
+  default the tens digit of the answer ("the tens digit is 6"). Errors of a small model sit in
+  the middle digits (the carries), not in the first one, so the hint names exactly the digit
+  most often wrong while leaving the rest to the model; `hint="prefix"` gives every digit but
+  the last ("16_"), a stronger hint that leaves little to learn from; `hint="none"` gives none.
+- Feedback: after a wrong attempt "That is wrong. Try again.", after a right one
+  "That is right. Say it again.".
+
+Reward: 1.0 when the completion's number equals the answer, 0.0 when it is another number or
+no number at all (unparsable answers are wrong answers, so they are scored, not dropped); None
+only when the problem's own reference answer is not an integer (a hand-built problem gone bad).
+
+Splits: a problem's split is a hash of its operands and operator, so "train" and "heldout" can
+never share a problem, whatever the seed or the number of problems asked for.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeline.errors import ConfigError
+from pipeline.types import Message, Problem
+
+from .base import (
+    RIGHT_FEEDBACK,
+    WRONG_FEEDBACK,
+    last_number,
+    numbers_equal,
+    parse_number,
+    parse_verdict,
+    split_of,
+    verifier_prompt,
+)
+
+__all__ = ["ArithmeticConfig", "ArithmeticTask", "make_hint"]
+
+SPLITS = ("train", "heldout")
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    """Settings of the synthetic arithmetic task."""
+
+    min_operand: int = 10
+    """Smallest operand (10 = two digits)."""
+    max_operand: int = 999
+    """Largest operand (999 = three digits)."""
+    ops: str = "+-"
+    """Operators to draw from: any of "+" and "-". Subtractions keep a >= b (no negative answers)."""
+    heldout_fraction: float = 0.1
+    """Fraction of all (a, op, b) triples that belong to the held-out split."""
+    hint: Literal["tens", "prefix", "none"] = "tens"
+    """What `Problem.hint` holds: the answer's tens digit, all its digits but the last, or nothing."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_operand <= self.max_operand:
+            raise ConfigError(
+                f"arithmetic.min_operand/max_operand must satisfy 0 <= min <= max, got {self.min_operand}, {self.max_operand}"
+            )
+        if not self.ops or set(self.ops) - set("+-"):
+            raise ConfigError(f"arithmetic.ops must be a non-empty string of '+' and '-', got {self.ops!r}")
+        if not 0 < self.heldout_fraction < 1:
+            raise ConfigError(f"arithmetic.heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if self.hint not in ("tens", "prefix", "none"):
+            raise ConfigError(f"arithmetic.hint must be 'tens', 'prefix' or 'none', got {self.hint!r}")
+
+
+def make_hint(answer: int, kind: str) -> str | None:
+    """The hint text for `answer` (see the module docstring)."""
+    if kind == "none":
+        return None
+    digits = str(answer)
+    if kind == "tens":
+        tens = digits[-2] if len(digits) >= 2 else "0"
+        return f"the tens digit is {tens}"
+    if kind == "prefix":
+        return digits[:-1] + "_"
+    raise ConfigError(f"unknown hint kind {kind!r}")
+
+
+class ArithmeticTask:
+    """Synthetic addition/subtraction; see the module docstring for formats and rewards."""
+
+    name = "arithmetic"
+
+    def __init__(self, config: ArithmeticConfig | None = None, **options) -> None:
+        if config is not None and options:
+            raise ConfigError("pass either an ArithmeticConfig or keyword options, not both")
+        self.config = config if config is not None else ArithmeticConfig(**options)
+
+    # -- problems ---------------------------------------------------------------------------
+    def split_of(self, a: int, op: str, b: int) -> str:
+        return split_of(f"{a}{op}{b}", self.config.heldout_fraction, salt="arithmetic:")
+
+    def make_problem(self, a: int, op: str, b: int) -> Problem:
+        """The problem "a op b=" with its answer, hint and split."""
+        answer = a + b if op == "+" else a - b
+        question = f"{a}{op}{b}="
+        return Problem(
+            uid=f"arithmetic:{a}{op}{b}",
+            question=question,
+            answer=str(answer),
+            split=self.split_of(a, op, b),
+            hint=make_hint(answer, self.config.hint),
+            meta=(("task", self.name), ("op", op)),
+        )
+
+    def sample_operands(self, rng: random.Random) -> tuple[int, str, int]:
+        c = self.config
+        op = rng.choice(c.ops)
+        a = rng.randint(c.min_operand, c.max_operand)
+        b = rng.randint(c.min_operand, c.max_operand)
+        if op == "-" and a < b:
+            a, b = b, a
+        return a, op, b
+
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """`n` distinct problems of `split`, drawn uniformly from the operand range with `seed`."""
+        if split not in SPLITS:
+            raise ConfigError(f"split must be one of {SPLITS}, got {split!r}")
+        if n < 0:
+            raise ConfigError(f"n must be >= 0, got {n}")
+        rng = random.Random(f"arithmetic:{split}:{seed}")
+        out: list[Problem] = []
+        seen: set[tuple[int, str, int]] = set()
+        tries = 0
+        while len(out) < n:
+            tries += 1
+            if tries > 200 * (n + 10):
+                raise ConfigError(f"cannot draw {n} distinct {split} problems from the configured operand range")
+            key = self.sample_operands(rng)
+            if key in seen or self.split_of(*key) != split:
+                continue
+            seen.add(key)
+            out.append(self.make_problem(*key))
+        return out
+
+    # -- prompts ----------------------------------------------------------------------------
+    def solver_messages(self, problem: Problem) -> list[Message]:
+        return [Message(role="user", content=problem.question)]
+
+    def verifier_messages(self, problem: Problem, solver_text: str) -> list[Message]:
+        return [Message(role="user", content=verifier_prompt(problem.question, solver_text))]
+
+    def feedback_message(self, problem: Problem, attempt_text: str) -> Message:
+        right = self.reward(problem, attempt_text) == 1.0
+        return Message(role="user", content=RIGHT_FEEDBACK if right else WRONG_FEEDBACK)
+
+    # -- scoring ----------------------------------------------------------------------------
+    def reward(self, problem: Problem, completion_text: str) -> float | None:
+        """1.0 if the last number of the completion equals the answer; 0.0 if it differs or
+        the completion holds no number; None if the reference answer is not an integer."""
+        ref = parse_number(problem.answer)
+        if ref is None or ref != int(ref):
+            return None
+        got = last_number(completion_text)
+        return 1.0 if got is not None and numbers_equal(got, ref) else 0.0
+
+    def parse_verdict(self, text: str) -> bool | None:
+        return parse_verdict(text)

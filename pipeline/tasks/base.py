@@ -1,0 +1,114 @@
+"""The `Task` protocol and the pieces every task shares: answer parsing, the Verifier's prompt
+and verdict parsing, the split rule.
+
+A task is a set of problems with a verifiable answer and its reward beside it. Rewards return
+`float | None`; None means "could not score" (the reference itself is unusable), and such rows
+are kept out of group statistics downstream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Protocol, runtime_checkable
+
+from pipeline.types import Message, Problem
+
+__all__ = [
+    "Task",
+    "parse_number",
+    "last_number",
+    "numbers_equal",
+    "parse_verdict",
+    "verifier_prompt",
+    "split_of",
+    "WRONG_FEEDBACK",
+    "RIGHT_FEEDBACK",
+]
+
+WRONG_FEEDBACK = "That is wrong. Try again."
+"""Feedback turn after an attempt the reward scores below 1."""
+RIGHT_FEEDBACK = "That is right. Say it again."
+"""Feedback turn after a right attempt (the second attempt should repeat it)."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A set of problems with a verifiable answer (docs/CONTRACTS.md)."""
+
+    name: str
+
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """`n` problems of `split` ("train" | "heldout"), deterministic in `seed`."""
+        ...
+
+    def solver_messages(self, problem: Problem) -> list[Message]:
+        """The plain first-turn Solver context."""
+        ...
+
+    def verifier_messages(self, problem: Problem, solver_text: str) -> list[Message]:
+        """The Verifier's context: the question and the Solver's proposed answer."""
+        ...
+
+    def feedback_message(self, problem: Problem, attempt_text: str) -> Message:
+        """The user turn that follows a Solver attempt in the two-turn feedback strategy."""
+        ...
+
+    def reward(self, problem: Problem, completion_text: str) -> float | None:
+        """Solver reward: 1.0 right, 0.0 wrong or unparsable, None if the reference is unusable."""
+        ...
+
+    def parse_verdict(self, text: str) -> bool | None:
+        """Verifier output -> approves? None = unparsable."""
+        ...
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def parse_number(text: str | None) -> float | None:
+    """The number `text` spells ("1,234", "$5", "42.0", " -7 "), or None if it is not exactly one number."""
+    if text is None:
+        return None
+    s = text.strip().replace(",", "").replace("$", "").rstrip(".").strip()
+    if not re.fullmatch(r"-?\d+(?:\.\d+)?", s):
+        return None
+    return float(s)
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in `text` (commas allowed as thousands separators), or None.
+
+    A GSM8K-style "#### 42" marker wins over any other number when present."""
+    marked = re.search(r"####\s*(" + _NUMBER.pattern + ")", text)
+    if marked:
+        return parse_number(marked.group(1))
+    found = _NUMBER.findall(text)
+    return parse_number(found[-1]) if found else None
+
+
+def numbers_equal(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+
+
+def parse_verdict(text: str) -> bool | None:
+    """"yes..." -> True, "no..." -> False (case and surrounding spaces/punctuation ignored), else None."""
+    words = re.findall(r"[a-z]+", text.lower())
+    if not words:
+        return None
+    if words[0] == "yes":
+        return True
+    if words[0] == "no":
+        return False
+    return None
+
+
+def verifier_prompt(question: str, proposed: str) -> str:
+    """The Verifier's user message: the question, the proposed answer, and the yes/no request."""
+    return f"{question}\nProposed answer: {proposed.strip()}\nIs it right? Answer yes or no."
+
+
+def split_of(key: str, heldout_fraction: float, salt: str = "") -> str:
+    """"heldout" or "train", decided by a hash of `key` alone, so one problem can never be in both."""
+    h = int.from_bytes(hashlib.blake2b(f"{salt}{key}".encode(), digest_size=8).digest(), "big")
+    return "heldout" if (h / 2**64) < heldout_fraction else "train"
