@@ -45,7 +45,7 @@ class WarmStartConfig:
 
     Parameters that control the optimizer."""
 
-    batch_size: int = 128
+    batch_size: int = 64
     """Examples per step."""
     lr: float = 3e-3
     """Peak AdamW learning rate (FINDINGS: 3e-3 with batch 128)."""
@@ -53,25 +53,25 @@ class WarmStartConfig:
     """Linear warmup from 0 to `lr`; constant afterwards."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    max_steps: int = 900
+    max_steps: int = 2000
     """Hard cap on optimizer steps."""
-    min_steps: int = 100
-    """No stopping before this many steps."""
+    min_steps: int = 200
+    """No probe (and so no stopping) before this many steps."""
     # Parameters that control the stopping rule.
     target_accuracy: float = 0.3
     """Stop at the first probe whose plain-Solver T=1 accuracy (train split) reaches this."""
-    probe_every: int = 20
+    probe_every: int = 25
     """Steps between probes."""
-    probe_size: int = 256
+    probe_size: int = 128
     """Train-split problems sampled once each at each probe."""
     # Parameters that control the example mix (normalized to sum 1).
-    mix_plain: float = 0.45
+    mix_plain: float = 0.55
     """Share of plain Solver examples."""
     mix_hint: float = 0.2
     """Share of hinted Solver examples (half "tens", half "prefix" hints)."""
-    mix_verifier: float = 0.2
+    mix_verifier: float = 0.15
     """Share of Verifier yes/no examples (half right, half wrong proposals)."""
-    mix_feedback: float = 0.15
+    mix_feedback: float = 0.1
     """Share of second-attempt examples after feedback."""
     seed: int = 0
     """Seed of the examples, the probes and the optimizer's data order."""
@@ -297,15 +297,28 @@ def warm_start(model, tokenizer, config: WarmStartConfig = WarmStartConfig(), ta
     stopped = False
     for step in range(1, config.max_steps + 1):
         pairs = enc.encode(sft_examples(task, rng, config.batch_size, config))
-        ids, labels = _batch_tensors(pairs, tokenizer.pad_token_id)
-        loss = model(input_ids=ids, labels=labels).loss
+        # Two length buckets (short Solver prompts, long Verifier/feedback prompts) cut the
+        # padding; the loss is the mean over all completion tokens of the batch either way.
+        pairs.sort(key=lambda pc: len(pc[0]) + len(pc[1]))
+        n_tokens = sum(len(c) for _, c in pairs)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum = 0.0
+        for part in (pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]):
+            if not part:
+                continue
+            ids, labels = _batch_tensors(part, tokenizer.pad_token_id)
+            logits = model(input_ids=ids).logits[:, :-1]
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
+            ) / n_tokens
+            loss.backward()
+            loss_sum += loss.item()
+        loss = torch.tensor(loss_sum)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         loss_avg = loss.item() if math.isnan(loss_avg) else 0.9 * loss_avg + 0.1 * loss.item()
-        if step % config.probe_every == 0:
+        if step >= config.min_steps and step % config.probe_every == 0:
             acc = solver_accuracy(model, tokenizer, probe, task, temperature=1.0, seed=config.seed * 7919 + step)
             history.append((step, acc))
             log(f"warm start: step {step:4d}/{config.max_steps}  loss {loss_avg:.3f}  "

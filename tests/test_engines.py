@@ -1,0 +1,187 @@
+"""Rollout engines: verbatim completion ids, logprobs of the distribution actually sampled
+(cross-checked against the transformers model under teacher forcing), seeds, finish reasons,
+weight swaps. One vLLM engine serves the whole session (`vllm_sampler` in conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.engines import EngineConfig, make_sampler
+from pipeline.errors import ConfigError
+from pipeline.models import encode_prompt, load_model, load_tokenizer, weights_hash
+from pipeline.tasks import ArithmeticTask
+from pipeline.types import Sampler
+
+TEMPERATURE = 0.7
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    task = ArithmeticTask()
+    probs = task.problems("train", 6, seed=0)
+    out = [encode_prompt(tok, task.solver_messages(p)) for p in probs[:4]]
+    out += [encode_prompt(tok, task.verifier_messages(p, "17")) for p in probs[4:]]  # unequal lengths
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_sampler(tiny_model_dir):
+    return make_sampler("hf", tiny_model_dir)
+
+
+def teacher_forced(model, prompt, completion, temperature):
+    """log_softmax(logits / T) of each completion token, the prompt and completion fed at once."""
+    ids = torch.tensor([list(prompt) + list(completion)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def check_samples(groups, prompts, n, eos_id, max_tokens):
+    assert len(groups) == len(prompts) and all(len(g) == n for g in groups)
+    reasons = set()
+    for g in groups:
+        for s in g:
+            assert len(s.token_ids) == len(s.logprobs) >= 1
+            assert all(isinstance(t, int) for t in s.token_ids) and all(lp <= 0 for lp in s.logprobs)
+            if s.finish_reason == "stop":
+                assert s.token_ids[-1] == eos_id and eos_id not in s.token_ids[:-1]
+            else:
+                assert s.finish_reason == "length" and len(s.token_ids) == max_tokens and eos_id not in s.token_ids
+            reasons.add(s.finish_reason)
+    assert reasons == {"stop", "length"}  # 48 random tokens over ~320: some hit EOS, most do not
+
+
+def check_against_teacher_forcing(groups, prompts, model, temperature, tol=1e-4):
+    worst = 0.0
+    for prompt, g in zip(prompts, groups):
+        for s in g:
+            ref = teacher_forced(model, prompt, s.token_ids, temperature)
+            worst = max(worst, (ref - torch.tensor(s.logprobs)).abs().max().item())
+    assert worst < tol, worst
+    # and the check has power: the T=1 logprobs of the same tokens are far from the stored ones
+    s = groups[0][0]
+    raw = teacher_forced(model, prompts[0], s.token_ids, 1.0)
+    assert (raw - torch.tensor(s.logprobs)).abs().max().item() > 100 * tol
+
+
+def reencoding_differs(tok, samples) -> bool:
+    """True if decoding then re-encoding some sample's text would not give back its ids."""
+    for s in samples:
+        body = s.token_ids[:-1] if s.finish_reason == "stop" else s.token_ids
+        if tok(s.text, add_special_tokens=False)["input_ids"] != body:
+            return True
+    return False
+
+
+# -- transformers ---------------------------------------------------------------------------
+def test_make_sampler_validates(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="engine"):
+        make_sampler("tgi", tiny_model_dir)
+    with pytest.raises(ConfigError, match="config.json"):
+        make_sampler("hf", tmp_path)
+    with pytest.raises(ConfigError, match="max_batch"):
+        EngineConfig(max_batch=0)
+
+
+def test_hf_samples_ids_logprobs_and_finish_reasons(hf_sampler, prompts, tiny_model_dir):
+    assert isinstance(hf_sampler, Sampler) and hf_sampler.engine == "hf"
+    assert hf_sampler.model_version == weights_hash(tiny_model_dir)
+    groups = hf_sampler.generate(prompts, n=8, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=11)
+    check_samples(groups, prompts, 8, hf_sampler.tokenizer.eos_token_id, MAX_TOKENS)
+    check_against_teacher_forcing(groups, prompts, load_model(tiny_model_dir), TEMPERATURE)
+
+
+def test_hf_same_seed_same_samples(hf_sampler, prompts):
+    a = hf_sampler.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=5)
+    assert a == hf_sampler.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=5)
+    assert a != hf_sampler.generate(prompts, n=3, temperature=1.0, max_tokens=12, seed=6)
+    assert a[0][0] != a[0][1]  # the n samples of a prompt are independent draws
+
+
+def test_hf_ids_are_the_generated_ids_verbatim(hf_sampler, prompts):
+    """The completion ids are what `generate` produced (cut after EOS), not a re-tokenization
+    of the text: compared with a direct call, and on samples whose text re-encodes differently."""
+    groups = hf_sampler.generate(prompts[:1], n=4, temperature=1.0, max_tokens=16, seed=3)
+    torch.manual_seed(3)
+    ids = torch.tensor([prompts[0]] * 4)
+    raw = hf_sampler.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                    top_k=0, top_p=1.0, max_new_tokens=16, pad_token_id=0, eos_token_id=[1])
+    for s, row in zip(groups[0], raw[:, len(prompts[0]):].tolist()):
+        assert s.token_ids == row[: len(s.token_ids)]
+    assert reencoding_differs(hf_sampler.tokenizer, groups[0])
+
+
+def test_hf_greedy(hf_sampler, prompts, tiny_model_dir):
+    g = hf_sampler.generate(prompts[:2], n=2, temperature=0.0, max_tokens=6, seed=0)
+    assert g[0][0] == g[0][1]
+    model = load_model(tiny_model_dir)
+    ref = teacher_forced(model, prompts[0], g[0][0].token_ids, 0.0)
+    assert torch.allclose(ref, torch.tensor(g[0][0].logprobs), atol=1e-4)
+
+
+# -- vLLM -----------------------------------------------------------------------------------
+@pytest.mark.vllm
+def test_vllm_samples_ids_logprobs_and_finish_reasons(vllm_sampler, prompts, tiny_model_dir):
+    """vLLM's sampled-token logprobs equal the transformers model's log_softmax(logits / T)
+    under teacher forcing (fp32): the engine returns processed (temperature-scaled) logprobs."""
+    assert isinstance(vllm_sampler, Sampler) and vllm_sampler.engine == "vllm"
+    assert vllm_sampler.model_version == weights_hash(tiny_model_dir)
+    groups = vllm_sampler.generate(prompts, n=8, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=11)
+    check_samples(groups, prompts, 8, vllm_sampler.tokenizer.eos_token_id, MAX_TOKENS)
+    check_against_teacher_forcing(groups, prompts, load_model(tiny_model_dir), TEMPERATURE)
+    assert len({tuple(s.token_ids) for s in groups[0]}) == 8  # independent draws per sample
+
+
+@pytest.mark.vllm
+def test_vllm_seeds_and_verbatim_ids(vllm_sampler, prompts):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    a = vllm_sampler.generate(prompts, n=2, temperature=1.0, max_tokens=12, seed=5)
+    assert a == vllm_sampler.generate(prompts, n=2, temperature=1.0, max_tokens=12, seed=5)
+    assert a != vllm_sampler.generate(prompts, n=2, temperature=1.0, max_tokens=12, seed=6)
+    # the ids are the engine's raw output: the same request straight to vLLM gives the same ids
+    seed = 5 * 1_000_003 + 0 * 2 + 1  # sample 1 of prompt 0
+    raw = vllm_sampler.llm.generate(
+        [TokensPrompt(prompt_token_ids=prompts[0])],
+        SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=12, seed=seed, logprobs=0, stop_token_ids=[1]),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert a[0][1].token_ids == list(raw.token_ids)
+    assert a[0][1].logprobs == [step[t].logprob for t, step in zip(raw.token_ids, raw.logprobs)]
+    assert reencoding_differs(vllm_sampler.tokenizer, [s for g in a for s in g])
+
+
+@pytest.mark.vllm
+def test_vllm_and_hf_agree_on_the_trained_model_and_swap_weights(vllm_sampler, tiny_model_dir, default_model_dir):
+    """Swap the session engine to the warm-started model (peaked distributions), check its
+    logprobs there, sample the arithmetic answers both engines agree are likely, swap back."""
+    tok = load_tokenizer(default_model_dir)
+    task = ArithmeticTask()
+    probs = task.problems("heldout", 8, seed=0)
+    prompts = [encode_prompt(tok, task.solver_messages(p)) for p in probs]
+    try:
+        vllm_sampler.load_checkpoint(default_model_dir)
+        assert vllm_sampler.model_version == weights_hash(default_model_dir)
+        assert vllm_sampler.swap_seconds < 30
+        groups = vllm_sampler.generate(prompts, n=4, temperature=1.0, max_tokens=8, seed=0)
+        model = load_model(default_model_dir)
+        worst = max(
+            (teacher_forced(model, pr, s.token_ids, 1.0) - torch.tensor(s.logprobs)).abs().max().item()
+            for pr, g in zip(prompts, groups) for s in g
+        )
+        assert worst < 1e-4, worst
+        assert all(s.finish_reason == "stop" and s.text.isdigit() for g in groups for s in g)
+        hf = make_sampler("hf", default_model_dir).generate(prompts, n=4, temperature=1.0, max_tokens=8, seed=0)
+        acc = lambda gs: sum(task.reward(p, s.text) for p, g in zip(probs, gs) for s in g) / 32  # noqa: E731
+        assert acc(groups) > 0 and acc(hf) > 0
+    finally:
+        vllm_sampler.load_checkpoint(tiny_model_dir)
+    assert vllm_sampler.model_version == weights_hash(tiny_model_dir)
+    g = vllm_sampler.generate(prompts[:2], n=2, temperature=TEMPERATURE, max_tokens=8, seed=1)
+    check_against_teacher_forcing(g, prompts[:2], load_model(tiny_model_dir), TEMPERATURE)

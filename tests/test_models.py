@@ -1,0 +1,148 @@
+"""The default tokenizer and model: built in code, round-trip through save/load, the chat
+format, caching of the warm-started model."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.models import (
+    BUILD_INFO,
+    ModelConfig,
+    WarmStartConfig,
+    build_default_model,
+    count_parameters,
+    default_cache_dir,
+    encode_prompt,
+    load_model,
+    load_tokenizer,
+    weights_hash,
+)
+from pipeline.models.build import build_tokenizer
+from pipeline.models.warmstart import encode_messages_fast, sft_examples
+from pipeline.tasks import ArithmeticTask
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def test_tokenizer_round_trip_gives_the_same_ids(tiny_model_dir, tok):
+    fresh = build_tokenizer(ModelConfig(seed=1234))
+    texts = ["123+45=", "Hint: the tens digit is 6", "That is wrong. Try again.", "héllo wörld 3.14 ✓", "\n  x"]
+    for t in texts:
+        assert tok(t, add_special_tokens=False)["input_ids"] == fresh(t, add_special_tokens=False)["input_ids"]
+        assert tok.decode(tok(t, add_special_tokens=False)["input_ids"]) == t
+    assert tok.chat_template == fresh.chat_template
+    assert tok.get_vocab() == fresh.get_vocab()
+
+
+def test_vocab_has_merges_and_digits_are_single_tokens(tok):
+    vocab = tok.get_vocab()
+    assert 300 <= len(tok) <= 400
+    assert len(vocab) > 256 + 5  # merges exist beyond bytes + specials
+    assert all(len(t) == 1 for t in vocab if re.search(r"\d", t) and not t.startswith("<|")), "a token joins digits"
+    assert tok.tokenize("1234567890") == list("1234567890")
+    ids = tok("x 907+18=925", add_special_tokens=False)["input_ids"]
+    digit_tokens = [tok.convert_ids_to_tokens(i) for i in ids if re.search(r"\d", tok.convert_ids_to_tokens(i))]
+    assert digit_tokens == list("90718925")
+
+
+def test_chat_template_role_markers_and_eos(tok):
+    msgs = [{"role": "system", "content": "Hint: 16_"}, {"role": "user", "content": "123+45="}]
+    prompt = encode_prompt(tok, msgs)
+    assert tok.decode(prompt) == "<|system|>Hint: 16_<|end|><|user|>123+45=<|end|><|assistant|>"
+    full = tok.apply_chat_template([*msgs, {"role": "assistant", "content": "168"}], tokenize=True, return_dict=False)
+    assert list(full) == prompt + tok("168", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert tok.eos_token == "<|end|>" and tok.pad_token == "<|pad|>" and tok.pad_token_id != tok.eos_token_id
+    assert tok.padding_side == "left"
+    # the fast encoder of the warm start renders exactly what the chat template renders
+    task = ArithmeticTask()
+    examples = sft_examples(task, __import__("random").Random(5), 40, WarmStartConfig())
+    for (m, target), (p, c) in zip(examples, encode_messages_fast(tok, examples)):
+        assert encode_prompt(tok, m) == p
+        assert list(tok.apply_chat_template([*m, {"role": "assistant", "content": target}], tokenize=True, return_dict=False)) == p[:-1] + [p[-1], *c]
+
+
+def test_model_round_trip_same_logits_and_size(tiny_model_dir, tmp_path):
+    model = load_model(tiny_model_dir)
+    assert 1_000_000 <= count_parameters(model) <= 4_000_000
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    cfg = json.loads((tiny_model_dir / "config.json").read_text())
+    assert cfg["model_type"] == "llama"
+    gen = json.loads((tiny_model_dir / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == 1 and gen["pad_token_id"] == 0
+    assert (tiny_model_dir / "model.safetensors").is_file()
+    ids = torch.tensor([[3, 21, 22, 15, 23, 33, 1, 4]])
+    with torch.no_grad():
+        before = model(ids).logits
+    model.save_pretrained(tmp_path / "copy")
+    load_tokenizer(tiny_model_dir).save_pretrained(tmp_path / "copy")
+    with torch.no_grad():
+        after = load_model(tmp_path / "copy")(ids).logits
+    assert torch.equal(before, after)
+    assert weights_hash(tmp_path / "copy") == weights_hash(tiny_model_dir)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[5, 0] += 1.0
+    model.save_pretrained(tmp_path / "changed")
+    assert weights_hash(tmp_path / "changed") != weights_hash(tiny_model_dir)
+
+
+def test_the_untrained_model_is_deterministic_from_its_seed(tiny_model_dir, tmp_path):
+    from pipeline.models.build import build_untrained_model
+
+    cfg = ModelConfig(seed=1234)
+    again = build_untrained_model(cfg, build_tokenizer(cfg), tmp_path / "again")
+    assert weights_hash(again) == weights_hash(tiny_model_dir)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="num_heads"):
+        ModelConfig(hidden_size=100, num_heads=3)
+    with pytest.raises(ConfigError, match="target_accuracy"):
+        WarmStartConfig(target_accuracy=0)
+    with pytest.raises(ConfigError, match="config.json"):
+        load_model("/nonexistent/model")
+
+
+def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("MAXIT_CACHE_DIR", str(tmp_path / "c"))
+    assert default_cache_dir() == (tmp_path / "c").resolve()
+    monkeypatch.delenv("MAXIT_CACHE_DIR")
+    monkeypatch.chdir(tmp_path)
+    assert default_cache_dir() == (tmp_path / ".cache" / "maxit").resolve()
+
+
+def test_default_model_is_cached_and_warm_started(default_model_dir):
+    info = json.loads((default_model_dir / BUILD_INFO).read_text())
+    # left room to improve, but is sometimes right (held-out, T=1, no hint)
+    assert 0.10 <= info["heldout_acc_t1"] <= 0.60, info
+    assert info["heldout_acc_t1_hint"] > info["heldout_acc_t1"]
+    t0 = time.perf_counter()
+    assert build_default_model(default_model_dir.parent.parent, seed=0) == default_model_dir
+    assert time.perf_counter() - t0 < 1.0  # reused, not rebuilt
+    tok, model = load_tokenizer(default_model_dir), load_model(default_model_dir)
+    # it learned the formats: the Verifier answers yes/no, the Solver a number then EOS
+    task = ArithmeticTask()
+    p = task.problems("heldout", 1, 0)[0]
+    for msgs, allowed in ((task.verifier_messages(p, p.answer), {"yes", "no"}), (task.solver_messages(p), None)):
+        ids = torch.tensor([encode_prompt(tok, msgs)])
+        out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+        assert out[-1] == tok.eos_token_id
+        text = tok.decode(out, skip_special_tokens=True)
+        assert text in allowed if allowed else text.isdigit()
+
+
+def test_cache_key_follows_the_settings(tmp_path, monkeypatch):
+    from pipeline.models import _build_key
+
+    base = _build_key(ModelConfig(), WarmStartConfig())
+    assert base == _build_key(ModelConfig(), WarmStartConfig(threads=2))
+    assert base != _build_key(ModelConfig(seed=1), WarmStartConfig())
+    assert base != _build_key(ModelConfig(), WarmStartConfig(lr=1e-3))
