@@ -2,7 +2,8 @@
 expert iteration starts from a Solver that is sometimes right (and a Verifier that answers
 yes/no), with clear room to improve.
 
-Examples (mixed in every batch, loss on the completion tokens only, EOS included):
+Examples (mixed in every batch, loss on the completion tokens only, EOS included; each batch is
+run as two length buckets so short Solver prompts are not padded to the Verifier's length):
 - Solver plain:   user "123+45="                                    -> "168"
 - Solver hinted:  system "Hint: the tens digit is 6" (or "16_"), user -> "168"
 - Verifier:       user "<q>\\nProposed answer: <a>\\nIs it right? ..." -> "yes" / "no"
@@ -53,8 +54,8 @@ class WarmStartConfig:
     """Linear warmup from 0 to `lr`; constant afterwards."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    max_steps: int = 2000
-    """Hard cap on optimizer steps."""
+    max_steps: int = 3000
+    """Hard cap on optimizer steps (the plateau before the Solver takes off lasts 600+ steps)."""
     min_steps: int = 200
     """No probe (and so no stopping) before this many steps."""
     # Parameters that control the stopping rule.
