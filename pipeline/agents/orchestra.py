@@ -41,10 +41,7 @@ FEEDBACK_TURNS = 2
 ENVIRONMENT = "environment"
 """Speaker of the task's feedback messages."""
 
-DEFAULT_REJECTION = (
-    "A verifier checked your answer and rejected it. The verifier said:\n{verifier_text}\n"
-    "Solve the problem again and give your final answer."
-)
+DEFAULT_REJECTION = "The verifier rejected your answer: {verifier_text}\nTry again."
 
 
 @dataclass(frozen=True)
