@@ -46,8 +46,8 @@ class WarmStartConfig:
 
     Parameters that control the optimizer."""
 
-    batch_size: int = 64
-    """Examples per step."""
+    batch_size: int = 128
+    """Examples per step (FINDINGS' setting; at 64 the Solver stayed below 8% for 800+ steps)."""
     lr: float = 3e-3
     """Peak AdamW learning rate (FINDINGS: 3e-3 with batch 128)."""
     warmup_steps: int = 30

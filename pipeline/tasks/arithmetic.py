@@ -52,10 +52,12 @@ class ArithmeticConfig:
 
     min_operand: int = 10
     """Smallest operand (10 = two digits)."""
-    max_operand: int = 999
-    """Largest operand (999 = three digits)."""
-    ops: str = "+-"
-    """Operators to draw from: any of "+" and "-". Subtractions keep a >= b (no negative answers)."""
+    max_operand: int = 99
+    """Largest operand (99 = two digits, the default: the embedded ~1M-parameter model warms up
+    on it in about a minute on 2 CPU cores; 999 gives three digits)."""
+    ops: str = "+"
+    """Operators to draw from: any of "+" and "-" (default "+"; "+-" adds subtraction).
+    Subtractions keep a >= b (no negative answers)."""
     heldout_fraction: float = 0.1
     """Fraction of all (a, op, b) triples that belong to the held-out split."""
     hint: Literal["tens", "prefix", "none"] = "tens"
