@@ -27,7 +27,11 @@ class RunSettings(dg.ConfigurableResource):
     temperature: float = 1.0
     max_tokens: int = 16
     max_loop_num: int = 2
-    alpha: float = Field(default=1.0, description="reward = alpha*global + local")
+    alpha: float | None = Field(
+        default=None,
+        description="reward = alpha*global + local; None = 0 for the 'rs' loss (a row is kept when its own action was right: "
+        "the Solver's answer, the Verifier's verdict) and 1 for 'ppo' (AT-GRPO's mixed reward)",
+    )
     seed: int = 0
     # advantages
     group_by: list[str] = Field(default=["agent_id", "turn", "strategy"], description="added to uid to form groups")
@@ -48,6 +52,8 @@ class RunSettings(dg.ConfigurableResource):
         from pipeline.training.config import LossConfig, TrainConfig
         from pipeline.views import ViewConfig
 
+        alpha = self.alpha if self.alpha is not None else (0.0 if self.loss == "rs" else 1.0)
+        loss = LossConfig(kind=self.loss)
         return RunConfig(
             task=self.task,
             task_file=self.task_file,
@@ -59,17 +65,17 @@ class RunSettings(dg.ConfigurableResource):
             temperature=self.temperature,
             max_tokens=self.max_tokens,
             max_loop_num=self.max_loop_num,
-            alpha=self.alpha,
+            alpha=alpha,
             seed=self.seed,
-            advantage=AdvantageConfig(group_by=tuple(self.group_by), normalize=self.normalize, trajectory_mean=self.trajectory_mean, alpha=self.alpha),
-            view=ViewConfig(drop_zero_advantage=self.loss != "rs"),
+            advantage=AdvantageConfig(group_by=tuple(self.group_by), normalize=self.normalize, trajectory_mean=self.trajectory_mean, alpha=alpha),
+            view=ViewConfig(drop_zero_advantage=self.loss != "rs", min_reward=loss.rs_threshold if self.loss == "rs" else None),
             train=TrainConfig(
                 lr=self.lr,
                 epochs=self.epochs,
                 minibatch_size=self.minibatch_size,
                 micro_batch_size=self.micro_batch_size,
                 temperature=self.temperature,
-                loss=LossConfig(kind=self.loss),
+                loss=loss,
                 report_to="none",
             ),
             train_on=self.train_on,

@@ -222,7 +222,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--group-by", nargs="*", default=None, metavar="COL")
     g.add_argument("--normalize", choices=["std", "center"], default="std")
     g.add_argument("--trajectory-mean", action="store_true")
-    g.add_argument("--alpha", type=float, default=1.0)
+    g.add_argument("--alpha", type=float, default=None, help="reward = alpha*global + local (default: 0 with --loss rs, 1 with ppo)")
 
 
 def build_parser() -> argparse.ArgumentParser:

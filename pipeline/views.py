@@ -87,6 +87,9 @@ class ViewConfig:
     one the rows were sampled with)."""
     policy_ids: tuple[str, ...] | None = None
     """Keep only rows of these policies (None = all)."""
+    min_reward: float | None = None
+    """Leave out rows whose reward is below this (None = keep all). The "rs" loss trains only on
+    rows at or above its threshold, so its view needs no forward pass over the others."""
 
     def __post_init__(self) -> None:
         if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
@@ -115,6 +118,8 @@ class ViewStats:
     """Dropped: sample_weight <= 0."""
     n_zero_advantage: int = 0
     """Dropped: zero advantage (with `drop_zero_advantage`)."""
+    n_below_min_reward: int = 0
+    """Dropped: reward below `min_reward`."""
     n_too_long: int = 0
     """Dropped: training prompt + completion longer than `max_length` (never truncated)."""
     n_context_swapped: int = 0
@@ -213,6 +218,9 @@ def build_training_view_with_stats(
         ("n_zero_weight", weight > 0),
         ("n_zero_advantage", nonzero),
     ]
+    if config.min_reward is not None:
+        rewards = table.column("reward").to_numpy(zero_copy_only=False).astype(float)
+        reasons.append(("n_below_min_reward", np.nan_to_num(rewards, nan=-np.inf) >= config.min_reward))
     keep = np.ones(n, dtype=bool)
     counts: dict[str, int] = {}
     for name, ok in reasons:

@@ -201,3 +201,13 @@ def test_view_hash_ignores_row_order_and_sees_content(tok):
         tok,
     )
     assert view_hash(changed) != view_hash(view)
+
+
+
+def test_min_reward_drops_and_counts_rows_below_it(tok):
+    rows = [advantage_row(f"s{i}", reward=r, advantage=0.0) for i, r in enumerate([1.0, 0.0, 2.0, None])]
+    view, stats = build_training_view_with_stats(
+        advantages_table(rows), {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False, min_reward=1.0)
+    )
+    assert view.column("step_id").to_pylist() == ["s0", "s2"]
+    assert (stats.n_below_min_reward, stats.n_null_reward, stats.n_rows) == (1, 1, 2)

@@ -39,6 +39,12 @@ class EngineConfig:
     """Run without CUDA graphs / torch.compile (required on CPU; faster start anywhere)."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of shared prompt prefixes (the n samples of a prompt, tree siblings)."""
+    max_num_batched_tokens: int = 65_536
+    """Token budget of one vLLM scheduler step. Large enough that a step's prompts are never
+    split: vLLM's CPU backend cannot rewind a seeded request's generator after a partial
+    (chunked) prefill ("CPU Generator does not use offset"), so maxit keeps prefills whole."""
+    max_num_seqs: int = 256
+    """Sequences vLLM runs at once."""
     swap: Literal["reload", "rebuild"] = "reload"
     """How `load_checkpoint` swaps weights: reload them into the running engine (same
     architecture), or build a new engine."""

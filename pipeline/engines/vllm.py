@@ -67,6 +67,9 @@ class VLLMSampler:
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=c.enable_prefix_caching,
             max_logprobs=1,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            max_num_seqs=c.max_num_seqs,
+            enable_chunked_prefill=False,
         )
         if c.max_model_len is not None:
             kwargs["max_model_len"] = c.max_model_len
