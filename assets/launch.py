@@ -105,6 +105,7 @@ def run_rounds(
     run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
     t_start = time.perf_counter()
     done: list[int] = []
+    tokens_per_s: dict[int, float] = {}
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=sys.stderr)
     try:
         for r in bar:
@@ -113,6 +114,8 @@ def run_rounds(
                 bar.set_postfix_str(f"round {r} already complete")
                 continue
             key = str(r)
+            for stale in store.glob(f"round={r}/.*.tmp-*"):  # left by a run killed mid-write
+                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
             if not instance.has_dynamic_partition(rounds_def.name, key):
                 instance.add_dynamic_partitions(rounds_def.name, [key])
             t0 = time.perf_counter()
@@ -134,13 +137,22 @@ def run_rounds(
                 ]
                 raise MaxitError(f"round {r} failed (run {result.run_id}):\n  " + "\n  ".join(failures + failed_checks))
             done.append(r)
+            tps = result.asset_materializations_for_node("rollouts")[0].metadata.get("tokens_per_second")
+            if tps is not None:
+                tokens_per_s[r] = float(tps.value)
             bar.set_postfix_str(f"round {r}: {time.perf_counter() - t0:.0f}s")
-            summary = round_summary(store, [BASE_ROUND, *done])
+            summary = _with_speed(round_summary(store, [BASE_ROUND, *done]), tokens_per_s)
             _print_table(summary, f"after round {r} ({time.perf_counter() - t_start:.0f}s, peak memory {_peak_rss_mb():.0f} MB)")
     finally:
         bar.close()
         close_engines()
-    return round_summary(store, [BASE_ROUND, *done])
+    return _with_speed(round_summary(store, [BASE_ROUND, *done]), tokens_per_s)
+
+
+def _with_speed(summary: pl.DataFrame, tokens_per_s: dict[int, float]) -> pl.DataFrame:
+    """Add the rollout engine's tokens/s of the rounds run in this process."""
+    speed = pl.DataFrame({"round": list(tokens_per_s), "rollout_tok_s": list(tokens_per_s.values())}, schema={"round": pl.Int32, "rollout_tok_s": pl.Float64})
+    return summary.join(speed, on="round", how="left")
 
 
 def _print_table(df: pl.DataFrame, title: str) -> None:

@@ -24,3 +24,7 @@ if [ "$(uname -m)" = "x86_64" ] && ! command -v nvidia-smi >/dev/null 2>&1 && [ 
 fi
 .venv/bin/uv pip install "${args[@]}" -e ".[${extras}]"
 echo "maxit installed in .venv (extras: $extras)"
+# Build (once; cached under .cache/maxit) and warm-start the embedded default model.
+if [ "${MAXIT_SKIP_MODEL:-0}" != 1 ]; then
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} .venv/bin/python -m pipeline.models
+fi
