@@ -27,10 +27,12 @@ from pathlib import Path
 import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
+# Same sample budget: the default samples 4 strategies x 4 samples per problem, so a variant with
+# fewer strategies draws proportionally more samples per strategy.
 VARIANTS = {
     "all": [],
-    "iid": ["--strategies", "iid"],
-    "iid+aug": ["--strategies", "iid", "prompt_aug"],
+    "iid": ["--strategies", "iid", "--samples", "16"],
+    "iid+aug": ["--strategies", "iid", "prompt_aug", "--samples", "8"],
     "ppo": ["--loss", "ppo"],
     "ppo-grpo": ["--loss", "ppo", "--group-by", "none"],
     "sft": ["--train-on", "ground_truth"],
@@ -42,11 +44,19 @@ def run_variant(name: str, seed: int, rounds: int, out: Path, extra: list[str]) 
     cmd = [str(ROOT / ".venv/bin/maxit"), "run", "--rounds", str(rounds), "--store", str(store), "--seed", str(seed), *VARIANTS[name], *extra]
     t0 = time.perf_counter()
     log = out / f"{name}-seed{seed}.log"
+    if (store / f"round={rounds - 1}" / "evaluation.parquet").exists() and (out / f"{name}-seed{seed}.seconds").exists():
+        seconds = float((out / f"{name}-seed{seed}.seconds").read_text())
+        return _result(name, seed, store, seconds, cmd)
     with open(log, "w") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         return {"variant": name, "seed": seed, "error": f"exit {proc.returncode}, see {log}", "cmd": " ".join(cmd[1:])}
+    (out / f"{name}-seed{seed}.seconds").write_text(str(seconds))
+    return _result(name, seed, store, seconds, cmd)
+
+
+def _result(name: str, seed: int, store: Path, seconds: float, cmd: list[str]) -> dict:
     ev = pl.read_parquet(str(store / "round=*" / "evaluation.parquet"), hive_partitioning=True)
     acc = ev.filter((pl.col("metric") == "accuracy") & (pl.col("agent_id") == "solver")).sort("round")["value"].to_list()
     ver = ev.filter(pl.col("metric") == "verdict_accuracy").sort("round")["value"].to_list()
