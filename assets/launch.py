@@ -129,7 +129,12 @@ def run_rounds(
                 tags={"maxit/launched_by": "maxit run"},
             )
             if not result.success:
-                failures = [e.message for e in result.all_events if e.is_failure]
+                failures = []
+                for e in result.all_events:
+                    if not e.is_failure:
+                        continue
+                    err = getattr(e.event_specific_data, "error", None)
+                    failures.append(f"{e.message}\n    {err.to_string().strip()}" if err is not None else e.message)
                 failed_checks = [
                     f"{ev.asset_check_key.name}: {ev.metadata}"
                     for ev in result.get_asset_check_evaluations()
