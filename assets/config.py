@@ -44,6 +44,7 @@ class RunSettings(dg.ConfigurableResource):
     minibatch_size: int = 256
     micro_batch_size: int = 64
     train_on: str = Field(default="rollouts", description="'rollouts' or 'ground_truth' (the step-matched SFT baseline)")
+    balance_verdicts: bool = Field(default=True, description="equal total weight for the Verifier's yes and no training rows each round")
     # evaluation
     eval_problems: int = 200
     eval_samples: int = 2
@@ -79,6 +80,7 @@ class RunSettings(dg.ConfigurableResource):
                 report_to="none",
             ),
             train_on=self.train_on,
+            balance_verdicts=self.balance_verdicts,
             evaluation=EvalConfig(problems=self.eval_problems, samples=self.eval_samples),
         )
 

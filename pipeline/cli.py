@@ -143,6 +143,7 @@ def _settings_from_args(args):
         eval_problems=args.eval_problems,
         eval_samples=args.eval_samples,
         train_on=args.train_on,
+        balance_verdicts=not args.no_balance_verdicts,
     )
 
 
@@ -218,6 +219,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--train-on", choices=["rollouts", "ground_truth"], default="rollouts", help="ground_truth: the step-matched SFT baseline")
+    p.add_argument("--no-balance-verdicts", action="store_true", help="train the Verifier's yes/no rows as sampled (default: equal total weight per class)")
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--eval-samples", type=int, default=2)
     g = p.add_argument_group("advantages")

@@ -13,6 +13,7 @@ appended to: no lost or duplicated rows).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -48,6 +49,8 @@ __all__ = [
 ]
 
 BASE_ROUND = -1
+
+log = logging.getLogger(__name__)
 
 
 def _default_train_config():
@@ -107,6 +110,11 @@ class RunConfig:
     """"rollouts" (expert iteration) or "ground_truth": the step-matched SFT baseline, which
     trains on the Solver's reference answers, as many rows as the rollouts' view has that round
     (same minibatches, same optimizer steps), with the "rs" (NLL) loss."""
+    balance_verdicts: bool = True
+    """Give the Verifier's "yes" and "no" training rows equal total weight each round
+    (`pipeline.views.balance_weights`). Without it the Verifier learns to say "no": it is called
+    again on every retry after a rejection, retries are mostly wrong, so its correct verdicts are
+    mostly "no" (3:1 in the default run), while the answers it judges at test time are mostly right."""
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation after every round (and of the starting checkpoint, as round -1)."""
     seed: int = 0
@@ -317,8 +325,32 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
 
         problems = problems_from_table(st.read_table(st.table_path(ctx.store, round_, "problems")))
         view = ground_truth_view(problems, ctx.task(), tokenizer, view.num_rows, round_, policy_id=ctx.agents()[0].policy_id)
+    elif ctx.config.balance_verdicts:
+        view = _balance_verdicts(ctx, view, advantages)
     st.write_table(view, st.table_path(ctx.store, round_, "training_view"), "training_view")
     return view, stats
+
+
+def _balance_verdicts(ctx: RoundContext, view: pa.Table, advantages) -> pa.Table:
+    """Equal total weight for the Verifier's "yes" and "no" rows (see RunConfig.balance_verdicts);
+    the verdict is the task's `parse_verdict` of the row's text (unparsable rows keep their weight)."""
+    from pipeline.rewards import parse_verdicts
+    from pipeline.views import balance_weights
+
+    verifier_ids = {a.agent_id for a in ctx.agents() if a.role == "verifier"}
+    adv = advantages if isinstance(advantages, pl.DataFrame) else pl.from_arrow(advantages)
+    rows = pl.from_arrow(view.select(["step_id", "agent_id"])).with_row_index("i").filter(pl.col("agent_id").is_in(list(verifier_ids)))
+    if rows.is_empty():
+        return view
+    texts = rows.join(adv.select("step_id", "completion_text"), on="step_id", how="left").sort("i")
+    verdicts = parse_verdicts(ctx.task(), texts["completion_text"].to_list(), None)
+    labels: list = [None] * view.num_rows
+    for i, out in zip(texts["i"].to_list(), verdicts):
+        labels[i] = out.value if out.ok else None
+    balanced, info = balance_weights(view, labels)
+    balanced = balanced.replace_schema_metadata(view.schema.metadata)
+    log.info("verifier verdict balance: %s", {str(k): f"{n} rows x {s:.3f}" for k, (n, s) in info.items()})
+    return balanced
 
 
 def stage_policy(ctx: RoundContext, round_: int, view) -> dict:

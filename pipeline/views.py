@@ -36,6 +36,7 @@ __all__ = [
     "view_hash",
     "to_dataset",
     "check_view",
+    "balance_weights",
 ]
 
 log = logging.getLogger(__name__)
@@ -302,6 +303,37 @@ def build_training_view_with_stats(
     validate(view, TRAINING_VIEW)
     log.info("training view: %s", stats)
     return view, stats
+
+
+def balance_weights(view: pa.Table, labels) -> tuple[pa.Table, dict]:
+    """Scale `sample_weight` so that every class of `labels` carries the same total weight.
+
+    `labels` holds one label per view row (e.g. the Verifier's verdict, yes/no); rows labelled
+    None keep their weight. The labelled rows' total weight is unchanged: a class with total
+    weight W_c among K classes is scaled by (sum_c W_c / K) / W_c. Returns the new view and
+    {label: (rows, scale)} for logging. With one class (or none) nothing changes."""
+    labels = list(labels)
+    if len(labels) != view.num_rows:
+        raise DataError(f"balance_weights: {len(labels)} labels for {view.num_rows} view rows")
+    weight = view.column("sample_weight").to_numpy(zero_copy_only=False).astype(np.float64)
+    classes: dict = {}
+    for i, lab in enumerate(labels):
+        if lab is not None:
+            classes.setdefault(lab, []).append(i)
+    totals = {lab: float(weight[idx].sum()) for lab, idx in classes.items()}
+    live = {lab: t for lab, t in totals.items() if t > 0}
+    info = {lab: (len(classes[lab]), 1.0) for lab in classes}
+    if len(live) < 2:
+        return view, info
+    target = sum(live.values()) / len(live)
+    new = weight.copy()
+    for lab, t in live.items():
+        scale = target / t
+        new[classes[lab]] *= scale
+        info[lab] = (len(classes[lab]), scale)
+    col = view.schema.get_field_index("sample_weight")
+    view = view.set_column(col, view.schema.field(col), pa.array(new, type=pa.float64()))
+    return view, info
 
 
 def build_training_view(advantages, strategies: Mapping[str, object], tokenizer, config: ViewConfig = ViewConfig()) -> pa.Table:

@@ -15,7 +15,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
 from pipeline.strategies import IID, Feedback, PromptAug, Strategy
 from pipeline.training.trainer import collate
-from pipeline.views import ViewConfig, build_training_view, build_training_view_with_stats, to_dataset, view_hash, view_stats
+from pipeline.views import ViewConfig, balance_weights, build_training_view, build_training_view_with_stats, to_dataset, view_hash, view_stats
 from schemas import SchemaError, validate
 from tiny import advantage_row, advantages_table, tiny_tokenizer
 
@@ -211,3 +211,26 @@ def test_min_reward_drops_and_counts_rows_below_it(tok):
     )
     assert view.column("step_id").to_pylist() == ["s0", "s2"]
     assert (stats.n_below_min_reward, stats.n_null_reward, stats.n_rows) == (1, 1, 2)
+
+
+def test_balance_weights_equalizes_class_totals_and_keeps_the_rest():
+    view = pa.table(
+        {
+            "step_id": [f"s{i}" for i in range(6)],
+            "sample_weight": [1.0, 1.0, 1.0, 2.0, 1.0, 0.5],
+        }
+    )
+    # three "no" rows (total 3), one "yes" row (total 2), two unlabelled rows (e.g. Solver rows)
+    labels = [False, False, False, True, None, None]
+    out, info = balance_weights(view, labels)
+    w = out.column("sample_weight").to_pylist()
+    assert sum(w[:3]) == pytest.approx(2.5) and w[3] == pytest.approx(2.5)  # each class 5 / 2
+    assert w[0] == w[1] == w[2]  # scaled alike inside a class
+    assert w[4:] == [1.0, 0.5]  # unlabelled rows untouched
+    assert sum(w[:4]) == pytest.approx(5.0)  # labelled total kept
+    assert info[False] == (3, pytest.approx(2.5 / 3)) and info[True] == (1, pytest.approx(1.25))
+    # one class only: nothing to balance
+    same, _ = balance_weights(view, [True, True, None, None, None, None])
+    assert same.column("sample_weight").to_pylist() == view.column("sample_weight").to_pylist()
+    with pytest.raises(DataError, match="2 labels for 6 view rows"):
+        balance_weights(view, [True, False])
