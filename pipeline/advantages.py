@@ -93,9 +93,13 @@ def _ids(df: pl.DataFrame, mask: pl.Series) -> str:
 
 def _check_values(out: pl.DataFrame, config: AdvantageConfig) -> None:
     problems: list[str] = []
-    reward = out["reward"]
-    if not reward.is_finite().fill_null(True).all():
-        problems.append(f"NaN or infinite reward in {_ids(out, reward.is_not_null() & ~reward.is_finite())}")
+    # the parts too: a NaN global_reward beside a null local_reward gives a null (not NaN) reward
+    for col in ("reward", "global_reward", "local_reward"):
+        if col not in out.columns:
+            continue
+        values = out[col]
+        if not values.is_finite().fill_null(True).all():
+            problems.append(f"NaN or infinite {col} in {_ids(out, values.is_not_null() & ~values.is_finite())}")
     for col in config.group_key + (["traj_uid"] if config.trajectory_mean else []) + (["active"] if "active" in out.columns else []):
         if out[col].null_count():
             what = "" if col == "active" else " (part of the group key)"
@@ -240,14 +244,15 @@ def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: b
 
 
 def advantage_metrics(advantages: pl.DataFrame | pl.LazyFrame, config: AdvantageConfig | None = None) -> pl.DataFrame:
-    """Per (agent_id, strategy): row counts (active, members, inactive, null reward), reward mean
+    """Per (round, agent_id, strategy) (round when the table has it): row counts (active, members, inactive, null reward), reward mean
     over members, and over its groups (the advantage groups, split by agent and strategy): the
     number of groups, the fractions of singleton groups, zero-std groups, and all-good / all-bad /
     mixed groups (success = global_reward > 0 when that column exists, else reward > 0)."""
     config = config or AdvantageConfig()
     lf = advantages.lazy()
     schema = lf.collect_schema()
-    by = [c for c in ("agent_id", "strategy") if c in schema]
+    # a table spanning several rounds: groups never mix rounds (as in compute_advantages)
+    by = [c for c in ("round", "agent_id", "strategy") if c in schema]
     sub = list(dict.fromkeys([*config.group_key, *by]))
     if "active" not in schema:
         lf = lf.with_columns(pl.lit(True).alias("active"))

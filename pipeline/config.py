@@ -8,10 +8,40 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Iterator, Literal, Mapping
 
 from pipeline.errors import ConfigError
+
+
+class FrozenMapping(Mapping):
+    """A read-only mapping that hashes and pickles (so frozen configs holding one do too)."""
+
+    __slots__ = ("_items", "_dict")
+
+    def __init__(self, data: Mapping):
+        self._dict = dict(data)
+        self._items = tuple(sorted(self._dict.items()))
+
+    def __getitem__(self, key):
+        return self._dict[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._dict)
+
+    def __len__(self) -> int:
+        return len(self._dict)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and dict(self._dict) == dict(other)
+
+    def __reduce__(self):
+        return (FrozenMapping, (self._dict,))
+
+    def __repr__(self) -> str:
+        return f"FrozenMapping({self._dict!r})"
 
 __all__ = ["AdvantageConfig", "GROUP_COLUMNS"]
 
@@ -82,7 +112,7 @@ class AdvantageConfig:
             for name, w in weights.items():
                 if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
                     raise ConfigError(f"strategy_weights[{name!r}] must be a finite number > 0, got {w!r}")
-            object.__setattr__(self, "strategy_weights", MappingProxyType(weights))
+            object.__setattr__(self, "strategy_weights", FrozenMapping(weights))
 
     @property
     def group_key(self) -> list[str]:

@@ -43,6 +43,11 @@ def test_seed_002_worked_example():
     assert out["group_std"].to_list() == pytest.approx([0.5] * 8)
     assert out["advantage"].to_list() == pytest.approx([0.5, -1.5, 0.5, 0.5] * 2)
     assert out["group_size"].to_list() == [4] * 8
+    # the seed's "standard GRPO": one group per problem, each trajectory's mean reward one member
+    std = compute_advantages(df, AdvantageConfig(group_by=(), trajectory_mean=True, eps=0.0))
+    assert std["group_size"].to_list() == [4] * 8
+    assert std["group_mean"].to_list() == [0.75] * 8
+    assert std["advantage"].to_list() == pytest.approx([0.5, -1.5, 0.5, 0.5] * 2)
 
 
 def test_drmas_and_standard_grpo_differ_when_an_agent_is_called_several_times():
@@ -127,6 +132,37 @@ def test_nan_and_inf_rewards_name_the_rows():
     with pytest.raises(DataError) as err:
         compute_advantages(df)
     assert "'s1'" in str(err.value) and "'s2'" in str(err.value) and "'s0'" not in str(err.value)
+
+
+def test_nan_in_a_reward_part_is_named_even_when_the_mixed_reward_is_null():
+    # NaN global + null local gives a null reward; the NaN must not pass as "no reward"
+    df = frame(global_reward=[1.0, float("nan"), 0.0], local_reward=[0.0, None, 0.0])
+    with pytest.raises(DataError, match=r"NaN or infinite global_reward in 1 row\(s\): step_id 's1'"):
+        compute_advantages(df)
+
+
+def test_config_with_strategy_weights_hashes_and_pickles():
+    import pickle
+
+    a = AdvantageConfig(strategy_weights={"iid": 1.0, "tree": 2.0})
+    b = AdvantageConfig(strategy_weights={"tree": 2.0, "iid": 1.0})
+    assert hash(a) == hash(b) and a == b
+    assert pickle.loads(pickle.dumps(a)) == a
+    assert dict(a.strategy_weights) == {"iid": 1.0, "tree": 2.0}
+    with pytest.raises(TypeError):
+        a.strategy_weights["iid"] = 3.0
+
+
+def test_metrics_keep_rounds_apart():
+    # the same uid in two rounds, each group flat: two zero-std groups, not one mixed group
+    df = frame(uid=["A"] * 4, global_reward=[1.0, 1.0, 0.0, 0.0], local_reward=[0.0] * 4).with_columns(
+        pl.Series("round", [0, 0, 1, 1], dtype=pl.Int32)
+    )
+    m = advantage_metrics(compute_advantages(df)).sort("round")
+    assert m["round"].to_list() == [0, 1]
+    assert m["groups"].to_list() == [1, 1]
+    assert m["zero_std_frac"].to_list() == [1.0, 1.0]
+    assert m["mixed_frac"].to_list() == [0.0, 0.0]
 
 
 def test_bad_input_names_the_columns():
