@@ -70,6 +70,7 @@ def write_table(
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     os.close(fd)
     try:
+        os.chmod(tmp, _mode(0o666))  # mkstemp makes it owner-only; a table is as readable as any file
         pq.write_table(table, tmp, compression=compression)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -99,6 +100,13 @@ def scan_table(store: str | Path, table: str) -> pl.LazyFrame:
     return pl.scan_parquet(pattern, hive_partitioning=True)
 
 
+def _mode(base: int) -> int:
+    """`base` as the process umask lets a new file or directory have it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return base & ~umask
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
     """Build a directory atomically: yields a temporary sibling to fill; on success it replaces
@@ -108,12 +116,18 @@ def atomic_dir(path: str | Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
+        os.chmod(tmp, _mode(0o777))  # mkdtemp makes it owner-only
         yield tmp
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}"
             os.replace(path, old)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old is not None:  # put the previous directory back
+                os.replace(old, path)
+            raise
         fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -127,6 +141,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
+        os.chmod(tmp, _mode(0o666))
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()

@@ -75,6 +75,7 @@ _STEPS_FIELDS = [
     _f("model_version", pa.string()),
     _f("engine", pa.string()),
     _f("seed", pa.int64()),
+    _f("temperature", pa.float64()),
 ]
 
 STEPS = TableSchema("steps", pa.schema(_STEPS_FIELDS), row_id="step_id", unique=("step_id",))
@@ -213,10 +214,58 @@ def _row_ids(table: pa.Table, mask: pa.Array, row_id: str | None, limit: int = 1
     return f"{len(idx)} row(s) ({label} {shown}{more})"
 
 
+def _nested_nulls(arr: pa.Array, expected: pa.DataType, path: str, out: list[tuple[str, "np.ndarray"]]) -> None:
+    """Rows of `arr` (one array chunk) holding a null where `expected` allows none: an element of
+    a list (token ids, logprobs and messages are never null) or a non-nullable struct field.
+    Appends (where, row mask) pairs to `out`."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(expected) and (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        values = arr.flatten()
+        if len(values) == 0:
+            return
+        parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+        inner: list = []
+        if values.null_count:
+            inner.append((f"{path}[]", np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)))
+        _nested_nulls(values, expected.value_type, f"{path}[]", inner)
+        for where, mask in inner:
+            rows = np.zeros(len(arr), dtype=bool)
+            rows[parents[mask]] = True
+            out.append((where, rows))
+    elif pa.types.is_struct(expected) and pa.types.is_struct(arr.type):
+        for f in expected:
+            child = arr.field(f.name)
+            if not f.nullable and child.null_count:
+                valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+                out.append((f"{path}.{f.name}", valid & np.asarray(child.is_null().to_numpy(zero_copy_only=False), dtype=bool)))
+            _nested_nulls(child, f.type, f"{path}.{f.name}", out)
+
+
+def _nested_null_problems(table: pa.Table, field: pa.Field, row_id: str | None) -> list[str]:
+    import numpy as np
+
+    if not (pa.types.is_list(field.type) or pa.types.is_struct(field.type)):
+        return []
+    found: dict[str, np.ndarray] = {}
+    offset = 0
+    col = table.column(field.name)
+    for chunk in col.chunks:
+        pieces: list = []
+        _nested_nulls(chunk, field.type, field.name, pieces)
+        for where, mask in pieces:
+            full = found.setdefault(where, np.zeros(len(col), dtype=bool))
+            full[offset : offset + len(chunk)] |= mask
+        offset += len(chunk)
+    return [f"{where} holds a null in {_row_ids(table, pa.array(mask), row_id)}" for where, mask in found.items() if mask.any()]
+
+
 def validate(data: T, schema: TableSchema | str) -> T:
     """Return `data` unchanged if it meets `schema`, else raise `SchemaError` listing every
-    missing column, every column of the wrong type, every null in a non-nullable column (with
-    the offending row ids) and every duplicated unique key.
+    missing column, every column of the wrong type, every null in a non-nullable column or
+    inside a list or a non-nullable struct field (with the offending row ids) and every
+    duplicated unique key.
 
     `data` is a pyarrow Table or a Polars DataFrame/LazyFrame (a LazyFrame is collected to be
     checked, and returned as it was given)."""
@@ -238,6 +287,7 @@ def validate(data: T, schema: TableSchema | str) -> T:
             continue
         if not field.nullable and col.null_count:
             problems.append(f"column {field.name!r} is null in {_row_ids(table, pc.is_null(col), schema.row_id)}")
+        problems.extend(_nested_null_problems(table, field, schema.row_id))
     for key in schema.unique:
         if key in table.column_names and table.num_rows:
             counts = pc.value_counts(table.column(key))

@@ -39,6 +39,27 @@ def test_validate_names_every_problem(steps):
     assert len(err.value.problems) == 5
 
 
+def test_nulls_inside_lists_and_structs_are_named(steps):
+    ids = steps["step_id"].to_list()
+    bad = steps.with_columns(
+        pl.when(pl.col("step_id") == ids[1]).then(pl.lit([5, None], dtype=pl.List(pl.Int32))).otherwise(pl.col("completion_ids")).alias("completion_ids"),
+        pl.when(pl.col("step_id") == ids[2])
+        .then(pl.lit([{"role": "user", "content": None}], dtype=pl.List(pl.Struct({"role": pl.String, "content": pl.String}))))
+        .otherwise(pl.col("sampling_messages"))
+        .alias("sampling_messages"),
+    )
+    with pytest.raises(SchemaError) as err:
+        validate(bad, STEPS)
+    msg = str(err.value)
+    assert f"completion_ids[] holds a null in 1 row(s) (step_id {ids[1]!r})" in msg
+    assert f"sampling_messages[].content holds a null in 1 row(s) (step_id {ids[2]!r})" in msg
+    assert len(err.value.problems) == 2
+    # sliced and multi-chunk input: rows are still named right
+    table = pa.concat_tables([bad.head(2).to_arrow(), bad.slice(2).to_arrow()])
+    with pytest.raises(SchemaError, match=f"step_id {ids[2]!r}"):
+        validate(table, STEPS)
+
+
 def test_large_string_and_list_variants_are_accepted(steps):
     table = steps.to_arrow()  # polars writes large_string / large_list
     assert pa.types.is_large_string(table.schema.field("uid").type) or pa.types.is_string_view(table.schema.field("uid").type)
@@ -84,4 +105,38 @@ def test_atomic_dir_replaces_or_keeps(tmp_path):
     with store.atomic_dir(target) as d:
         (d / "w").write_text("three")
     assert (target / "w").read_text() == "three"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_atomic_writes_get_ordinary_permissions(tmp_path, steps):
+    old = os.umask(0o022)
+    try:
+        table = store.write_table(steps, tmp_path / "t.parquet")
+        text = store.atomic_write_text(tmp_path / "x.json", "{}")
+        with store.atomic_dir(tmp_path / "ckpt") as d:
+            (d / "w").write_text("one")
+    finally:
+        os.umask(old)
+    assert oct(table.stat().st_mode & 0o777) == oct(0o644)
+    assert oct(text.stat().st_mode & 0o777) == oct(0o644)
+    assert oct((tmp_path / "ckpt").stat().st_mode & 0o777) == oct(0o755)
+
+
+def test_atomic_dir_puts_the_old_directory_back_when_the_swap_fails(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt"
+    with store.atomic_dir(target) as d:
+        (d / "w").write_text("one")
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if str(src).find(".ckpt.tmp-") >= 0:
+            raise OSError("disk went away")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk went away"):
+        with store.atomic_dir(target) as d:
+            (d / "w").write_text("two")
+    monkeypatch.undo()
+    assert (target / "w").read_text() == "one"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
