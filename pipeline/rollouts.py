@@ -56,6 +56,7 @@ from pipeline.rewards import (
     Outcome,
     global_reward,
     parse_verdicts,
+    safe_map,
     row_reward,
     score_attempts,
     solver_local_reward,
@@ -220,6 +221,9 @@ class _Episode:
     parent: str | None = None
     last_solver: _Row | None = None
     rows: list[_Row] = field(default_factory=list)
+    error: str | None = None
+    """Why the trajectory stopped early (the task's feedback raised or timed out): its rows get
+    null rewards with this message in `reward_error`."""
 
     @property
     def tree(self) -> bool:
@@ -403,7 +407,7 @@ def run_round(
             _after_verifier(live, new_rows, task, orchestra, config, agent_step)
 
     _final_rewards(episodes)
-    return validate(_to_table(all_rows, r, config.alpha), STEPS)
+    return validate(_to_table(all_rows, r, config.alpha, config.temperature), STEPS)
 
 
 def _after_solver(live: list[_Episode], new_rows: list[list[_Row]], task, config: RolloutConfig) -> None:
@@ -427,6 +431,7 @@ def _after_verifier(live: list[_Episode], new_rows: list[list[_Row]], task, orch
     orchestra's active mask: stopped samples get no further calls."""
     texts = [row.sample.text for rows in new_rows for row in rows]
     verdicts = iter(parse_verdicts(task, texts, config.reward_timeout))
+    going: list[tuple[_Episode, _Row]] = []
     for e, rows in zip(live, new_rows):
         judged = e.last_solver.correct
         for row in rows:
@@ -439,9 +444,17 @@ def _after_verifier(live: list[_Episode], new_rows: list[list[_Row]], task, orch
         e.parent = chosen.step_id
         approved = chosen.verdict.ok and chosen.verdict.value is True
         if orchestra.continues(e.strategy, agent_step.turn, approved, config.max_loop_num):
-            e.replies.append(orchestra.reply(e.strategy, e.problem, e.attempts[-1], chosen.sample.text))
+            going.append((e, chosen))
         else:
             e.active = False
+    # the replies run user code (the feedback strategy's `task.feedback_message`): guarded, in one batch
+    replies = safe_map(orchestra.reply, [(e.strategy, e.problem, e.attempts[-1], chosen.sample.text) for e, chosen in going], config.reward_timeout, label="feedback")
+    for (e, _chosen), reply in zip(going, replies):
+        if reply.ok:
+            e.replies.append(reply.value)
+        else:
+            e.active = False
+            e.error = reply.error
 
 
 def _select(e: _Episode, rows: list[_Row], alpha: float) -> _Row:
@@ -459,12 +472,12 @@ def _final_rewards(episodes: list[_Episode]) -> None:
     for e in episodes:
         if e.tree or e.last_solver is None:
             continue
-        final = global_reward(e.last_solver.correct)
+        final = Outcome(None, e.error) if e.error else global_reward(e.last_solver.correct)
         for row in e.rows:
             row.global_ = final
 
 
-def _to_table(rows: list[_Row], round_: int, alpha: float) -> pa.Table:
+def _to_table(rows: list[_Row], round_: int, alpha: float, temperature: float) -> pa.Table:
     cols: dict[str, list] = {f.name: [] for f in STEPS.schema}
     for row in rows:
         rew = row_reward(alpha, row.global_, row.local)
@@ -496,6 +509,7 @@ def _to_table(rows: list[_Row], round_: int, alpha: float) -> pa.Table:
         cols["model_version"].append(row.model_version)
         cols["engine"].append(row.engine)
         cols["seed"].append(row.seed)
+        cols["temperature"].append(float(temperature))
     arrays = [pa.array(cols[f.name], type=f.type) for f in STEPS.schema]
     return pa.Table.from_arrays(arrays, schema=STEPS.schema)
 

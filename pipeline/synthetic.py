@@ -103,6 +103,7 @@ def _fill_steps_columns(df: pl.DataFrame, rng: np.random.Generator) -> pl.DataFr
         pl.lit("synthetic").alias("model_version"),
         pl.lit("synthetic").alias("engine"),
         pl.lit(0, dtype=pl.Int64).alias("seed"),
+        pl.lit(1.0, dtype=pl.Float64).alias("temperature"),
     )
 
 

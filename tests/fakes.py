@@ -142,7 +142,7 @@ class FakeTask:
         ]
 
     def feedback_message(self, problem: Problem, attempt_text: str) -> Message:
-        ok = FakeTask.reward(self, problem, attempt_text) == 1.0
+        ok = self.reward(problem, attempt_text) == 1.0
         return Message(role="user", content="That is correct." if ok else "That is wrong; try again.")
 
     def reward(self, problem: Problem, completion_text: str) -> float | None:

@@ -116,11 +116,16 @@ def test_tree_invariants():
 
 
 def test_tree_broadcasts_the_selected_state():
-    _, df, _ = run([Tree(group_size=3)], n_problems=4, sampler=RecordingSampler(verifier_accuracy=0.0, garbage=0.0), config=RolloutConfig(max_loop_num=3))
+    _, df, _ = run([Tree(group_size=3)], n_problems=6, sampler=RecordingSampler(verifier_accuracy=0.5, garbage=0.0), config=RolloutConfig(max_loop_num=3))
+    mixed_verifier_nodes = 0
     for uid, tree in df.group_by("uid"):
         for s in sorted(set(tree["step"])):
             node = tree.filter(pl.col("step") == s)
             chosen = node.filter(pl.col("selected")).row(0, named=True)
+            # greedy: the selected candidate has the node's best mixed reward
+            assert chosen["reward"] == node["reward"].max()
+            if chosen["agent_id"] == "verifier" and node["reward"].n_unique() > 1:
+                mixed_verifier_nodes += 1
             nxt = tree.filter(pl.col("step") == s + 1)
             if nxt.height == 0:
                 continue
@@ -130,6 +135,7 @@ def test_tree_broadcasts_the_selected_state():
             else:  # the Solver's next turn continues from the selected attempt and verdict
                 assert chosen["completion_text"] in msgs[-1]["content"]
                 assert msgs[-2]["role"] == "assistant"
+    assert mixed_verifier_nodes > 0  # the Verifier's candidates disagreed somewhere: selection mattered
 
 
 def test_tree_not_greedy_selects_candidate_zero():
@@ -236,6 +242,25 @@ def test_a_raising_reward_gives_null_rewards_and_an_error():
     assert bad.height > 0 and bad["reward"].is_null().all() and bad["global_reward"].is_null().all()
     assert bad["reward_error"].str.contains("ValueError: cannot score this").all()
     assert good["reward"].is_not_null().all() and good["reward_error"].is_null().all()
+
+
+class RaisingFeedbackTask(FakeTask):
+    def feedback_message(self, problem, attempt_text):
+        if problem.uid.endswith("-1"):
+            raise RuntimeError("no feedback for this one")
+        return super().feedback_message(problem, attempt_text)
+
+
+def test_a_raising_feedback_message_stops_that_sample_with_an_error():
+    table, df, _ = run([Feedback(group_size=2), IID(group_size=2)], task=RaisingFeedbackTask(), n_problems=3)
+    validate(table, STEPS)
+    bad = df.filter(pl.col("uid").str.ends_with("-1") & (pl.col("strategy") == "feedback"))
+    assert bad.height > 0 and bad["turn"].max() == 0  # stopped before attempt2
+    assert bad["reward"].is_null().all()
+    assert bad["reward_error"].str.contains("RuntimeError: no feedback for this one").all()
+    others = df.filter(~(pl.col("uid").str.ends_with("-1") & (pl.col("strategy") == "feedback")))
+    assert others["reward"].is_not_null().all()
+    assert others.filter(pl.col("strategy") == "feedback")["turn"].max() == 1
 
 
 def test_a_hanging_reward_times_out():

@@ -104,6 +104,7 @@ def advantage_row(step_id: str, **values) -> dict:
         "model_version": "v0",
         "engine": "hf",
         "seed": 0,
+        "temperature": 1.0,
         "group_size": 4,
         "group_mean": 0.5,
         "group_std": 0.5,
