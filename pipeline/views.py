@@ -58,6 +58,7 @@ INPUT_COLUMNS = (
     "reward",
     "advantage",
     "sample_weight",
+    "temperature",
 )
 VIEW_INPUT = TableSchema(
     "advantages (training-view input)",
@@ -65,7 +66,13 @@ VIEW_INPUT = TableSchema(
     row_id="step_id",
     unique=("step_id",),
 )
-EXTRA_COLUMNS = (pa.field("round", pa.int32(), nullable=False), pa.field("turn", pa.int32(), nullable=False))
+EXTRA_COLUMNS = (
+    pa.field("round", pa.int32(), nullable=False),
+    pa.field("turn", pa.int32(), nullable=False),
+    pa.field("temperature", pa.float64(), nullable=False),
+)
+"""Carried into the view beside the `training_view` contract: `temperature` is the sampling
+temperature, which training must use (the trainer checks it)."""
 VIEW_SCHEMA = pa.schema(list(TRAINING_VIEW.schema) + list(EXTRA_COLUMNS))
 
 
@@ -283,6 +290,7 @@ def build_training_view_with_stats(
             "context_swapped": pa.array(swapped, type=pa.bool_()),
             "round": kept.column("round"),
             "turn": kept.column("turn"),
+            "temperature": kept.column("temperature"),
         }
     )
     view = view.cast(VIEW_SCHEMA)

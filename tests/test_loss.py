@@ -246,3 +246,13 @@ def test_defaults_follow_findings():
     assert (1 - cfg.loss.eps_low, 1 + cfg.loss.eps_high) == pytest.approx((0.8, 1.28))
     assert (cfg.loss.ratio.mode, cfg.loss.ratio.low, cfg.loss.ratio.high) == ("mask", pytest.approx(1 / 3), 3.0)
     assert cfg.loss.beta == 0.0
+
+
+def test_ess_uses_the_sequence_likelihood_ratio_at_either_level():
+    # row 0: two tokens with log ratio 0.5 each -> sequence ratio e^1 (geometric mean e^0.5)
+    b = make_batch([[-0.5, -0.5], [-1.0, -1.0]], [[-1.0, -1.0], [-1.0, -1.0]], [1.0, -1.0])
+    r = [math.e, 1.0]
+    want = sum(r) ** 2 / sum(x * x for x in r)
+    for level in ("mean", "sum"):
+        d = compute_loss(b, LossConfig(ratio=RatioConfig(mode="none", level=level))).diagnostics
+        assert d.overall.ess == pytest.approx(want)

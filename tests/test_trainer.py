@@ -77,6 +77,7 @@ def rows_for(tok, model, n: int, strategy: str = "iid", hint: bool = False, seed
             completion_logprobs=unpadded_logps(model, prompt, completion, T),
             advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5),
             reward=float(rng.random() < 0.5),
+            temperature=T,
         )
         values.update(overrides)
         rows.append(advantage_row(f"{strategy}-{seed}-{i}", **values))

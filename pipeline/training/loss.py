@@ -23,7 +23,8 @@ reward >= threshold, aggregated the same way over those rows only (SFT on the go
 
 Diagnostics (`LossDiagnostics`) are additive sums, so micro-batches merge exactly: mean log ratio,
 clip fraction (tokens where the clip stops the gradient), masked / truncated fraction (rows),
-effective sample size (sum s)^2 / sum s^2 of the sequence ratios, overall, per strategy, per agent.
+effective sample size (sum r)^2 / sum r^2 of the sequence likelihood ratios r_i = exp(sum_t log rho)
+(whatever level step 3 decides on), overall, per strategy, per agent.
 """
 
 from __future__ import annotations
@@ -223,6 +224,9 @@ def compute_loss(batch: LossBatch, config: LossConfig) -> LossOutput:
         row_factor = torch.ones_like(s)
         row_factor = torch.where(masked, torch.zeros_like(s), row_factor)
         row_factor = torch.where(truncated, s.clamp(min=low, max=high) / s, row_factor)
+        # the effective sample size is about the whole sequence's likelihood ratio, whatever
+        # level the mask/truncate decision uses
+        seq_ratio = torch.exp(seq_sum.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
     weighted_adv = (batch.advantage * batch.sample_weight).to(batch.logp.dtype)[:, None]
     clipped_tok = torch.zeros_like(mask, dtype=torch.bool)
@@ -257,10 +261,10 @@ def compute_loss(batch: LossBatch, config: LossConfig) -> LossOutput:
     # 5. aggregation
     loss = aggregate(per_token, mask, config.aggregation, rows=rows)
 
-    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, s, kl))
+    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, seq_ratio, kl))
 
 
-def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, s, kl) -> LossDiagnostics:
+def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, seq_ratio, kl) -> LossDiagnostics:
     with torch.no_grad():
         cols = torch.stack(
             [
@@ -270,8 +274,8 @@ def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, masked, truncat
                 masked.to(mask.dtype),
                 truncated.to(mask.dtype),
                 rs_rows.to(mask.dtype),
-                s,
-                s * s,
+                seq_ratio,
+                seq_ratio * seq_ratio,
                 (kl.detach() * mask).sum(-1),
             ],
             dim=1,

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 from pipeline.store import atomic_dir, atomic_write_text
 from pipeline.training.config import LossConfig, TrainConfig
 from pipeline.training.loss import LossBatch, LossDiagnostics, compute_loss
@@ -54,6 +54,7 @@ __all__ = [
     "train_policies",
     "train_from_files",
     "read_checkpoint_meta",
+    "view_temperature",
     "set_threads",
 ]
 
@@ -300,11 +301,34 @@ def read_checkpoint_meta(checkpoint_dir: str | Path) -> CheckpointMeta:
 
 
 def _load(init_dir: Path, config: TrainConfig):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from pipeline.models import load_model, load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(init_dir)
-    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
-    return tokenizer, model
+    # local directories only: nothing is ever downloaded
+    return load_tokenizer(init_dir), load_model(init_dir, dtype=torch.float32)
+
+
+def view_temperature(view) -> float | None:
+    """The sampling temperature of a view's rows (its `temperature` column), None when the view
+    has no such column (e.g. the ground-truth baseline, whose rows were never sampled). Rows
+    sampled at different temperatures are an error: one run trains at one temperature."""
+    table = view if isinstance(view, pa.Table) else check_view(view)
+    if "temperature" not in table.column_names or table.num_rows == 0:
+        return None
+    values = pc.unique(table.column("temperature")).to_pylist()
+    if len(values) > 1:
+        raise DataError(f"the view's rows were sampled at several temperatures {sorted(values)} (column 'temperature'); train them separately")
+    return float(values[0])
+
+
+def _check_temperature(table: pa.Table, temperature: float) -> None:
+    """The stored logprobs are log q at the sampling temperature; p_train must be taken at the same
+    one, or every importance ratio is off."""
+    sampled = view_temperature(table)
+    if sampled is not None and not math.isclose(sampled, temperature, rel_tol=1e-9):
+        raise ConfigError(
+            f"the view's rows were sampled at temperature {sampled} (column 'temperature') but training runs at "
+            f"{temperature} (TrainConfig.temperature, `maxit train --temperature`); they must be equal"
+        )
 
 
 def _policy_rows(view, policy_id: str, max_length: int) -> tuple[pa.Table, int]:
@@ -354,6 +378,7 @@ def train_policy(
     tokenizer, model = _load(init_dir, config)
     max_length = config.max_length or int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
     table, n_long = _policy_rows(view, policy_id, max_length)
+    _check_temperature(table, config.temperature)
     round_ = _round_of(table, round_)
     data_hash = view_hash(table)
     use_cuda = torch.cuda.is_available()
@@ -504,4 +529,8 @@ def train_from_files(
     view_path = Path(view_path)
     if not view_path.exists():
         raise FileNotFoundError(f"no training view at {view_path}")
-    return train_policy(pq.read_table(view_path), policy_id, init_dir, out_dir, config, round_=round_)
+    view = pq.read_table(view_path)
+    present = sorted(set(view.column("policy_id").to_pylist())) if "policy_id" in view.column_names else []
+    if policy_id not in present:
+        raise ConfigError(f"--policy {policy_id!r}: the view {view_path} has no rows of that policy; its policies: {present}")
+    return train_policy(view, policy_id, init_dir, out_dir, config, round_=round_)
