@@ -181,6 +181,38 @@ def cmd_rollout(args) -> int:
     return 0
 
 
+def cmd_view(args) -> int:
+    import polars as pl
+
+    from pipeline import store
+    from pipeline.models import default_model, load_tokenizer
+    from pipeline.strategies import STRATEGY_IDS, make_strategy
+    from pipeline.views import ViewConfig, build_training_view_with_stats
+
+    path = Path(args.advantages)
+    if not path.exists():
+        raise MaxitError(f"--advantages: no such file: {path}")
+    adv = pl.read_parquet(path)
+    if "strategy" not in adv.columns:
+        raise MaxitError(f"--advantages {path}: no 'strategy' column; is it an advantages table (maxit advantages --out)?")
+    unknown = sorted(set(adv["strategy"].unique().to_list()) - set(STRATEGY_IDS))
+    if unknown:
+        raise MaxitError(f"--advantages {path}: unknown strategy id(s) {unknown}; known: {sorted(STRATEGY_IDS)}")
+    strategies = {s: make_strategy(s) for s in adv["strategy"].unique().to_list()}
+    tokenizer = load_tokenizer(args.model_dir or default_model())
+    if args.loss == "rs":
+        min_reward = 1.0 if args.min_reward is None else args.min_reward
+        config = ViewConfig(drop_zero_advantage=False, min_reward=min_reward, max_length=args.max_length)
+    else:
+        config = ViewConfig(max_length=args.max_length, min_reward=args.min_reward)
+    view, stats = build_training_view_with_stats(adv, strategies, tokenizer, config)
+    store.write_table(view, args.out, "training_view")
+    print(f"{stats.n_rows} training rows of {stats.n_input} ({stats.n_context_swapped} context-swapped) -> {args.out}")
+    dropped = {k: v for k, v in vars(stats).items() if k.startswith("n_") and k not in ("n_input", "n_rows", "n_context_swapped", "n_rerendered") and v}
+    print(f"dropped: {dropped or 'none'}; rows per strategy: {dict(stats.by_strategy)}")
+    return 0
+
+
 def cmd_train(args) -> int:
     from pipeline.training.config import LossConfig, TrainConfig
     from pipeline.training.trainer import train_from_files
@@ -190,8 +222,25 @@ def cmd_train(args) -> int:
         from pipeline.models import default_model
 
         init = default_model()
-    config = TrainConfig(lr=args.lr, epochs=args.epochs, temperature=args.temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
-    res = train_from_files(args.view, args.policy, init, args.out, config)
+    temperature = args.temperature
+    if temperature is None:  # the rows' own sampling temperature (1.0 for a view without one)
+        import pyarrow.parquet as pq
+
+        from pipeline.training.trainer import view_temperature
+
+        view_path = Path(args.view)
+        if not view_path.exists():
+            raise MaxitError(f"--view: no such file: {view_path}")
+        temperature = view_temperature(pq.read_table(view_path)) or 1.0
+    config = TrainConfig(lr=args.lr, epochs=args.epochs, temperature=temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
+    if (args.store is None) != (args.round is None):
+        raise MaxitError("--store and --round go together: both register the checkpoint as that round's, neither leaves the registry alone")
+    res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round)
+    if args.store is not None:
+        from pipeline.registry import PolicyRegistry
+
+        rec = PolicyRegistry(args.store).register(args.round, res.policy_id, res.checkpoint, parent=init, data_hash=res.data_hash)
+        print(f"registered as round {rec.round} of policy {rec.policy_id!r} in {args.store}")
     print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     return 0
 
@@ -267,6 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_rollout)
 
+    p = sub.add_parser("view", help="build a training view (context swap) from an advantages table")
+    p.add_argument("--advantages", required=True, help="advantages Parquet file (maxit advantages --out)")
+    p.add_argument("--out", required=True, help="training_view Parquet file to write (atomically)")
+    p.add_argument("--model-dir", default=None, help="model whose tokenizer and chat template render the contexts (default: the embedded tiny model)")
+    p.add_argument("--loss", choices=["rs", "ppo"], default="ppo", help="ppo: rows with a non-zero advantage; rs: rows with reward >= --min-reward")
+    p.add_argument("--min-reward", type=float, default=None, help="leave out rows whose reward is below this (rs: default 1.0)")
+    p.add_argument("--max-length", type=int, default=None, help="drop (and count) rows whose training prompt + completion is longer")
+    p.set_defaults(func=cmd_view)
+
     p = sub.add_parser("train", help="train one policy on a training view")
     p.add_argument("--view", required=True, help="training_view Parquet file")
     p.add_argument("--policy", required=True, help="policy_id whose rows are trained (e.g. shared, solver)")
@@ -275,8 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", choices=["rs", "ppo"], default="ppo")
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None, help="temperature of p_train (default: the view's sampling temperature; it must match)")
     p.add_argument("--report-to", default="tensorboard")
+    p.add_argument("--store", default=None, help="register the checkpoint in this store's policy registry (with --round)")
+    p.add_argument("--round", type=int, default=None, help="the round the checkpoint is registered as (with --store)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("model", help="build (or find) the embedded default model and print its folder")

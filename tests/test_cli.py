@@ -1,0 +1,106 @@
+"""The command line, as a user runs it: `maxit rollout -> advantages -> view -> train` on the
+default model, and bad input answered with exit code 2, an error naming the flag or column, and
+nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+import polars as pl
+import pytest
+
+from conftest import require_vllm
+from pipeline.cli import main
+from pipeline.registry import PolicyRegistry
+from pipeline.training.trainer import read_checkpoint_meta
+from schemas import ADVANTAGES, STEPS, TRAINING_VIEW, validate
+
+
+@pytest.fixture(scope="module")
+def rolled_out(tmp_path_factory, default_model_dir):
+    """`maxit rollout` with the HF engine on the warm-started default model."""
+    store = tmp_path_factory.mktemp("cli-store")
+    rc = main(["rollout", "--store", str(store), "--round", "0", "--problems", "6", "--samples", "2", "--engine", "hf", "--model-dir", str(default_model_dir)])
+    assert rc == 0
+    return store
+
+
+def test_rollout_writes_a_valid_mixed_strategy_two_agent_round(rolled_out):
+    steps = pl.read_parquet(rolled_out / "round=0" / "steps.parquet")
+    validate(steps, STEPS)
+    assert set(steps["strategy"]) == {"iid", "prompt_aug", "feedback", "tree"}
+    assert set(steps["agent_id"]) == {"solver", "verifier"}
+    assert set(steps["engine"]) == {"hf"}
+
+
+@pytest.mark.vllm
+def test_rollout_with_vllm(tmp_path, default_model_dir):
+    require_vllm()
+    rc = main(["rollout", "--store", str(tmp_path), "--problems", "4", "--samples", "2", "--engine", "vllm", "--model-dir", str(default_model_dir)])
+    assert rc == 0
+    steps = validate(pl.read_parquet(tmp_path / "round=0" / "steps.parquet"), STEPS)
+    assert set(steps["engine"]) == {"vllm"} and set(steps["agent_id"]) == {"solver", "verifier"}
+    assert (steps["completion_ids"].list.len() == steps["completion_logprobs"].list.len()).all()
+
+
+def test_advantages_view_train_from_a_real_steps_table(rolled_out, tmp_path, default_model_dir, capsys):
+    steps = rolled_out / "round=0" / "steps.parquet"
+    adv, view, ckpt = tmp_path / "adv.parquet", tmp_path / "view.parquet", tmp_path / "ckpt"
+    assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--group-by", "agent_id", "turn", "strategy"]) == 0
+    validate(pl.read_parquet(adv), ADVANTAGES)
+    assert main(["view", "--advantages", str(adv), "--out", str(view), "--loss", "rs", "--model-dir", str(default_model_dir)]) == 0
+    v = validate(pl.read_parquet(view), TRAINING_VIEW)
+    assert v.height > 0 and v["reward"].min() >= 1.0
+    assert v["context_swapped"].any()  # prompt_aug / feedback rows train under another context
+    assert "training rows of" in capsys.readouterr().out
+    rc = main(["train", "--view", str(view), "--policy", "shared", "--init", str(default_model_dir), "--out", str(ckpt), "--loss", "rs", "--epochs", "1", "--report-to", "none",
+               "--store", str(tmp_path / "reg"), "--round", "0"])
+    assert rc == 0
+    meta = read_checkpoint_meta(ckpt)
+    assert meta.policy_id == "shared" and meta.n_rows == v.height and meta.parent == str(default_model_dir) and meta.round == 0
+    assert (ckpt / "config.json").is_file()
+    rec = PolicyRegistry(tmp_path / "reg").get(0, "shared")
+    assert rec is not None and Path(rec.path) == ckpt.resolve() and rec.data_hash == meta.data_hash
+
+
+def test_train_with_a_policy_the_view_lacks_is_an_error_and_writes_nothing(rolled_out, tmp_path, default_model_dir, capsys):
+    adv, view, ckpt = tmp_path / "adv.parquet", tmp_path / "view.parquet", tmp_path / "ckpt"
+    assert main(["advantages", "--steps", str(rolled_out / "round=0" / "steps.parquet"), "--out", str(adv)]) == 0
+    assert main(["view", "--advantages", str(adv), "--out", str(view), "--model-dir", str(default_model_dir)]) == 0
+    capsys.readouterr()
+    rc = main(["train", "--view", str(view), "--policy", "solvr", "--init", str(default_model_dir), "--out", str(ckpt), "--report-to", "none"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--policy 'solvr'" in err and "['shared']" in err
+    # the rows were sampled at T=1: training them at another temperature would skew every ratio
+    assert pl.read_parquet(view)["temperature"].unique().to_list() == [1.0]
+    rc = main(["train", "--view", str(view), "--policy", "shared", "--temperature", "0.7", "--init", str(default_model_dir), "--out", str(ckpt), "--report-to", "none"])
+    assert rc == 2
+    assert "sampled at temperature 1.0 (column 'temperature') but training runs at 0.7" in capsys.readouterr().err
+    assert not ckpt.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["adv.parquet", "view.parquet"]
+
+
+def test_advantages_demo_and_bad_input(tmp_path, capsys):
+    out = tmp_path / "adv.parquet"
+    assert main(["advantages", "--demo", "--demo-problems", "20", "--out", str(out)]) == 0
+    assert "per agent and strategy" in capsys.readouterr().out
+    validate(pl.read_parquet(out), ADVANTAGES)
+
+    # a steps table without `uid` and with a NaN reward: exit 2, the column named, nothing written
+    bad = pl.read_parquet(out).drop("uid")
+    bad.write_parquet(tmp_path / "bad.parquet")
+    target = tmp_path / "never.parquet"
+    assert main(["advantages", "--steps", str(tmp_path / "bad.parquet"), "--out", str(target)]) == 2
+    assert "'uid'" in capsys.readouterr().err
+    nan = pl.read_parquet(out).with_columns(pl.when(pl.col("step_id") == pl.col("step_id").first()).then(float("nan")).otherwise(pl.col("global_reward")).alias("global_reward"))
+    nan.write_parquet(tmp_path / "nan.parquet")
+    assert main(["advantages", "--steps", str(tmp_path / "nan.parquet"), "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "NaN or infinite global_reward" in err and repr(nan["step_id"][0]) in err
+    assert main(["advantages", "--steps", str(tmp_path / "missing.parquet"), "--out", str(target)]) == 2
+    assert "--steps: no such file" in capsys.readouterr().err
+    assert main(["advantages", "--demo", "--out", str(target), "--group-by", "agent"]) == 2
+    assert "group_by: unknown column(s) ['agent']" in capsys.readouterr().err
+    assert not target.exists() and not list(tmp_path.glob(".*tmp*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adv.parquet", "bad.parquet", "nan.parquet"]
