@@ -72,6 +72,8 @@ def round_summary(store: Path, rounds: list[int]) -> pl.DataFrame:
             .collect()
             .pivot(on="strategy", index="round", values="global_reward")
         )
+        # strategies in a fixed order (a pivot orders them by first appearance)
+        success = success.select("round", *sorted(c for c in success.columns if c != "round"))
         success = success.rename({c: f"success_{c}" for c in success.columns if c != "round"})
         table = table.join(success, on="round", how="left")
     return table.sort("round")

