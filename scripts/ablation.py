@@ -13,6 +13,7 @@ Variants:
   ppo          all strategies, importance-weighted PG (PPO clip), per-agent (uid, agent, turn, strategy) groups
   ppo-grpo     as ppo with plain GRPO groups (uid only)
   sft          step-matched SFT on ground-truth answers (as many rows/steps as `all` trains each round)
+  no-balance   as all, without equal weight for the Verifier's yes/no rows (--no-balance-verdicts)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ VARIANTS = {
     "ppo": ["--loss", "ppo"],
     "ppo-grpo": ["--loss", "ppo", "--group-by", "none"],
     "sft": ["--train-on", "ground_truth"],
+    "no-balance": ["--no-balance-verdicts"],
 }
 
 
