@@ -114,7 +114,8 @@ class RunConfig:
     """Give the Verifier's "yes" and "no" training rows equal total weight each round
     (`pipeline.views.balance_weights`). Without it the Verifier learns to say "no": it is called
     again on every retry after a rejection, retries are mostly wrong, so its correct verdicts are
-    mostly "no" (3:1 in the default run), while the answers it judges at test time are mostly right."""
+    mostly "no" (about 2:1 in round 0 of the default run), while the answers it judges at test
+    time are mostly right."""
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation after every round (and of the starting checkpoint, as round -1)."""
     seed: int = 0
