@@ -18,10 +18,13 @@ from schemas import validate
 __all__ = ["ground_truth_view"]
 
 
-def ground_truth_view(problems: Sequence[Problem], task, tokenizer, rows: int, round_: int, policy_id: str = "shared", agent_id: str = "solver") -> pa.Table:
+def ground_truth_view(
+    problems: Sequence[Problem], task, tokenizer, rows: int, round_: int, policy_id: str = "shared", agent_id: str = "solver", temperature: float = 1.0
+) -> pa.Table:
     """`rows` rows cycling over `problems`: prompt = the Solver's plain context, completion = the
     reference answer. Sampling logprobs are 0 (the rows were not sampled; the "rs" loss does not
-    read them, and the importance-weighted loss must not be used on this view)."""
+    read them, and the importance-weighted loss must not be used on this view). `temperature` is
+    the one the rows are trained at (the run's, like the expert-iteration rows it stands in for)."""
     from pipeline.models.warmstart import encode_messages_fast
     from pipeline.views import VIEW_SCHEMA
 
@@ -44,6 +47,7 @@ def ground_truth_view(problems: Sequence[Problem], task, tokenizer, rows: int, r
             "context_swapped": [False] * rows,
             "round": [round_] * rows,
             "turn": [0] * rows,
+            "temperature": [float(temperature)] * rows,
         },
         schema=VIEW_SCHEMA,
     )

@@ -325,7 +325,9 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
         from pipeline.baselines import ground_truth_view
 
         problems = problems_from_table(st.read_table(st.table_path(ctx.store, round_, "problems")))
-        view = ground_truth_view(problems, ctx.task(), tokenizer, view.num_rows, round_, policy_id=ctx.agents()[0].policy_id)
+        view = ground_truth_view(
+            problems, ctx.task(), tokenizer, view.num_rows, round_, policy_id=ctx.agents()[0].policy_id, temperature=ctx.config.temperature
+        )
     elif ctx.config.balance_verdicts:
         view = _balance_verdicts(ctx, view, advantages)
     st.write_table(view, st.table_path(ctx.store, round_, "training_view"), "training_view")

@@ -17,8 +17,8 @@ from pipeline.registry import PolicyRegistry
 from pipeline.store import table_path
 
 
-def small_settings(model_dir) -> RunSettings:
-    return RunSettings(
+def small_settings(model_dir, **overrides) -> RunSettings:
+    values = dict(
         model_dir=str(model_dir),
         problems=6,
         samples=2,
@@ -28,6 +28,7 @@ def small_settings(model_dir) -> RunSettings:
         minibatch_size=64,
         micro_batch_size=32,
     )
+    return RunSettings(**{**values, **overrides})
 
 
 def materialize_round(instance, store, settings, r: int, assets=None):
@@ -122,3 +123,20 @@ def test_failing_blocking_check_stops_the_round(tmp_path, default_model_dir, mon
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert "rollouts" in materialized and "advantages" not in materialized
     assert not table_path(tmp_path, 0, "advantages").exists()
+
+
+def test_ground_truth_baseline_round_is_step_matched(tmp_path, default_model_dir):
+    """The SFT-on-ground-truth baseline trains as many rows as the rollouts' view would have."""
+    from pipeline.rounds import EnginePool, RoundContext, run_round_stages
+
+    ctx = RoundContext(tmp_path, small_settings(default_model_dir, train_on="ground_truth").run_config(), EnginePool("hf"))
+    try:
+        out = run_round_stages(ctx, 0)
+    finally:
+        ctx.engines.close()
+    view, stats = out["training_view"]
+    assert set(view.column("strategy").to_pylist()) == {"ground_truth"}
+    assert view.num_rows == stats.n_rows > 0
+    assert set(view.column("temperature").to_pylist()) == {1.0}
+    assert PolicyRegistry(tmp_path).get(0, "shared") is not None
+    assert table_path(tmp_path, 0, "evaluation").exists()
