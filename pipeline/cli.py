@@ -234,14 +234,14 @@ def cmd_train(args) -> int:
         temperature = view_temperature(pq.read_table(view_path)) or 1.0
     config = TrainConfig(lr=args.lr, epochs=args.epochs, temperature=temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
     if (args.store is None) != (args.round is None):
-        raise MaxitError("--store and --round go together: both register the checkpoint as that round's, neither leaves the registry alone")
+        raise MaxitError("--store and --round go together: give both to register the checkpoint as that round's, or neither")
     res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round)
+    print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     if args.store is not None:
         from pipeline.registry import PolicyRegistry
 
         rec = PolicyRegistry(args.store).register(args.round, res.policy_id, res.checkpoint, parent=init, data_hash=res.data_hash)
         print(f"registered as round {rec.round} of policy {rec.policy_id!r} in {args.store}")
-    print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     return 0
 
 
