@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
-from multiprocessing import get_context
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from pipeline.errors import DataError
 from pipeline.registry import BASE_ROUND, PolicyRegistry
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def ckpt(tmp_path, name):
@@ -66,15 +70,16 @@ def test_missing_folders_and_bad_entries_are_errors(tmp_path):
     assert not list((tmp_path / "checkpoints" / "registry").rglob(".*tmp-*"))
 
 
-def _register(args):
-    store, round_, pid, path = args
-    PolicyRegistry(store).register(round_, pid, path)
+REGISTER = "import sys; from pipeline.registry import PolicyRegistry; PolicyRegistry(sys.argv[1]).register(int(sys.argv[2]), sys.argv[3], sys.argv[4])"
 
 
 def test_parallel_registrations_of_one_round_all_survive(tmp_path):
-    jobs = [(str(tmp_path), 3, f"p{i}", str(ckpt(tmp_path, f"p{i}"))) for i in range(6)]
-    with get_context("spawn").Pool(2) as pool:
-        pool.map(_register, jobs)
+    # six processes at once (fresh interpreters: a worker pool that loses a worker hangs instead of failing)
+    jobs = [(str(tmp_path), "3", f"p{i}", str(ckpt(tmp_path, f"p{i}"))) for i in range(6)]
+    procs = [subprocess.Popen([sys.executable, "-c", REGISTER, *job], cwd=ROOT, stderr=subprocess.PIPE, text=True) for job in jobs]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
     reg = PolicyRegistry(tmp_path)
     assert sorted(r.policy_id for r in reg.records() if r.round == 3) == [f"p{i}" for i in range(6)]
     body = json.loads((tmp_path / "checkpoints" / "registry" / "round=3" / "p0.json").read_text())
