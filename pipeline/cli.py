@@ -193,12 +193,8 @@ def cmd_view(args) -> int:
     if not path.exists():
         raise MaxitError(f"--advantages: no such file: {path}")
     adv = pl.read_parquet(path)
-    if "strategy" not in adv.columns:
-        raise MaxitError(f"--advantages {path}: no 'strategy' column; is it an advantages table (maxit advantages --out)?")
-    unknown = sorted(set(adv["strategy"].unique().to_list()) - set(STRATEGY_IDS))
-    if unknown:
-        raise MaxitError(f"--advantages {path}: unknown strategy id(s) {unknown}; known: {sorted(STRATEGY_IDS)}")
-    strategies = {s: make_strategy(s) for s in adv["strategy"].unique().to_list()}
+    # the view validates the table (missing columns, unknown strategy ids named with their step_ids)
+    strategies = {s: make_strategy(s) for s in STRATEGY_IDS}
     tokenizer = load_tokenizer(args.model_dir or default_model())
     if args.loss == "rs":
         min_reward = 1.0 if args.min_reward is None else args.min_reward
@@ -222,20 +218,12 @@ def cmd_train(args) -> int:
         from pipeline.models import default_model
 
         init = default_model()
-    temperature = args.temperature
-    if temperature is None:  # the rows' own sampling temperature (1.0 for a view without one)
-        import pyarrow.parquet as pq
-
-        from pipeline.training.trainer import view_temperature
-
-        view_path = Path(args.view)
-        if not view_path.exists():
-            raise MaxitError(f"--view: no such file: {view_path}")
-        temperature = view_temperature(pq.read_table(view_path)) or 1.0
-    config = TrainConfig(lr=args.lr, epochs=args.epochs, temperature=temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
     if (args.store is None) != (args.round is None):
         raise MaxitError("--store and --round go together: give both to register the checkpoint as that round's, or neither")
-    res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round)
+    # without --temperature: the view's own sampling temperature (1.0 for a view without one)
+    temperature = 1.0 if args.temperature is None else args.temperature
+    config = TrainConfig(lr=args.lr, epochs=args.epochs, temperature=temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
+    res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round, temperature_from_view=args.temperature is None)
     print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     if args.store is not None:
         from pipeline.registry import PolicyRegistry

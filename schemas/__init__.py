@@ -225,11 +225,13 @@ def _nested_nulls(arr: pa.Array, expected: pa.DataType, path: str, out: list[tup
         values = arr.flatten()
         if len(values) == 0:
             return
-        parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
         inner: list = []
         if values.null_count:
             inner.append((f"{path}[]", np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)))
         _nested_nulls(values, expected.value_type, f"{path}[]", inner)
+        if not inner:  # the common case: nothing more to compute
+            return
+        parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
         for where, mask in inner:
             rows = np.zeros(len(arr), dtype=bool)
             rows[parents[mask]] = True

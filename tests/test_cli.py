@@ -73,12 +73,23 @@ def test_train_with_a_policy_the_view_lacks_is_an_error_and_writes_nothing(rolle
     assert rc == 2
     err = capsys.readouterr().err
     assert "--policy 'solvr'" in err and "['shared']" in err
+    # a table that is not an advantages table: the missing columns are named, nothing is written
+    pl.read_parquet(adv).drop("advantage", "sample_weight").write_parquet(tmp_path / "steps-only.parquet")
+    assert main(["view", "--advantages", str(tmp_path / "steps-only.parquet"), "--out", str(tmp_path / "never.parquet"), "--model-dir", str(default_model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "missing column 'advantage'" in err and "missing column 'sample_weight'" in err
+    assert not (tmp_path / "never.parquet").exists()
+    (tmp_path / "steps-only.parquet").unlink()
     # the rows were sampled at T=1: training them at another temperature would skew every ratio
     assert pl.read_parquet(view)["temperature"].unique().to_list() == [1.0]
     rc = main(["train", "--view", str(view), "--policy", "shared", "--temperature", "0.7", "--init", str(default_model_dir), "--out", str(ckpt), "--report-to", "none"])
     assert rc == 2
     assert "sampled at temperature 1.0 (column 'temperature') but training runs at 0.7" in capsys.readouterr().err
     assert not ckpt.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["adv.parquet", "view.parquet"]
+    # without --temperature, training takes the view's own sampling temperature
+    pl.read_parquet(view).with_columns(pl.lit(0.7).alias("temperature")).write_parquet(view)
+    rc = main(["train", "--view", str(view), "--policy", "shared", "--init", str(default_model_dir), "--out", str(ckpt), "--epochs", "1", "--report-to", "none"])
+    assert rc == 0 and read_checkpoint_meta(ckpt).config["temperature"] == 0.7
 
 
 def test_advantages_demo_and_bad_input(tmp_path, capsys):

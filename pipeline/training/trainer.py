@@ -28,7 +28,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -522,8 +522,11 @@ def train_from_files(
     config: TrainConfig = TrainConfig(),
     *,
     round_: int | None = None,
+    temperature_from_view: bool = False,
 ) -> TrainResult:
-    """`train_policy` on a training view stored as Parquet (what `maxit train --view ... --policy ...` calls)."""
+    """`train_policy` on a training view stored as Parquet (what `maxit train --view ... --policy ...`
+    calls). With `temperature_from_view`, training runs at the view's sampling temperature (its
+    `temperature` column) instead of `config.temperature`, which stays for a view without one."""
     import pyarrow.parquet as pq
 
     view_path = Path(view_path)
@@ -533,4 +536,8 @@ def train_from_files(
     present = sorted(set(view.column("policy_id").to_pylist())) if "policy_id" in view.column_names else []
     if policy_id not in present:
         raise ConfigError(f"--policy {policy_id!r}: the view {view_path} has no rows of that policy; its policies: {present}")
+    if temperature_from_view:
+        sampled = view_temperature(view)
+        if sampled is not None:
+            config = replace(config, temperature=sampled)
     return train_policy(view, policy_id, init_dir, out_dir, config, round_=round_)
