@@ -11,7 +11,7 @@ from pipeline.store import read_table, table_path
 
 @dg.asset(partitions_def=rounds, group_name="expert_iteration", deps=["rollouts"], kinds={"polars"})
 def advantages(context: dg.AssetExecutionContext, settings: RunSettings, store: StoreResource, engine: EngineResource) -> dg.MaterializeResult:
-    """Group-relative advantages per (uid, agent_id, turn, strategy) group, and sample weights."""
+    """Group-relative advantages per (uid, strategy, agent_id, turn) group (the key is configurable; a group never spans strategies), with each row's membership weight."""
     r = round_of(context)
     ctx = settings.context(store, engine)
     adv = stage_advantages(ctx, r, read_table(table_path(store.root(), r, "steps")))
@@ -20,7 +20,7 @@ def advantages(context: dg.AssetExecutionContext, settings: RunSettings, store: 
         metadata={
             "dagster/row_count": adv.height,
             "path": str(table_path(store.root(), r, "advantages")),
-            "group_key": "uid+" + "+".join(ctx.config.advantage.group_by),
+            "group_key": "+".join(ctx.config.advantage.group_key),
             "by_agent_strategy": md_table(m.select("agent_id", "strategy", "members", "reward_mean", "groups", "zero_std_frac", "all_good_frac", "all_bad_frac")),
         }
     )

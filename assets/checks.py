@@ -4,7 +4,6 @@ data flows on (a failed blocking check with ERROR severity skips the downstream 
 
 import json
 import math
-from pathlib import Path
 
 import dagster as dg
 import polars as pl
@@ -16,7 +15,7 @@ from assets.policy import policy
 from assets.problems import problems
 from assets.resources import StoreResource
 from assets.rollouts import rollouts
-from pipeline.store import read_table, table_path
+from pipeline.store import checkpoint_dir, read_table, table_path
 from schemas import STEPS, SchemaError, validate
 
 ERROR = dg.AssetCheckSeverity.ERROR
@@ -84,7 +83,8 @@ def advantages_sane(context: dg.AssetCheckExecutionContext, settings: RunSetting
     members = df.filter(pl.col("active") & pl.col("reward").is_not_null())
     key = [*cfg.group_key, "round"]
     if cfg.trajectory_mean:
-        members = members.group_by(*key, "traj_uid").agg(pl.col("advantage").first())
+        # a trajectory is one member: its rows' mean advantage (equal to each row's with the "mean" score)
+        members = members.group_by(*key, "traj_uid").agg(pl.col("advantage").mean())
     centred = members.group_by(key).agg(pl.col("advantage").mean().abs().alias("off"), pl.len().alias("n"))
     worst = float(centred["off"].max() or 0.0)
     off = centred.filter(pl.col("off") > 1e-6)
@@ -107,7 +107,7 @@ def ratio_diagnostics(context: dg.AssetCheckExecutionContext, settings: RunSetti
     problems_found = []
     meta: dict = {}
     for pid in settings.run_config().policy_ids:
-        meta_path = Path(store.root()) / "checkpoints" / f"round={r}" / pid / "maxit_checkpoint.json"
+        meta_path = checkpoint_dir(store.root(), r, pid) / "maxit_checkpoint.json"
         metrics = json.loads(meta_path.read_text()).get("metrics", {})
         loss = metrics.get("mean_loss")
         if loss is not None and not math.isfinite(loss):

@@ -20,7 +20,7 @@ def evaluation(context: dg.AssetExecutionContext, settings: RunSettings, store: 
     df = stage_evaluation(ctx, r)
     history = (
         scan_table(store.root(), "evaluation")
-        .filter(pl.col("metric").is_in(["accuracy", "verdict_accuracy"]))
+        .filter(pl.col("metric").is_in(["accuracy", "verdict_accuracy", "verdict_balanced_accuracy"]))
         .collect()
         .pivot(on="metric", index="round", values="value", aggregate_function="first")
         .sort("round")

@@ -50,15 +50,16 @@ def _peak_rss_mb() -> float:
 
 
 def round_summary(store: Path, rounds: list[int]) -> pl.DataFrame:
-    """One row per round: held-out Solver accuracy (no hints), Verifier verdict accuracy,
+    """One row per round: held-out Solver accuracy (no hints), Verifier verdict accuracy (plain and
+    balanced),
     trajectory success by strategy, rollout tokens/s (from the steps table's timing column)."""
     ev = scan_table(store, "evaluation").filter(pl.col("round").is_in(rounds)).collect()
     table = (
-        ev.filter(pl.col("metric").is_in(["accuracy", "accuracy_greedy", "accuracy_hint", "verdict_accuracy"]))
+        ev.filter(pl.col("metric").is_in(["accuracy", "accuracy_greedy", "accuracy_hint", "verdict_accuracy", "verdict_balanced_accuracy"]))
         .pivot(on="metric", index="round", values="value", aggregate_function="first")
         .sort("round")
     )
-    rename = {"accuracy": "solver_acc", "accuracy_greedy": "greedy", "accuracy_hint": "with_hint", "verdict_accuracy": "verifier_acc"}
+    rename = {"accuracy": "solver_acc", "accuracy_greedy": "greedy", "accuracy_hint": "with_hint", "verdict_accuracy": "verifier_acc", "verdict_balanced_accuracy": "verifier_bal_acc"}
     table = table.rename({k: v for k, v in rename.items() if k in table.columns})
     trained = [r for r in rounds if r >= 0]
     if trained:

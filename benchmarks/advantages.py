@@ -1,9 +1,14 @@
 """Throughput of the advantage engine against a plain-Python per-row reference, in one run.
 
     .venv/bin/python benchmarks/advantages.py [--sizes 1000000 10000000] [--reference-rows 200000]
+        [--trajectory-mean]
 
 Tables: synthetic rollouts in the "loops" layout (2 agents, up to 3 turns, 3 strategies
 interleaved, 4 samples per problem; ~10 rows per problem, so 10M rows hold ~1M distinct uids).
+Configs: the default AdvantageConfig (groups uid + strategy + agent_id + turn, reward = global +
+local, sample_weight = membership weight; stratified strategy weights are the training view's
+and not measured here); --trajectory-mean adds the trajectory-mean mode with each row scored by
+its own reward (the default score) and by its trajectory's mean.
 Each size runs in a fresh subprocess so its peak memory is its own; rows/s is the best of
 --repeats runs (the machine is shared and noisy). The reference (pipeline.advantages_reference,
 one Python loop over row dicts) runs on --reference-rows rows of the same layout; the ratio is
@@ -100,16 +105,20 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--reference-rows", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--trajectory-mean", action="store_true", help="also benchmark the trajectory-mean mode")
+    ap.add_argument("--trajectory-mean", action="store_true", help="also benchmark the trajectory-mean mode (both scores)")
     args = ap.parse_args()
 
     configs = {"per-call (default)": {}}
     if args.trajectory_mean:
-        configs["trajectory-mean"] = {"trajectory_mean": True}
+        configs["trajectory-mean, own score"] = {"trajectory_mean": True, "trajectory_score": "own"}
+        configs["trajectory-mean, mean score"] = {"trajectory_mean": True, "trajectory_score": "mean"}
     print(f"cores: {os.cpu_count()}, polars threads: {__import__('polars').thread_pool_size()}")
     for label, cfg in configs.items():
         ref = _child("reference", args.reference_rows, 1, cfg)
-        print(f"\n## {label}: Python reference {ref['rows']:,} rows in {ref['s']:.2f} s = {ref['rows_per_s'] / 1e6:.3f} M rows/s")
+        from pipeline.config import AdvantageConfig
+
+        key = "+".join(AdvantageConfig(**cfg).group_key)
+        print(f"\n## {label} (groups {key}): Python reference {ref['rows']:,} rows in {ref['s']:.2f} s = {ref['rows_per_s'] / 1e6:.3f} M rows/s")
         print("| rows | uids | best s | engine M rows/s | x Python reference | table MB | peak extra MB | peak RSS MB |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for size in args.sizes:

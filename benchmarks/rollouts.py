@@ -1,4 +1,4 @@
-"""Throughput of `run_round` against the raw engine.
+"""Throughput of `run_rollouts` against the raw engine.
 
 One run: (1) a mixed-strategy two-agent round (`iid`, `prompt_aug`, `feedback`, `tree`) on the
 default task and model; (2) the same engine generating the same number of completions from the
@@ -22,7 +22,7 @@ def main(argv=None) -> None:
     from pipeline.engines import make_sampler
     from pipeline.models import default_model, load_tokenizer
     from pipeline.models.chat import encode_prompt
-    from pipeline.rollouts import RolloutConfig, run_round
+    from pipeline.rollouts import RolloutConfig, run_rollouts
     from pipeline.strategies import make_strategy
     from pipeline.tasks import make_task
 
@@ -57,14 +57,14 @@ def main(argv=None) -> None:
     sampler.generate = timed_generate
 
     # warm-up (engine start, kernels, first imports)
-    run_round(problems[:2], default_agents(), MathOrchestra(task), strategies, sampler, config, tokenizer=tokenizer)
+    run_rollouts(problems[:2], default_agents(), MathOrchestra(task), strategies, sampler, config, tokenizer=tokenizer)
     sampler.generate(prompts[:2], 2, config.temperature, args.max_tokens, 0)
 
     best_round = best_raw = 0.0
     for rep in range(args.repeats):
         engine_seconds[0] = 0.0
         t0 = time.perf_counter()
-        table = run_round(problems, default_agents(), MathOrchestra(task), strategies, sampler, RolloutConfig(max_tokens=args.max_tokens, seed=rep), tokenizer=tokenizer)
+        table = run_rollouts(problems, default_agents(), MathOrchestra(task), strategies, sampler, RolloutConfig(max_tokens=args.max_tokens, seed=rep), tokenizer=tokenizer)
         t_round = time.perf_counter() - t0
         round_tokens = sum(table.column("completion_ids").combine_chunks().value_lengths().to_pylist())
         calls = len(set(table.column("step").to_pylist()))
@@ -79,11 +79,11 @@ def main(argv=None) -> None:
         tps_round, tps_raw = round_tokens / t_round, raw_tokens / t_raw
         best_round, best_raw = max(best_round, tps_round), max(best_raw, tps_raw)
         print(
-            f"[{rep}] run_round: {table.num_rows} rows, {calls} engine calls, {round_tokens} tokens in {t_round:.2f}s = {tps_round:.0f} tok/s | "
+            f"[{rep}] run_rollouts: {table.num_rows} rows, {calls} engine calls, {round_tokens} tokens in {t_round:.2f}s = {tps_round:.0f} tok/s | "
             f"{in_engine / t_round:.0%} in the engine | raw generate: {len(same_prompts)} prompts, {raw_tokens} tokens in {t_raw:.2f}s = {tps_raw:.0f} tok/s | ratio {tps_round / tps_raw:.2f}"
         )
     sampler.close()
-    print(f"engine={sampler.engine} best run_round {best_round:.0f} tok/s, best raw {best_raw:.0f} tok/s, ratio {best_round / best_raw:.2f} (goal >= 0.80)")
+    print(f"engine={sampler.engine} best run_rollouts {best_round:.0f} tok/s, best raw {best_raw:.0f} tok/s, ratio {best_round / best_raw:.2f} (goal >= 0.80)")
 
 
 if __name__ == "__main__":

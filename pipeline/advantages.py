@@ -2,23 +2,29 @@
 
 `compute_advantages(steps, config)` is a pure function from a frame of agent calls to the same
 rows with `group_size, group_mean, group_std, advantage, sample_weight` added. It reads only the
-columns it needs (`step_id`, `uid`, the `group_by` columns, `traj_uid` in trajectory-mean mode,
-`reward` or `global_reward`/`local_reward`, and `active` if present), so it runs on tables that
-other tools wrote as well as on maxit's `steps` table. Everything is lazy `.over()` windows: no
-Python loop over rows or groups.
+columns it needs (`step_id`, `uid`, `strategy`, the `group_by` columns, `traj_uid` in
+trajectory-mean mode, `reward` or `global_reward`/`local_reward`, and `active` if present), so it
+runs on tables that other tools wrote as well as on maxit's `steps` table. Everything is lazy
+`.over()` windows: no Python loop over rows or groups.
 
-Semantics (DESIGN.md, "Semantics decided here"; AdvantageConfig documents each switch):
-- group key = uid + group_by (DrMAS: agent_id; AT-GRPO: agent_id, turn; default adds strategy);
+Semantics (docs/ALGORITHMS.md; AdvantageConfig documents each switch):
+- group key = uid + strategy + group_by (DrMAS: agent_id; AT-GRPO: agent_id, turn; plain GRPO:
+  nothing more): a group never spans strategies;
+- reward = alpha * global_reward + local_weight * local_reward when both parts are present;
 - members = active rows with a reward (DrMAS: an agent called k times counts k times), or, with
   `trajectory_mean`, one member per trajectory valued at the mean of its rows in the group;
-- A = (r - mean) / (std + eps) with ddof=1 ("std") or A = r - mean ("center");
+  each row is then scored by its own reward (`trajectory_score="own"`) or by its trajectory's
+  mean ("mean");
+- A = (score - mean) / (std + eps) with ddof=1 ("std") or A = score - mean ("center");
 - groups of one member: A = 0, or verl's mean 0 / std 1 (`singleton="raw"`);
   groups whose members all have the same value: A = 0 exactly;
 - inactive rows and rows with a null reward: out of the statistics, A = 0, weight 0;
 - NaN or infinite rewards, and null keys, are errors naming the offending step_ids;
-- sample_weight = w_s * N / n_s over member rows (1 for every member when no weights are given);
-- a `round` column, when present, is part of every group and of the strategy counts, so a table
-  spanning several rounds gives the same numbers as each round on its own.
+- sample_weight is the membership weight: 1.0 for rows in the statistics, 0.0 otherwise.
+  Stratified strategy weights are applied by the training view, over the rows each policy
+  actually trains on (`ViewConfig.strategy_weights`), which this stage cannot know;
+- a `round` column, when present, is part of every group, so a table spanning several rounds
+  gives the same numbers as each round on its own.
 """
 
 from __future__ import annotations
@@ -41,8 +47,6 @@ def required_columns(config: AdvantageConfig, schema: pl.Schema) -> list[str]:
     cols = ["step_id", *config.group_key]
     if config.trajectory_mean:
         cols.append("traj_uid")
-    if config.strategy_weights is not None and "strategy" not in cols:
-        cols.append("strategy")
     if "global_reward" in schema or "local_reward" in schema:
         cols += [c for c in ("global_reward", "local_reward") if c in schema]
     else:
@@ -60,8 +64,10 @@ def _check_input(schema: pl.Schema, config: AdvantageConfig) -> None:
             if col == "reward":
                 problems.append("missing column 'reward' (or 'global_reward' and 'local_reward')")
             else:
-                why = " (needed by trajectory_mean=True)" if col == "traj_uid" else ""
-                why = " (needed by strategy_weights)" if col == "strategy" and "strategy" not in config.group_by else why
+                why = {
+                    "traj_uid": " (needed by trajectory_mean=True)",
+                    "strategy": " (always part of the group key; a table sampled under one strategy can add it as a constant)",
+                }.get(col, "")
                 problems.append(f"missing column {col!r}{why}")
             continue
         dtype = schema[col]
@@ -79,7 +85,7 @@ def _check_input(schema: pl.Schema, config: AdvantageConfig) -> None:
     if "global_reward" in schema and "local_reward" not in schema or "local_reward" in schema and "global_reward" not in schema:
         present = "global_reward" if "global_reward" in schema else "local_reward"
         absent = "local_reward" if present == "global_reward" else "global_reward"
-        problems.append(f"column {present!r} is present but {absent!r} is missing; reward = alpha*global_reward + local_reward needs both")
+        problems.append(f"column {present!r} is present but {absent!r} is missing; reward = alpha*global_reward + local_weight*local_reward needs both")
     if problems:
         raise SchemaError("steps (advantage input)", problems)
 
@@ -119,8 +125,7 @@ def compute_advantages(steps: pl.DataFrame | pl.LazyFrame, config: AdvantageConf
     # columns are joined back without a copy (materializing pass-through string columns in the
     # plan would cost more than the windows themselves).
     cols = list(dict.fromkeys(required_columns(config, schema) + (["round"] if "round" in schema else [])))
-    internal = ["_member", "_collision"] + (["_w_raw"] if config.strategy_weights is not None else [])
-    new_cols = ["reward", *ADVANTAGE_COLUMNS, *internal]
+    new_cols = ["reward", *ADVANTAGE_COLUMNS, "_collision"]
     sub = df.lazy().select(cols)
     new = _plan(sub, sub.collect_schema(), config, exact=False).select(new_cols).collect()
     if new["_collision"].any():
@@ -129,13 +134,6 @@ def compute_advantages(steps: pl.DataFrame | pl.LazyFrame, config: AdvantageConf
         new = _plan(sub, sub.collect_schema(), config, exact=True).select(new_cols).collect()
     out = df.drop([c for c in new_cols if c in schema]).hstack(new)
     _check_values(out, config)
-    if config.strategy_weights is not None:
-        missing = out.filter(pl.col("_member") & pl.col("_w_raw").is_null())["strategy"].unique().sort().to_list()
-        if missing:
-            raise DataError(
-                f"strategy_weights has no weight for strategy {missing} (given: {sorted(config.strategy_weights)}); "
-                "give every strategy present a weight"
-            )
     keep = [c for c in schema.names() if c not in ADVANTAGE_COLUMNS]
     if "reward" not in keep:
         keep.append("reward")
@@ -147,15 +145,16 @@ def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: b
     several string columns); a second, independently seeded hash must be constant inside every
     window, and `_collision` flags the rows where it is not (then `exact=True` re-plans over the
     key columns)."""
-    # A table holding several rounds (e.g. read through a round=* glob) never mixes them:
-    # groups and strategy counts are per round.
+    # A table holding several rounds (e.g. read through a round=* glob) never mixes them.
     per_round = ["round"] if "round" in schema and "round" not in config.group_key else []
     keys = config.group_key + per_round
     tkeys = [*keys, "traj_uid"]
     eps = float(config.eps)
 
     if "global_reward" in schema:
-        reward = float(config.alpha) * pl.col("global_reward").cast(pl.Float64) + pl.col("local_reward").cast(pl.Float64)
+        reward = float(config.alpha) * pl.col("global_reward").cast(pl.Float64) + float(config.local_weight) * pl.col(
+            "local_reward"
+        ).cast(pl.Float64)
     else:
         reward = pl.col("reward").cast(pl.Float64)
     active = pl.col("active") if "active" in schema else pl.lit(True)
@@ -170,22 +169,27 @@ def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: b
             prep += [pl.struct(tkeys).hash(_SEED_A).alias("_t"), pl.struct(tkeys).hash(_SEED_B).alias("_t2")]
     lf = lf.with_columns(prep)
 
-    # Member values: each active row (DrMAS), or each trajectory's mean, held by one row of it.
+    # Member values (`stat`): each active row (DrMAS), or each trajectory's mean, held by one
+    # row of it. Scores (`_val`, what a row's advantage is computed from): the row's own reward,
+    # or with trajectory_score="mean" its trajectory's mean.
+    own = pl.when("_member").then(pl.col("reward"))
     if config.trajectory_mean:
         row = pl.int_range(pl.len(), dtype=pl.UInt32)
         lf = lf.with_columns(row.alias("_row"))
-        traj_mean = pl.when("_member").then(pl.col("reward")).mean().over(t)
+        traj_mean = pl.when("_member").then(own.mean().over(t))
         first_row = pl.when("_member").then(pl.col("_row")).min().over(t)
-        traj = [
-            pl.when("_member").then(traj_mean).alias("_val"),
-            (pl.col("_member") & (pl.col("_row") == first_row)).alias("_rep"),
-        ]
+        traj = [(pl.col("_member") & (pl.col("_row") == first_row)).alias("_rep")]
+        if config.trajectory_score == "mean":
+            traj.append(traj_mean.alias("_val"))
+            stat = pl.when("_rep").then(pl.col("_val"))
+        else:
+            traj += [traj_mean.alias("_tmean"), own.alias("_val")]
+            stat = pl.when("_rep").then(pl.col("_tmean"))
         if not exact:
             traj.append((pl.col("_t2").min().over(t) != pl.col("_t2").max().over(t)).alias("_tcollision"))
         lf = lf.with_columns(traj)
-        stat = pl.when("_rep").then(pl.col("_val"))
     else:
-        lf = lf.with_columns(pl.when("_member").then(pl.col("reward")).alias("_val"))
+        lf = lf.with_columns(own.alias("_val"))
         stat = pl.col("_val")
 
     # Group statistics: null-skipping aggregations over the member values, one window key.
@@ -220,22 +224,10 @@ def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: b
         .when(pl.col("_flat")).then(0.0)
         .otherwise(scaled)
     )
+    # Membership weight; stratified strategy weights are the training view's (see module doc).
+    weight = pl.when("_member").then(1.0).otherwise(0.0)
 
-    # Stratified weights: w_s * N / n_s over member rows, w_s normalized over strategies present.
-    if config.strategy_weights is None:
-        weight = pl.when("_member").then(1.0).otherwise(0.0)
-        extra: list[pl.Expr] = []
-    else:
-        w_raw = pl.col("strategy").cast(pl.String).replace_strict(dict(config.strategy_weights), default=None, return_dtype=pl.Float64)
-        extra = [w_raw.alias("_w_raw")]
-        n_total = pl.col("_member").sum()
-        n_s = pl.col("_member").sum().over(["strategy", *per_round])
-        z = pl.when("_member").then(pl.col("_w_raw") / n_s).sum()
-        if per_round:
-            n_total, z = n_total.over(per_round), z.over(per_round)
-        weight = pl.when("_member").then(pl.col("_w_raw") / z * n_total / n_s).otherwise(0.0)
-
-    lf = lf.with_columns(group_mean.alias("group_mean"), group_std.alias("group_std"), *extra)
+    lf = lf.with_columns(group_mean.alias("group_mean"), group_std.alias("group_std"))
     return lf.with_columns(
         n.alias("group_size"),
         advantage.alias("advantage"),
@@ -268,7 +260,6 @@ def advantage_metrics(advantages: pl.DataFrame | pl.LazyFrame, config: Advantage
         (active & pl.col("reward").is_null()).sum().alias("null_reward"),
         pl.col("reward").filter("_member").mean().alias("reward_mean"),
         pl.col("advantage").filter("_member").abs().mean().alias("abs_advantage_mean"),
-        pl.col("sample_weight").filter("_member").mean().alias("weight_mean"),
     )
     groups = (
         lf.filter("_member")

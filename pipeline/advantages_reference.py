@@ -20,55 +20,46 @@ def _std(values: Sequence[float]) -> float:
 
 def reference_advantages(rows: Sequence[Mapping[str, Any]], config: AdvantageConfig) -> list[dict[str, Any]]:
     """Per input row (in order): reward, group_size, group_mean, group_std, advantage, sample_weight."""
-    keys = config.group_key
+    # uid + strategy + group_by, and the round when the rows carry one (rounds never share a group)
+    keys = config.group_key + (["round"] if rows and "round" in rows[0] else [])
+
+    def group_of(r: Mapping[str, Any]) -> tuple:
+        return tuple(r[k] for k in keys)
+
     rewards: list[float | None] = []
     members: list[bool] = []
     for r in rows:
         if "global_reward" in r:
             g, l = r["global_reward"], r["local_reward"]
-            reward = None if g is None or l is None else config.alpha * g + l
+            reward = None if g is None or l is None else config.alpha * g + config.local_weight * l
         else:
             reward = r["reward"]
         rewards.append(reward)
         members.append(bool(r.get("active", True)) and reward is not None)
 
-    # member values per group
+    # member values per group, and the score each member row's advantage is computed from
     group_values: dict[tuple, list[float]] = defaultdict(list)
-    row_value: list[float | None] = [None] * len(rows)
+    score: list[float | None] = [rewards[i] if members[i] else None for i in range(len(rows))]
     if config.trajectory_mean:
         traj: dict[tuple, list[float]] = defaultdict(list)
         for i, r in enumerate(rows):
             if members[i]:
-                traj[(tuple(r[k] for k in keys), r["traj_uid"])].append(rewards[i])
+                traj[(group_of(r), r["traj_uid"])].append(rewards[i])
         for (gkey, _), vals in traj.items():
             group_values[gkey].append(sum(vals) / len(vals))
-        for i, r in enumerate(rows):
-            if members[i]:
-                vals = traj[(tuple(r[k] for k in keys), r["traj_uid"])]
-                row_value[i] = sum(vals) / len(vals)
+        if config.trajectory_score == "mean":
+            for i, r in enumerate(rows):
+                if members[i]:
+                    vals = traj[(group_of(r), r["traj_uid"])]
+                    score[i] = sum(vals) / len(vals)
     else:
         for i, r in enumerate(rows):
             if members[i]:
-                group_values[tuple(r[k] for k in keys)].append(rewards[i])
-                row_value[i] = rewards[i]
-
-    # stratified weights
-    weights: list[float] = [1.0 if m else 0.0 for m in members]
-    if config.strategy_weights is not None:
-        n_s: dict[str, int] = defaultdict(int)
-        for i, r in enumerate(rows):
-            if members[i]:
-                n_s[r["strategy"]] += 1
-        total = sum(n_s.values())
-        z = sum(config.strategy_weights[s] for s in n_s)
-        for i, r in enumerate(rows):
-            if members[i]:
-                s = r["strategy"]
-                weights[i] = config.strategy_weights[s] / z * total / n_s[s]
+                group_values[group_of(r)].append(rewards[i])
 
     out = []
     for i, r in enumerate(rows):
-        vals = group_values.get(tuple(r[k] for k in keys), [])
+        vals = group_values.get(group_of(r), [])
         n = len(vals)
         mean = std = None
         if n == 1:
@@ -78,7 +69,7 @@ def reference_advantages(rows: Sequence[Mapping[str, Any]], config: AdvantageCon
             std = 0.0 if max(vals) == min(vals) else _std(vals)
         adv = 0.0
         if members[i] and (n > 1 and std != 0.0 or n == 1 and config.singleton == "raw"):
-            centered = row_value[i] - mean
+            centered = score[i] - mean
             adv = centered / (std + config.eps) if config.normalize == "std" else centered
         out.append(
             {
@@ -87,7 +78,8 @@ def reference_advantages(rows: Sequence[Mapping[str, Any]], config: AdvantageCon
                 "group_mean": mean,
                 "group_std": std,
                 "advantage": adv,
-                "sample_weight": weights[i],
+                # membership weight: stratified strategy weights belong to the training view
+                "sample_weight": 1.0 if members[i] else 0.0,
             }
         )
     return out

@@ -13,7 +13,7 @@ from typing import Sequence
 import pyarrow as pa
 
 from pipeline.types import Problem
-from schemas import validate
+from schemas import TRAINING_VIEW, validate
 
 __all__ = ["ground_truth_view"]
 
@@ -26,7 +26,6 @@ def ground_truth_view(
     read them, and the importance-weighted loss must not be used on this view). `temperature` is
     the one the rows are trained at (the run's, like the expert-iteration rows it stands in for)."""
     from pipeline.models.warmstart import encode_messages_fast
-    from pipeline.views import VIEW_SCHEMA
 
     if not problems:
         raise ValueError("ground_truth_view needs at least one problem")
@@ -49,6 +48,6 @@ def ground_truth_view(
             "turn": [0] * rows,
             "temperature": [float(temperature)] * rows,
         },
-        schema=VIEW_SCHEMA,
+        schema=TRAINING_VIEW.schema,
     )
     return validate(table, "training_view")

@@ -43,29 +43,61 @@ class FrozenMapping(Mapping):
     def __repr__(self) -> str:
         return f"FrozenMapping({self._dict!r})"
 
-__all__ = ["AdvantageConfig", "GROUP_COLUMNS"]
+__all__ = ["AdvantageConfig", "GROUP_COLUMNS", "BASE_GROUP_KEY"]
 
-GROUP_COLUMNS = ("agent_id", "turn", "strategy")
-"""Columns that may refine the advantage group beyond `uid`."""
+BASE_GROUP_KEY = ("uid", "strategy")
+"""Columns every advantage group is keyed on: the problem and the strategy that sampled the row.
+A group never spans strategies: siblings sampled under one context (a tree node's candidates,
+iid samples, prompt-augmented samples, feedback retries) are compared only with each other, so
+one strategy's success rate never becomes another's baseline."""
+
+GROUP_COLUMNS = ("agent_id", "turn")
+"""Columns that `group_by` may add to `BASE_GROUP_KEY`."""
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """How group-relative advantages are computed from rewards (DESIGN.md, "Semantics decided here").
+    """How group-relative advantages are computed from rewards (docs/ALGORITHMS.md).
 
-    Grouping: the group key is `uid` plus `group_by`. DrMAS (seed 002) = ("agent_id",);
-    AT-GRPO (seed 003) = ("agent_id", "turn"); plain GRPO = (); the default adds `strategy` so
-    samples drawn under different contexts never share a baseline.
+    Grouping: the group key is `uid` + `strategy` + `group_by` (`group_key`). DrMAS =
+    ("agent_id",); AT-GRPO = ("agent_id", "turn") (the default); plain GRPO = (). `strategy` is
+    always part of the key, whatever `group_by` says (see `BASE_GROUP_KEY`).
+
+    Reward: reward = alpha * global_reward + local_weight * local_reward. DrMAS (every agent gets
+    the team's final reward) is alpha=1, local_weight=0; AT-GRPO's mixed reward is alpha=1,
+    local_weight=1; rejection sampling on each call's own correctness is alpha=0, local_weight=1.
     """
 
     # --- Parameters that control the groups -------------------------------------------------
     group_by: tuple[str, ...] = GROUP_COLUMNS
-    """Columns added to `uid` to form a group; any subset of ("agent_id", "turn", "strategy")."""
+    """Columns added to `uid` + `strategy` to form a group: any subset of ("agent_id", "turn").
+    "strategy" is accepted for compatibility and dropped (it is always in the key), so
+    `group_by=("agent_id", "turn", "strategy")` equals the default."""
     trajectory_mean: bool = False
-    """False (DrMAS, `group_by_agent_id=True` in seed 002): every active row is a group member, so
-    an agent called k times in a trajectory counts k times. True (the seed's "standard GRPO"):
-    each trajectory (`traj_uid`) is one member whose value is the mean reward of its rows in the
-    group, and all its rows take that mean as their reward, so they share one advantage."""
+    """False (DrMAS, `group_by_agent_id=True`): every active row is a group member, so an agent
+    called k times in a trajectory counts k times. True (DrMAS's "standard GRPO",
+    `group_by_agent_id=False`): each trajectory (`traj_uid`) is one member whose value is the mean
+    reward of its rows in the group; `group_mean` and `group_std` are taken over those members,
+    so a trajectory with many calls weighs no more in the baseline than one with a single call.
+    `trajectory_score` says which value each row is then scored with."""
+    trajectory_score: Literal["own", "mean"] = "own"
+    """With `trajectory_mean=True`, the value a row's advantage is computed from:
+    "own": the row's own reward, A = (r_row - mean) / (std + eps), against the trajectory-level
+    statistics, as DrMAS's pseudo-code writes it (`advantage_i = (score_i - mean_group) /
+    (std_group + eps)` with `score_i` the row's own score). The default: the baseline is per
+    trajectory but the credit stays per call, so in a trajectory whose Solver was wrong in loop 0
+    and right in loop 1 the wrong call keeps a lower advantage than the right one (they differ by
+    their local rewards).
+    "mean": every row takes its trajectory's mean as its score, so all rows of a trajectory share
+    one advantage (what DrMAS's verl code does); a wrong first attempt is then credited with the
+    trajectory's eventual success.
+    Either way a group whose trajectory means all agree gets A = 0 (no trajectory beat another),
+    and the trajectories' mean advantages average to 0 in every group of two or more. "mean" needs
+    `trajectory_mean=True` (without it every row is its own member and scored by its own reward)."""
 
     # --- Parameters that control normalization ----------------------------------------------
     normalize: Literal["std", "center"] = "std"
@@ -77,45 +109,49 @@ class AdvantageConfig:
     """Groups of one member: "zero" gives A = 0 (there is no baseline to compare against);
     "raw" uses verl's rule mean 0, std 1, so A = r / (1 + eps) (r with "center")."""
 
-    # --- Parameters that control rewards and weights ----------------------------------------
+    # --- Parameters that control rewards ----------------------------------------------------
     alpha: float = 1.0
-    """Mixing coefficient of AT-GRPO's mixed reward: reward = alpha * global_reward + local_reward,
-    recomputed whenever both columns are present (a stored `reward` is then ignored)."""
-    strategy_weights: Mapping[str, float] | None = None
-    """Mixture weights w_s of the stratified estimator (seed 004). None: every member row weighs 1
-    (the plain stratified average). Otherwise w_s is normalized over the strategies present and
-    sample_weight = w_s * N / n_s (n_s member rows of strategy s, N all member rows), so the mean
-    weight is 1. Every strategy present in the table must have a weight."""
+    """Weight of the global (team outcome) reward: reward = alpha * global_reward +
+    local_weight * local_reward, recomputed whenever both columns are present (a stored `reward`
+    is then ignored; either part null gives a null reward, as at rollout time)."""
+    local_weight: float = 1.0
+    """Weight of the local (own action) reward in the mixed reward (see `alpha`). 0 with alpha=1
+    gives DrMAS's reward: every agent of a trajectory gets the team's final reward. At least one
+    of `alpha` and `local_weight` must be non-zero."""
 
     def __post_init__(self) -> None:
         if isinstance(self.group_by, str):
             raise ConfigError(f"group_by must be a tuple of column names, got the string {self.group_by!r}")
         group_by = tuple(self.group_by)
-        bad = [c for c in group_by if c not in GROUP_COLUMNS]
+        allowed = (*GROUP_COLUMNS, "strategy")
+        bad = [c for c in group_by if c not in allowed]
         if bad:
-            raise ConfigError(f"group_by: unknown column(s) {bad}; choose from {list(GROUP_COLUMNS)} (uid is always part of the key)")
+            raise ConfigError(
+                f"group_by: unknown column(s) {bad}; choose from {list(GROUP_COLUMNS)} "
+                f"(uid and strategy are always part of the key)"
+            )
         if len(set(group_by)) != len(group_by):
             raise ConfigError(f"group_by has duplicates: {list(group_by)}")
-        object.__setattr__(self, "group_by", group_by)
+        object.__setattr__(self, "group_by", tuple(c for c in group_by if c != "strategy"))
+        if not isinstance(self.trajectory_mean, bool):
+            raise ConfigError(f"trajectory_mean must be True or False, got {self.trajectory_mean!r}")
+        if self.trajectory_score not in ("own", "mean"):
+            raise ConfigError(f"trajectory_score must be 'own' or 'mean', got {self.trajectory_score!r}")
+        if self.trajectory_score == "mean" and not self.trajectory_mean:
+            raise ConfigError("trajectory_score='mean' needs trajectory_mean=True (without it every row is scored by its own reward)")
         if self.normalize not in ("std", "center"):
             raise ConfigError(f"normalize must be 'std' or 'center', got {self.normalize!r}")
         if self.singleton not in ("zero", "raw"):
             raise ConfigError(f"singleton must be 'zero' or 'raw', got {self.singleton!r}")
-        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps >= 0):
+        if not (_is_number(self.eps) and self.eps >= 0):
             raise ConfigError(f"eps must be a finite number >= 0, got {self.eps!r}")
-        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha)):
-            raise ConfigError(f"alpha must be a finite number, got {self.alpha!r}")
-        if self.strategy_weights is not None:
-            weights = dict(self.strategy_weights)
-            if not weights:
-                raise ConfigError("strategy_weights is empty; pass None for the plain stratified average")
-            for name, w in weights.items():
-                if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
-                    raise ConfigError(f"strategy_weights[{name!r}] must be a finite number > 0, got {w!r}")
-            object.__setattr__(self, "strategy_weights", FrozenMapping(weights))
+        for name in ("alpha", "local_weight"):
+            if not _is_number(getattr(self, name)):
+                raise ConfigError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if self.alpha == 0 and self.local_weight == 0:
+            raise ConfigError("alpha and local_weight are both 0: every reward would be 0; make at least one non-zero")
 
     @property
     def group_key(self) -> list[str]:
-        """The full group key: uid + group_by."""
-        return ["uid", *self.group_by]
-
+        """The full group key: uid + strategy + group_by."""
+        return [*BASE_GROUP_KEY, *self.group_by]

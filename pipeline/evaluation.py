@@ -7,9 +7,14 @@ temperature, without hints, so rounds are comparable:
 - Solver `accuracy_hint`: as `accuracy` with the prompt-augmentation hint shown (what the hint buys);
 - Verifier `verdict_accuracy`: the Verifier judges each sampled Solver answer; right when its
   verdict (yes/no) matches the answer's correctness (an unparsable verdict is wrong);
+- Verifier `verdict_balanced_accuracy`: the mean of its verdict accuracy on right answers and on
+  wrong answers (robust to the base rate: saying "yes" to everything scores 50%); only when both
+  kinds of answers occur;
 - Verifier `approve_rate`: fraction of Solver answers it approves;
 - team `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
-Two engine calls per metric family, batched over all problems.
+Two engine calls per metric family, batched over all problems. Answers are scored and verdicts
+parsed exactly as in the rollouts: guarded (`pipeline.rewards`: a raising or hanging task function
+gives an unscored answer, counted wrong) and with the one correctness rule `is_correct`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import polars as pl
 
 from pipeline.errors import ConfigError
 from pipeline.models.chat import encode_prompt
+from pipeline.rewards import is_correct, parse_verdicts, score_attempts
 from pipeline.types import Problem, Sampler
 from schemas import EVALUATION, validate
 
@@ -43,6 +49,8 @@ class EvalConfig:
     """Seed of the held-out problem draw and of the sampling."""
     hint: bool = True
     """Also measure `accuracy_hint`."""
+    reward_timeout: float | None = 10.0
+    """Seconds one call of the task's reward or verdict parser may take (as in the rollouts)."""
     greedy: bool = True
     """Also measure `accuracy_greedy`."""
 
@@ -53,6 +61,13 @@ class EvalConfig:
                 raise ConfigError(f"EvalConfig.{name} must be an integer >= 1, got {v!r}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
             raise ConfigError(f"EvalConfig.temperature must be > 0, got {self.temperature!r}")
+
+
+def _correct(task, problems: Sequence[Problem], texts: Sequence[Sequence[str]], timeout: float | None) -> list[list[bool]]:
+    """Per problem, whether each text is a right answer (guarded reward, the one correctness rule)."""
+    items = [(p, t) for p, per in zip(problems, texts) for t in per]
+    flat = iter(is_correct(o) for o in score_attempts(task, items, timeout))
+    return [[next(flat) for _ in per] for per in texts]
 
 
 def _sample_texts(sampler: Sampler, tokenizer, messages: Sequence, n: int, temperature: float, max_tokens: int, seed: int) -> list[list[str]]:
@@ -89,18 +104,18 @@ def evaluate_team(
     s_sampler, s_tok = samplers[solver.policy_id], tokenizers[solver.policy_id]
     plain = [task.solver_messages(p) for p in problems]
     texts = _sample_texts(s_sampler, s_tok, plain, config.samples, config.temperature, config.max_tokens, config.seed)
-    correct = [[(task.reward(p, t) or 0.0) >= 1.0 for t in per] for p, per in zip(problems, texts)]
+    correct = _correct(task, problems, texts, config.reward_timeout)
     flat = [c for per in correct for c in per]
     add(solver, "accuracy", sum(flat) / len(flat), len(flat))
     if config.greedy:
         greedy = _sample_texts(s_sampler, s_tok, plain, 1, 0.0, config.max_tokens, config.seed)
-        ok = [(task.reward(p, per[0]) or 0.0) >= 1.0 for p, per in zip(problems, greedy)]
+        ok = [per[0] for per in _correct(task, problems, greedy, config.reward_timeout)]
         add(solver, "accuracy_greedy", sum(ok) / len(ok), len(ok))
     if config.hint:
         aug = PromptAug()
         hinted = [aug.augment(m, p) for m, p in zip(plain, problems)]
         htexts = _sample_texts(s_sampler, s_tok, hinted, config.samples, config.temperature, config.max_tokens, config.seed + 1)
-        hflat = [(task.reward(p, t) or 0.0) >= 1.0 for p, per in zip(problems, htexts) for t in per]
+        hflat = [c for per in _correct(task, problems, htexts, config.reward_timeout) for c in per]
         add(solver, "accuracy_hint", sum(hflat) / len(hflat), len(hflat))
 
     if verifier is not None:
@@ -108,10 +123,15 @@ def evaluate_team(
         pairs = [(p, t, c) for p, per, cs in zip(problems, texts, correct) for t, c in zip(per, cs)]
         vmsgs = [verifier.verifier_view(task, p, t) for p, t, _ in pairs]
         verdicts = _sample_texts(v_sampler, v_tok, vmsgs, 1, config.temperature, config.max_tokens, config.seed + 2)
-        parsed = [task.parse_verdict(v[0]) for v in verdicts]
+        parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], config.reward_timeout)]
         right = [v is not None and v == c for v, (_, _, c) in zip(parsed, pairs)]
         approved = [v is True for v in parsed]
         add(verifier, "verdict_accuracy", sum(right) / len(right), len(right))
+        on_right = [r for r, (_, _, c) in zip(right, pairs) if c]
+        on_wrong = [r for r, (_, _, c) in zip(right, pairs) if not c]
+        if on_right and on_wrong:
+            balanced = (sum(on_right) / len(on_right) + sum(on_wrong) / len(on_wrong)) / 2
+            add(verifier, "verdict_balanced_accuracy", balanced, len(right))
         add(verifier, "approve_rate", sum(approved) / len(approved), len(approved))
         n_app = sum(approved)
         if n_app:

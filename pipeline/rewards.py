@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 __all__ = [
     "CORRECT_THRESHOLD",
+    "is_correct",
     "Outcome",
     "RowReward",
     "safe_map",
@@ -179,6 +180,12 @@ def parse_verdicts(task, texts: Sequence[str], timeout: float | None) -> list[Ou
     return out
 
 
+def is_correct(attempt: Outcome) -> bool:
+    """The one correctness rule: an attempt is right when its reward is known and >=
+    `CORRECT_THRESHOLD` (rollouts, verdict rewards and the held-out evaluation all use it)."""
+    return attempt.ok and attempt.value is not None and attempt.value >= CORRECT_THRESHOLD
+
+
 def global_reward(final_attempt: Outcome) -> Outcome:
     """The environment reward of a trajectory: the reward of its final Solver attempt."""
     return final_attempt
@@ -203,14 +210,14 @@ def verifier_local_reward(verdict: Outcome, judged_attempt: Outcome) -> Outcome:
     return Outcome(1.0 if bool(verdict.value) == correct else 0.0)
 
 
-def mixed_reward(alpha: float, global_value: float | None, local_value: float | None) -> float | None:
-    """alpha * global + local, or None when either is None."""
+def mixed_reward(alpha: float, global_value: float | None, local_value: float | None, local_weight: float = 1.0) -> float | None:
+    """alpha * global + local_weight * local, or None when either is None."""
     if global_value is None or local_value is None:
         return None
-    return alpha * global_value + local_value
+    return alpha * global_value + local_weight * local_value
 
 
-def row_reward(alpha: float, global_: Outcome, local: Outcome) -> RowReward:
+def row_reward(alpha: float, global_: Outcome, local: Outcome, local_weight: float = 1.0) -> RowReward:
     """The reward columns of a row from its global and local outcomes."""
     errors = []
     if not global_.ok:
@@ -219,4 +226,4 @@ def row_reward(alpha: float, global_: Outcome, local: Outcome) -> RowReward:
         errors.append(f"local_reward: {local.error}")
     g = global_.value if global_.ok else None
     l = local.value if local.ok else None
-    return RowReward(g, l, mixed_reward(alpha, g, l), "; ".join(errors) if errors else None)
+    return RowReward(g, l, mixed_reward(alpha, g, l, local_weight), "; ".join(errors) if errors else None)

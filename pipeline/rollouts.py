@@ -1,9 +1,9 @@
 """One round of multi-agent rollouts -> the `steps` table.
 
-`run_round(problems, agents, orchestra, strategies, sampler, config)` lets the team act on every
+`run_rollouts(problems, agents, orchestra, strategies, sampler, config)` lets the team act on every
 problem under every search strategy and returns one row per agent call (every candidate of a
 tree step is a row), validated against `schemas.STEPS`. `write_steps` stores it atomically at
-`<store>/round=<r>/steps.parquet`; `rollout_command` is what `maxit rollout` runs.
+`<store>/round=<r>/steps.parquet`.
 
 Strategies (pipeline.strategies) and what they sample:
 - `iid`, `prompt_aug`, `feedback`: `group_size` independent trajectories per problem
@@ -49,7 +49,7 @@ from typing import Mapping, Sequence
 
 import pyarrow as pa
 
-from pipeline.agents import SOLVER, VERIFIER, Agent, AgentStep, MathOrchestra, Utterance, default_agents
+from pipeline.agents import SOLVER, VERIFIER, Agent, AgentStep, MathOrchestra, Utterance
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
 from pipeline.rewards import (
@@ -63,11 +63,11 @@ from pipeline.rewards import (
     verifier_local_reward,
 )
 from pipeline.store import table_path, write_table
-from pipeline.strategies import Feedback, Strategy, make_strategy
+from pipeline.strategies import Feedback, Strategy
 from pipeline.types import Message, Problem, Sample, Sampler
 from schemas import STEPS, validate
 
-__all__ = ["RolloutConfig", "CallPlan", "run_round", "write_steps", "rollout_command", "plan_call", "step_seed", "DEFAULT_STRATEGIES"]
+__all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "write_steps", "plan_call", "step_seed"]
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,10 @@ class RolloutConfig:
     max_loop_num: int = 2
     """Solver/Verifier loops at most per sample (seed 002); `feedback` always runs 2."""
     alpha: float = 1.0
-    """Mixed reward: reward = alpha * global_reward + local_reward."""
+    """Mixed reward: reward = alpha * global_reward + local_weight * local_reward (the run passes
+    its advantage settings' values; the tree strategy selects its best candidate by it)."""
+    local_weight: float = 1.0
+    """Weight of the local reward in the mixed reward."""
     seed: int = 0
     """Base seed; the engine call of each agent step gets a seed derived from it, the round and
     the step (`step_seed`), recorded in the `seed` column."""
@@ -104,8 +107,10 @@ class RolloutConfig:
         whole("seed", self.seed, 0)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ConfigError(f"RolloutConfig.temperature must be a finite number >= 0, got {self.temperature!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha):
-            raise ConfigError(f"RolloutConfig.alpha must be a finite number, got {self.alpha!r}")
+        for name in ("alpha", "local_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"RolloutConfig.{name} must be a finite number, got {value!r}")
         if self.reward_timeout is not None and (
             isinstance(self.reward_timeout, bool) or not isinstance(self.reward_timeout, (int, float)) or not self.reward_timeout > 0 or not math.isfinite(self.reward_timeout)
         ):
@@ -296,7 +301,7 @@ def _best(rewards: Sequence[float | None], greedy: bool) -> int:
     return best_i
 
 
-def run_round(
+def run_rollouts(
     problems: Sequence[Problem],
     agents: Sequence[Agent],
     orchestra: MathOrchestra,
@@ -407,7 +412,7 @@ def run_round(
             _after_verifier(live, new_rows, task, orchestra, config, agent_step)
 
     _final_rewards(episodes)
-    return validate(_to_table(all_rows, r, config.alpha, config.temperature), STEPS)
+    return validate(_to_table(all_rows, r, config), STEPS)
 
 
 def _after_solver(live: list[_Episode], new_rows: list[list[_Row]], task, config: RolloutConfig) -> None:
@@ -420,7 +425,7 @@ def _after_solver(live: list[_Episode], new_rows: list[list[_Row]], task, config
             row.local = solver_local_reward(row.correct)
             if e.tree:
                 row.global_ = global_reward(row.correct)
-        chosen = _select(e, rows, config.alpha) if e.tree else rows[0]
+        chosen = _select(e, rows, config) if e.tree else rows[0]
         e.attempts.append(chosen.sample.text)
         e.last_solver = chosen
         e.parent = chosen.step_id
@@ -440,7 +445,7 @@ def _after_verifier(live: list[_Episode], new_rows: list[list[_Row]], task, orch
             row.local = verifier_local_reward(row.verdict, judged)
             if e.tree:
                 row.global_ = global_reward(judged)
-        chosen = _select(e, rows, config.alpha) if e.tree else rows[0]
+        chosen = _select(e, rows, config) if e.tree else rows[0]
         e.parent = chosen.step_id
         approved = chosen.verdict.ok and chosen.verdict.value is True
         if orchestra.continues(e.strategy, agent_step.turn, approved, config.max_loop_num):
@@ -457,9 +462,9 @@ def _after_verifier(live: list[_Episode], new_rows: list[list[_Row]], task, orch
             e.error = reply.error
 
 
-def _select(e: _Episode, rows: list[_Row], alpha: float) -> _Row:
+def _select(e: _Episode, rows: list[_Row], config: RolloutConfig) -> _Row:
     """Mark the best candidate of a tree node `selected` (the others False) and return it."""
-    mixed = [row_reward(alpha, row.global_, row.local).reward for row in rows]
+    mixed = [row_reward(config.alpha, row.global_, row.local, config.local_weight).reward for row in rows]
     best = _best(mixed, getattr(e.strategy, "greedy", True))
     for i, row in enumerate(rows):
         row.selected = i == best
@@ -477,10 +482,10 @@ def _final_rewards(episodes: list[_Episode]) -> None:
             row.global_ = final
 
 
-def _to_table(rows: list[_Row], round_: int, alpha: float, temperature: float) -> pa.Table:
+def _to_table(rows: list[_Row], round_: int, config: RolloutConfig) -> pa.Table:
     cols: dict[str, list] = {f.name: [] for f in STEPS.schema}
     for row in rows:
-        rew = row_reward(alpha, row.global_, row.local)
+        rew = row_reward(config.alpha, row.global_, row.local, config.local_weight)
         cols["round"].append(round_)
         cols["step_id"].append(row.step_id)
         cols["strategy"].append(row.strategy)
@@ -506,10 +511,11 @@ def _to_table(rows: list[_Row], round_: int, alpha: float, temperature: float) -
         cols["local_reward"].append(rew.local_reward)
         cols["reward"].append(rew.reward)
         cols["reward_error"].append(rew.reward_error)
+        cols["verdict"].append(row.verdict.value if row.verdict is not None and row.verdict.ok else None)
         cols["model_version"].append(row.model_version)
         cols["engine"].append(row.engine)
         cols["seed"].append(row.seed)
-        cols["temperature"].append(float(temperature))
+        cols["temperature"].append(float(config.temperature))
     arrays = [pa.array(cols[f.name], type=f.type) for f in STEPS.schema]
     return pa.Table.from_arrays(arrays, schema=STEPS.schema)
 
@@ -522,42 +528,3 @@ def write_steps(table: pa.Table, store: str | Path, round_: int) -> Path:
     if rounds - {int(round_)}:
         raise DataError(f"write_steps(round={round_}): the table holds rows of round(s) {sorted(rounds)}")
     return write_table(table, table_path(store, round_, "steps"), schema=STEPS)
-
-
-DEFAULT_STRATEGIES = ("iid", "prompt_aug", "feedback", "tree")
-
-
-def rollout_command(
-    store: str | Path,
-    round: int,
-    problems: int,
-    samples: int,
-    engine: str,
-    model_dir: str | Path | None = None,
-    strategies: Sequence[str] = DEFAULT_STRATEGIES,
-    seed: int = 0,
-) -> Path:
-    """`maxit rollout`: a mixed-strategy two-agent round of the default task on the default model
-    (or `model_dir`), written to `<store>/round=<round>/steps.parquet`; returns that path.
-
-    `problems` train problems are drawn with a seed derived from `seed` and `round`; every
-    strategy uses `samples` as its group size (tree: candidates per node)."""
-    from pipeline.engines import make_sampler
-    from pipeline.models import default_model
-    from pipeline.tasks import make_task
-
-    if isinstance(problems, bool) or not isinstance(problems, int) or problems < 1:
-        raise ConfigError(f"--problems must be an integer >= 1, got {problems!r}")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ConfigError(f"--samples must be an integer >= 1, got {samples!r}")
-    config = RolloutConfig(round=round, seed=seed)
-    chosen = [make_strategy(s, group_size=samples) for s in strategies]
-    task = make_task()
-    batch = task.problems("train", problems, step_seed(seed, round, -1))
-    model_dir = Path(model_dir) if model_dir is not None else default_model()
-    sampler = make_sampler(engine, model_dir)
-    try:
-        table = run_round(batch, default_agents(), MathOrchestra(task), chosen, sampler, config)
-    finally:
-        sampler.close()
-    return write_steps(table, store, round)

@@ -24,12 +24,13 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import store as st
-from pipeline.config import AdvantageConfig
+from pipeline.config import AdvantageConfig, FrozenMapping
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import EvalConfig
 from pipeline.registry import PolicyRegistry
+from pipeline.settings import setting_default
 from pipeline.types import Problem, Sampler
-from schemas import EVALUATION, PROBLEMS, STEPS
+from schemas import EVALUATION, PROBLEMS
 
 __all__ = [
     "RunConfig",
@@ -44,7 +45,6 @@ __all__ = [
     "evaluate_base",
     "run_round_stages",
     "round_complete",
-    "completed_rounds",
     "BASE_ROUND",
 ]
 
@@ -53,73 +53,67 @@ BASE_ROUND = -1
 log = logging.getLogger(__name__)
 
 
-def _default_train_config():
-    from pipeline.training.config import TrainConfig
+def _from_settings(name: str):
+    """A default factory taking the value from `pipeline.settings.Settings()` (the one definition)."""
 
-    return TrainConfig()
+    def factory():
+        from pipeline.settings import Settings
 
+        return getattr(Settings(), name)()
 
-def _default_view_config():
-    from pipeline.views import ViewConfig
-
-    return ViewConfig()
+    return field(default_factory=factory)
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one expert-iteration run needs; the CLI flags and the Dagster `Config` classes
-    map onto it."""
+    """Everything one expert-iteration run needs, nested by stage. Its defaults are those of
+    `pipeline.settings.Settings` (the one definition of a run's settings, from which the CLI flags
+    and the Dagster settings come too): `RunConfig() == Settings().run_config()`."""
 
     # --- Parameters that control the team and the task ----------------------------------------
-    task: str = "arithmetic"
+    task: str = setting_default("task")
     """Task name (`pipeline.tasks.make_task`), used when `task_file` is None."""
-    task_file: str | None = None
+    task_file: str | None = setting_default("task_file")
     """A local JSONL/Parquet file of problems (`pipeline.tasks.load_task_file`) instead of `task`."""
-    model_dir: str | None = None
+    model_dir: str | None = setting_default("model_dir")
     """Starting checkpoint of every policy (a local HF model directory with a chat template);
     None = the embedded default model (built and warm-started on first use)."""
-    shared_policy: bool = True
+    shared_policy: bool = setting_default("shared_policy")
     """Solver and Verifier share one policy ("shared"), or each has its own ("solver", "verifier")."""
 
     # --- Parameters that control sampling ------------------------------------------------------
-    engine: str = "auto"
+    engine: str = setting_default("engine")
     """"vllm", "hf", or "auto" (vLLM when importable)."""
-    problems: int = 128
+    problems: int = setting_default("problems")
     """Training problems drawn per round."""
-    samples: int = 4
+    samples: int = setting_default("samples")
     """Group size of every strategy (tree: candidates per node)."""
-    strategies: tuple[str, ...] = ("iid", "prompt_aug", "feedback", "tree")
+    strategies: tuple[str, ...] = setting_default("strategies")
     """Search strategies interleaved in each round (pipeline.strategies)."""
-    temperature: float = 1.0
+    strategy_options: Mapping[str, Mapping] = _from_settings("strategy_options")
+    """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}})."""
+    temperature: float = setting_default("temperature")
     """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
-    max_tokens: int = 16
+    max_tokens: int = setting_default("max_tokens")
     """Completion budget of each agent call."""
-    max_loop_num: int = 2
-    """Solver/Verifier loops per sample (seed 002)."""
-    alpha: float = 1.0
-    """reward = alpha * global_reward + local_reward."""
+    max_loop_num: int = setting_default("max_loop_num")
+    """Solver/Verifier loops per sample (DrMAS's `max_loop_num`)."""
+    seed: int = setting_default("seed")
+    """Seed of the problem draws and of sampling (each round derives its own)."""
 
     # --- Parameters that control learning ------------------------------------------------------
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    """Grouping and normalization of advantages."""
-    view: object = field(default_factory=_default_view_config)
-    """`pipeline.views.ViewConfig`: which rows are trained."""
-    train: object = field(default_factory=_default_train_config)
+    advantage: AdvantageConfig = _from_settings("advantage_config")
+    """Rewards (alpha, local weight), grouping and normalization of advantages."""
+    view: object = _from_settings("view_config")
+    """`pipeline.views.ViewConfig`: which rows are trained, with what weights."""
+    train: object = _from_settings("train_config")
     """`pipeline.training.config.TrainConfig`: loss, learning rate, epochs."""
-    train_on: str = "rollouts"
+    train_on: str = setting_default("train_on")
     """"rollouts" (expert iteration) or "ground_truth": the step-matched SFT baseline, which
     trains on the Solver's reference answers, as many rows as the rollouts' view has that round
     (same minibatches, same optimizer steps), with the "rs" (NLL) loss."""
-    balance_verdicts: bool = True
-    """Give the Verifier's "yes" and "no" training rows equal total weight each round
-    (`pipeline.views.balance_weights`). Without it the Verifier learns to say "no": it is called
-    again on every retry after a rejection, retries are mostly wrong, so its correct verdicts are
-    mostly "no" (about 2:1 in round 0 of the default run), while the answers it judges at test
-    time are mostly right."""
-    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    evaluation: EvalConfig = _from_settings("eval_config")
     """Held-out evaluation after every round (and of the starting checkpoint, as round -1)."""
-    seed: int = 0
-    """Seed of the problem draws and of sampling (each round derives its own)."""
 
     def __post_init__(self) -> None:
         for name in ("problems", "samples", "max_tokens", "max_loop_num"):
@@ -128,7 +122,7 @@ class RunConfig:
                 raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
         if self.engine not in ("auto", "vllm", "hf"):
             raise ConfigError(f"RunConfig.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
-        from pipeline.strategies import STRATEGY_IDS
+        from pipeline.strategies import STRATEGY_IDS, make_strategy
 
         if not self.strategies:
             raise ConfigError("RunConfig.strategies must name at least one strategy")
@@ -136,6 +130,12 @@ class RunConfig:
         if bad:
             raise ConfigError(f"RunConfig.strategies: unknown {bad}; choose from {sorted(STRATEGY_IDS)}")
         object.__setattr__(self, "strategies", tuple(self.strategies))
+        unknown = sorted(set(self.strategy_options) - set(STRATEGY_IDS))
+        if unknown:
+            raise ConfigError(f"RunConfig.strategy_options: unknown strategy {unknown}; choose from {sorted(STRATEGY_IDS)}")
+        object.__setattr__(self, "strategy_options", FrozenMapping({k: FrozenMapping(v) for k, v in self.strategy_options.items()}))
+        for sid in self.strategies:  # options a strategy does not take are named here, not mid-round
+            make_strategy(sid, group_size=self.samples, **self.strategy_options.get(sid, {}))
         if self.train_on not in ("rollouts", "ground_truth"):
             raise ConfigError(f"RunConfig.train_on must be 'rollouts' or 'ground_truth', got {self.train_on!r}")
         if self.train_on == "ground_truth" and self.train.loss.kind != "rs":
@@ -211,7 +211,8 @@ class RoundContext:
     def strategy_objects(self) -> dict:
         from pipeline.strategies import make_strategy
 
-        return {s: make_strategy(s, group_size=self.config.samples) for s in self.config.strategies}
+        options = self.config.strategy_options
+        return {s: make_strategy(s, group_size=self.config.samples, **options.get(s, {})) for s in self.config.strategies}
 
     def base_model(self) -> Path:
         if self.config.model_dir:
@@ -223,23 +224,23 @@ class RoundContext:
 
         return default_model()
 
-    def checkpoints(self, before_round: int) -> dict[str, Path]:
-        """policy_id -> the checkpoint round `before_round` starts from (registering the base
-        model as round -1 on first use)."""
+    def start_checkpoints(self, round_: int) -> dict[str, Path]:
+        """policy_id -> the checkpoint round `round_` samples with and trains from: the latest
+        registered before it (registering the base model as round -1 on first use)."""
         reg = self.registry
         out = {}
         for pid in self.config.policy_ids:
-            path = reg.latest(pid, before_round)
+            path = reg.latest(pid, round_)
             if path is None:
                 reg.base(pid, self.base_model())
-                path = reg.latest(pid, before_round)
+                path = reg.latest(pid, round_)
             out[pid] = path
         return out
 
-    def round_checkpoints(self, round_: int) -> dict[str, Path]:
+    def trained_checkpoints(self, round_: int) -> dict[str, Path]:
         """policy_id -> the checkpoint trained in `round_` (-1: the base model)."""
         if round_ == BASE_ROUND:
-            return self.checkpoints(0)
+            return self.start_checkpoints(0)
         out = {}
         for pid in self.config.policy_ids:
             rec = self.registry.get(round_, pid)
@@ -288,15 +289,21 @@ def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
 def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa.Table:
     """Sample the team on round r's problems under every strategy -> the `steps` table."""
     from pipeline.agents import MathOrchestra
-    from pipeline.rollouts import RolloutConfig, run_round, write_steps
+    from pipeline.rollouts import RolloutConfig, run_rollouts, write_steps
 
     c = ctx.config
     task = ctx.task()
-    samplers = ctx.samplers(ctx.checkpoints(round_))
+    samplers = ctx.samplers(ctx.start_checkpoints(round_))
     config = RolloutConfig(
-        round=round_, temperature=c.temperature, max_tokens=c.max_tokens, max_loop_num=c.max_loop_num, alpha=c.alpha, seed=ctx.round_seed(round_, 2)
+        round=round_,
+        temperature=c.temperature,
+        max_tokens=c.max_tokens,
+        max_loop_num=c.max_loop_num,
+        alpha=c.advantage.alpha,
+        local_weight=c.advantage.local_weight,
+        seed=ctx.round_seed(round_, 2),
     )
-    table = run_round(problems_from_table(problems), ctx.agents(), MathOrchestra(task), list(ctx.strategy_objects().values()), samplers, config)
+    table = run_rollouts(problems_from_table(problems), ctx.agents(), MathOrchestra(task), list(ctx.strategy_objects().values()), samplers, config)
     write_steps(table, ctx.store, round_)
     return table
 
@@ -305,22 +312,18 @@ def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
     from pipeline.advantages import compute_advantages
 
     steps_df = steps if isinstance(steps, pl.DataFrame) else pl.from_arrow(steps)
-    cfg = replace(ctx.config.advantage, alpha=ctx.config.alpha)
-    weights = {s: obj.weight for s, obj in ctx.strategy_objects().items() if obj.weight is not None}
-    if weights and cfg.strategy_weights is None:
-        cfg = replace(cfg, strategy_weights=weights)
-    out = compute_advantages(steps_df, cfg)
+    out = compute_advantages(steps_df, ctx.config.advantage)
     st.write_table(out, st.table_path(ctx.store, round_, "advantages"), "advantages")
     return out
 
 
 def stage_training_view(ctx: RoundContext, round_: int, advantages):
     from pipeline.models import load_tokenizer
-    from pipeline.views import build_training_view_with_stats
+    from pipeline.views import build_training_view
 
-    checkpoints = ctx.checkpoints(round_)
+    checkpoints = ctx.start_checkpoints(round_)
     tokenizer = load_tokenizer(next(iter(checkpoints.values())))
-    view, stats = build_training_view_with_stats(advantages, ctx.strategy_objects(), tokenizer, ctx.config.view)
+    view, stats = build_training_view(advantages, ctx.strategy_objects(), tokenizer, ctx.config.view)
     if ctx.config.train_on == "ground_truth":
         from pipeline.baselines import ground_truth_view
 
@@ -328,32 +331,8 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
         view = ground_truth_view(
             problems, ctx.task(), tokenizer, view.num_rows, round_, policy_id=ctx.agents()[0].policy_id, temperature=ctx.config.temperature
         )
-    elif ctx.config.balance_verdicts:
-        view = _balance_verdicts(ctx, view, advantages)
     st.write_table(view, st.table_path(ctx.store, round_, "training_view"), "training_view")
     return view, stats
-
-
-def _balance_verdicts(ctx: RoundContext, view: pa.Table, advantages) -> pa.Table:
-    """Equal total weight for the Verifier's "yes" and "no" rows (see RunConfig.balance_verdicts);
-    the verdict is the task's `parse_verdict` of the row's text (unparsable rows keep their weight)."""
-    from pipeline.rewards import parse_verdicts
-    from pipeline.views import balance_weights
-
-    verifier_ids = {a.agent_id for a in ctx.agents() if a.role == "verifier"}
-    adv = advantages if isinstance(advantages, pl.DataFrame) else pl.from_arrow(advantages)
-    rows = pl.from_arrow(view.select(["step_id", "agent_id"])).with_row_index("i").filter(pl.col("agent_id").is_in(list(verifier_ids)))
-    if rows.is_empty():
-        return view
-    texts = rows.join(adv.select("step_id", "completion_text"), on="step_id", how="left").sort("i")
-    verdicts = parse_verdicts(ctx.task(), texts["completion_text"].to_list(), None)
-    labels: list = [None] * view.num_rows
-    for i, out in zip(texts["i"].to_list(), verdicts):
-        labels[i] = out.value if out.ok else None
-    balanced, info = balance_weights(view, labels)
-    balanced = balanced.replace_schema_metadata(view.schema.metadata)
-    log.info("verifier verdict balance: %s", {str(k): f"{n} rows x {s:.3f}" for k, (n, s) in info.items()})
-    return balanced
 
 
 def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
@@ -362,9 +341,9 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
     from pipeline.training.trainer import train_policy
 
     results = {}
-    parents = ctx.checkpoints(round_)
+    parents = ctx.start_checkpoints(round_)
     for pid, parent in parents.items():
-        out_dir = ctx.store / "checkpoints" / f"round={round_}" / pid
+        out_dir = st.checkpoint_dir(ctx.store, round_, pid)
         res = train_policy(view, pid, parent, out_dir, ctx.config.train, round_=round_)
         ctx.registry.register(
             round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash,
@@ -383,7 +362,7 @@ def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
     from pipeline.evaluation import evaluate_team
     from pipeline.models import load_tokenizer
 
-    checkpoints = ctx.round_checkpoints(round_)
+    checkpoints = ctx.trained_checkpoints(round_)
     samplers = ctx.samplers(checkpoints)
     tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
     c = ctx.config
@@ -403,11 +382,6 @@ def evaluate_base(ctx: RoundContext) -> pl.DataFrame:
 
 def round_complete(store: str | Path, round_: int) -> bool:
     return st.table_path(store, round_, "evaluation").exists()
-
-
-def completed_rounds(store: str | Path) -> list[int]:
-    store = Path(store)
-    return sorted(int(p.parent.name.split("=", 1)[1]) for p in store.glob("round=*/evaluation.parquet") if int(p.parent.name.split("=", 1)[1]) >= 0)
 
 
 def run_round_stages(ctx: RoundContext, round_: int) -> dict:

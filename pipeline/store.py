@@ -29,6 +29,7 @@ __all__ = [
     "atomic_dir",
     "atomic_write_text",
     "fsync_dir",
+    "checkpoint_dir",
 ]
 
 
@@ -38,6 +39,11 @@ def round_dir(store: str | Path, round_: int) -> Path:
 
 def table_path(store: str | Path, round_: int, table: str) -> Path:
     return round_dir(store, round_) / f"{table}.parquet"
+
+
+def checkpoint_dir(store: str | Path, round_: int, policy_id: str) -> Path:
+    """The folder of the checkpoint trained for `policy_id` in `round_`."""
+    return Path(store) / "checkpoints" / f"round={int(round_)}" / policy_id
 
 
 def fsync_dir(path: Path) -> None:

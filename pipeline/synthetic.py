@@ -100,6 +100,8 @@ def _fill_steps_columns(df: pl.DataFrame, rng: np.random.Generator) -> pl.DataFr
         pl.lit("stop").alias("finish_reason"),
         (pl.col("global_reward") + pl.col("local_reward")).alias("reward"),
         pl.lit(None, dtype=pl.String).alias("reward_error"),
+        # a verifier's verdict agrees with the judged answer when its local reward is 1
+        pl.when(pl.col("agent_id") == "verifier").then((pl.col("local_reward") >= 0.5) == (pl.col("global_reward") >= 0.5)).alias("verdict"),
         pl.lit("synthetic").alias("model_version"),
         pl.lit("synthetic").alias("engine"),
         pl.lit(0, dtype=pl.Int64).alias("seed"),

@@ -23,16 +23,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.config import FrozenMapping
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
-from schemas import ADVANTAGES, TRAINING_VIEW, TableSchema, validate
+from schemas import ADVANTAGES, TRAINING_VIEW, TableSchema, to_arrow, validate
 
 __all__ = [
     "ViewConfig",
     "ViewStats",
     "build_training_view",
-    "build_training_view_with_stats",
-    "view_stats",
     "view_hash",
     "to_dataset",
     "check_view",
@@ -66,14 +65,6 @@ VIEW_INPUT = TableSchema(
     row_id="step_id",
     unique=("step_id",),
 )
-EXTRA_COLUMNS = (
-    pa.field("round", pa.int32(), nullable=False),
-    pa.field("turn", pa.int32(), nullable=False),
-    pa.field("temperature", pa.float64(), nullable=False),
-)
-"""Carried into the view beside the `training_view` contract: `temperature` is the sampling
-temperature, which training must use (the trainer checks it)."""
-VIEW_SCHEMA = pa.schema(list(TRAINING_VIEW.schema) + list(EXTRA_COLUMNS))
 
 
 @dataclass(frozen=True)
@@ -98,12 +89,39 @@ class ViewConfig:
     min_reward: float | None = None
     """Leave out rows whose reward is below this (None = keep all). The "rs" loss trains only on
     rows at or above its threshold, so its view needs no forward pass over the others."""
+    strategy_weights: Mapping[str, float] | None = None
+    """Mixture weights w_s of the stratified estimator (the expert-iteration plan, see
+    docs/ALGORITHMS.md). None: every row keeps its weight (the plain stratified average).
+    Otherwise, per policy, over the rows that policy trains on (after every filter above):
+    sample_weight *= w_s * N / n_s, with w_s normalized over the strategies present, n_s that
+    policy's rows of strategy s and N all its rows, so a policy's mean weight stays 1. Counting
+    after the filters matters: rows a strategy does not train (feedback's skipped first attempt)
+    or another policy's rows would otherwise shift the mix. Every strategy present needs a weight."""
+    reward_is_local: bool = False
+    """Require every row's `reward` to be its own action's correctness (`local_reward`), as the
+    "rs" loss does when it keeps rows with reward >= its threshold: with a global term mixed in, a
+    wrong first attempt of a trajectory that later succeeds would pass. A table whose reward is
+    not the local reward is then an error naming the rows."""
+    balance_verdicts: bool = False
+    """Give the Verifier's "yes" and "no" rows equal total weight (`balance_weights` over the
+    `verdict` column; unparsable verdicts keep their weight). The Verifier is called again on every
+    retry after a rejection and retries are mostly wrong, so its correct verdicts are mostly "no"
+    (about 2:1 in round 0 of the default run) while the answers it judges at test time are mostly
+    right: unbalanced, it learns to say "no"."""
 
     def __post_init__(self) -> None:
         if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
             raise ConfigError(f"ViewConfig.max_length must be an integer >= 2 or None, got {self.max_length!r}")
         if not (math.isfinite(self.zero_advantage_tol) and self.zero_advantage_tol >= 0):
             raise ConfigError(f"ViewConfig.zero_advantage_tol must be finite and >= 0, got {self.zero_advantage_tol!r}")
+        if self.strategy_weights is not None:
+            weights = dict(self.strategy_weights)
+            if not weights:
+                raise ConfigError("ViewConfig.strategy_weights is empty; pass None for the plain stratified average")
+            for name, w in weights.items():
+                if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
+                    raise ConfigError(f"ViewConfig.strategy_weights[{name!r}] must be a finite number > 0, got {w!r}")
+            object.__setattr__(self, "strategy_weights", FrozenMapping(weights))
 
 
 @dataclass(frozen=True)
@@ -138,16 +156,37 @@ class ViewStats:
     """Rows of the view per strategy."""
 
 
-def _to_arrow(data) -> pa.Table:
-    if isinstance(data, pa.Table):
-        return data
-    import polars as pl
+def _check_reward_is_local(table: pa.Table) -> None:
+    if "local_reward" not in table.column_names:
+        raise DataError("the 'rs' view needs the 'local_reward' column (each row's own correctness)")
+    reward = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)
+    local = table.column("local_reward").to_numpy(zero_copy_only=False).astype(np.float64)
+    differ = ~np.isnan(reward) & (reward != local)  # null rewards are dropped anyway
+    if differ.any():
+        raise ConfigError(
+            f"the 'rs' loss keeps rows whose own action was right, but 'reward' differs from 'local_reward' in "
+            f"{int(differ.sum())} row(s) (step_id {_ids(table, differ)}): the advantages were computed with a global term "
+            "mixed in; recompute them with --alpha 0 --local-weight 1 (maxit advantages)"
+        )
 
-    if isinstance(data, pl.LazyFrame):
-        data = data.collect()
-    if isinstance(data, pl.DataFrame):
-        return data.to_arrow()
-    raise TypeError(f"expected a pyarrow Table or a Polars DataFrame/LazyFrame, got {type(data).__name__}")
+
+def _stratified_weights(table: pa.Table, weight: np.ndarray, keep: np.ndarray, strategy_weights: Mapping[str, float]) -> np.ndarray:
+    """Scale the kept rows' weights by w_s * N / n_s per policy (see `ViewConfig.strategy_weights`)."""
+    strat = np.asarray(table.column("strategy").to_pylist(), dtype=object)
+    policy = np.asarray(table.column("policy_id").to_pylist(), dtype=object)
+    missing = sorted(set(strat[keep]) - set(strategy_weights))
+    if missing:
+        raise ConfigError(f"strategy_weights has no weight for strategy {missing} (step_id {_ids(table, keep & np.isin(strat, missing))})")
+    out = weight.copy()
+    for pid in sorted(set(policy[keep])):
+        rows = keep & (policy == pid)
+        present = sorted(set(strat[rows]))
+        total_w = sum(strategy_weights[s] for s in present)
+        n_all = int(rows.sum())
+        for s in present:
+            idx = rows & (strat == s)
+            out[idx] *= strategy_weights[s] / total_w * n_all / int(idx.sum())
+    return out
 
 
 def _ids(table: pa.Table, mask: np.ndarray, limit: int = 10) -> str:
@@ -184,16 +223,22 @@ def _check_finite(table: pa.Table, col: str) -> None:
         raise DataError(f"{col!r} is NaN or infinite in {int(bad.sum())} row(s) (step_id {_ids(table, bad)})")
 
 
-def build_training_view_with_stats(
+def build_training_view(
     advantages, strategies: Mapping[str, object], tokenizer, config: ViewConfig = ViewConfig()
 ) -> tuple[pa.Table, ViewStats]:
     """The training view of an advantages table (pyarrow or Polars) and what was dropped.
 
     `strategies` maps a strategy id (the `strategy` column) to its Strategy object. The view has
-    the `training_view` schema plus `round` and `turn`, rows in input order."""
-    table = _to_arrow(advantages)
+    the `training_view` schema, rows in input order; its `ViewStats` are also kept in the schema
+    metadata (key `maxit.view_stats`)."""
+    table = to_arrow(advantages)
     validate(table, VIEW_INPUT)
-    table = table.select(list(INPUT_COLUMNS)).combine_chunks()
+    if config.balance_verdicts and "verdict" not in table.column_names:
+        raise DataError("balance_verdicts needs the 'verdict' column (the Verifier's parsed verdicts, written by the rollouts)")
+    if config.reward_is_local:
+        _check_reward_is_local(table)
+    columns = list(INPUT_COLUMNS) + (["verdict"] if config.balance_verdicts else [])
+    table = table.select(columns).combine_chunks()
     n = table.num_rows
     _check_lengths(table, "completion_ids", "completion_logprobs")
     for col in ("advantage", "sample_weight", "reward"):
@@ -274,6 +319,9 @@ def build_training_view_with_stats(
         )
     keep &= ~too_long
 
+    weight = weight.astype(np.float64)
+    if config.strategy_weights is not None:
+        weight = _stratified_weights(table, weight, keep, config.strategy_weights)
     kept = table.filter(pa.array(keep))
     view = pa.table(
         {
@@ -285,7 +333,7 @@ def build_training_view_with_stats(
             "completion_ids": kept.column("completion_ids").cast(pa.list_(pa.int32())),
             "sampling_logprobs": kept.column("completion_logprobs").cast(pa.list_(pa.float32())),
             "advantage": kept.column("advantage"),
-            "sample_weight": kept.column("sample_weight"),
+            "sample_weight": pa.array(weight[keep], type=pa.float64()),
             "reward": kept.column("reward"),
             "context_swapped": pa.array(swapped, type=pa.bool_()),
             "round": kept.column("round"),
@@ -293,7 +341,10 @@ def build_training_view_with_stats(
             "temperature": kept.column("temperature"),
         }
     )
-    view = view.cast(VIEW_SCHEMA)
+    view = view.cast(TRAINING_VIEW.schema)
+    if config.balance_verdicts:
+        view, info = balance_weights(view, kept.column("verdict").to_pylist())
+        log.info("verifier verdict balance: %s", {str(k): f"{n} rows x {sc:.3f}" for k, (n, sc) in info.items()})
     by_strategy: dict[str, int] = {}
     for s in view.column("strategy").to_pylist():
         by_strategy[s] = by_strategy.get(s, 0) + 1
@@ -344,21 +395,9 @@ def balance_weights(view: pa.Table, labels) -> tuple[pa.Table, dict]:
     return view, info
 
 
-def build_training_view(advantages, strategies: Mapping[str, object], tokenizer, config: ViewConfig = ViewConfig()) -> pa.Table:
-    """The training view of an advantages table (see `build_training_view_with_stats`); its
-    `ViewStats` are logged and kept in the schema metadata (`view_stats(view)`)."""
-    return build_training_view_with_stats(advantages, strategies, tokenizer, config)[0]
-
-
-def view_stats(view: pa.Table) -> ViewStats | None:
-    """The `ViewStats` a view was built with, if its schema metadata still carries them."""
-    raw = (view.schema.metadata or {}).get(STATS_METADATA_KEY)
-    return None if raw is None else ViewStats(**json.loads(raw))
-
-
 def check_view(view) -> pa.Table:
     """Validate a training view (schema, and ids/logprobs lengths per row); return it as Arrow."""
-    table = _to_arrow(view)
+    table = to_arrow(view)
     validate(table, TRAINING_VIEW)
     _check_lengths(table.combine_chunks(), "completion_ids", "sampling_logprobs")
     for col in ("advantage", "sample_weight"):
@@ -374,7 +413,7 @@ def to_dataset(view):
     from datasets import Dataset
     from datasets.table import InMemoryTable
 
-    table = _to_arrow(view)
+    table = to_arrow(view)
     return Dataset(InMemoryTable(table.replace_schema_metadata(None)))
 
 
@@ -383,7 +422,7 @@ def view_hash(view) -> str:
     independent of row order, chunking and extra columns: the `data hash` of a checkpoint."""
     import hashlib
 
-    table = _to_arrow(view).select([f.name for f in TRAINING_VIEW.schema]).combine_chunks()
+    table = to_arrow(view).select([f.name for f in TRAINING_VIEW.schema]).combine_chunks()
     table = table.take(pc.sort_indices(table, sort_keys=[("step_id", "ascending")]))
     h = hashlib.blake2b(digest_size=16)
     h.update(str(table.num_rows).encode())

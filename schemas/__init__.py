@@ -26,6 +26,7 @@ __all__ = [
     "TableSchema",
     "SchemaError",
     "validate",
+    "to_arrow",
 ]
 
 MESSAGE = pa.struct([pa.field("role", pa.string(), nullable=False), pa.field("content", pa.string(), nullable=False)])
@@ -72,6 +73,8 @@ _STEPS_FIELDS = [
     _f("local_reward", pa.float64(), nullable=True),
     _f("reward", pa.float64(), nullable=True),
     _f("reward_error", pa.string(), nullable=True),
+    # Verifier rows: the parsed verdict (True approves); null on Solver rows and when unparsable
+    _f("verdict", pa.bool_(), nullable=True),
     _f("model_version", pa.string()),
     _f("engine", pa.string()),
     _f("seed", pa.int64()),
@@ -111,6 +114,10 @@ TRAINING_VIEW = TableSchema(
             _f("sample_weight", pa.float64()),
             _f("reward", pa.float64(), nullable=True),
             _f("context_swapped", pa.bool_()),
+            _f("round", pa.int32()),
+            _f("turn", pa.int32()),
+            # the sampling temperature: p_train must be computed at it (the trainer checks)
+            _f("temperature", pa.float64()),
         ]
     ),
     row_id="step_id",
@@ -182,7 +189,8 @@ def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
 T = TypeVar("T")
 
 
-def _to_arrow(data) -> pa.Table:
+def to_arrow(data) -> pa.Table:
+    """A pyarrow Table of a pyarrow Table/RecordBatch or a Polars DataFrame/LazyFrame."""
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
@@ -196,7 +204,7 @@ def _to_arrow(data) -> pa.Table:
             data = data.collect()
         if isinstance(data, pl.DataFrame):
             return data.to_arrow()
-    raise TypeError(f"validate() takes a pyarrow Table or a Polars DataFrame/LazyFrame, got {type(data).__name__}")
+    raise TypeError(f"expected a pyarrow Table or a Polars DataFrame/LazyFrame, got {type(data).__name__}")
 
 
 def _row_ids(table: pa.Table, mask: pa.Array, row_id: str | None, limit: int = 10) -> str:
@@ -277,7 +285,7 @@ def validate(data: T, schema: TableSchema | str) -> T:
         schema = SCHEMAS[schema]
     import pyarrow.compute as pc
 
-    table = _to_arrow(data)
+    table = to_arrow(data)
     problems: list[str] = []
     for field in schema.schema:
         if field.name not in table.column_names:
@@ -300,10 +308,3 @@ def validate(data: T, schema: TableSchema | str) -> T:
     if problems:
         raise SchemaError(schema.name, problems)
     return data
-
-
-def empty_table(schema: TableSchema | str) -> pa.Table:
-    """An empty table with exactly the schema's columns."""
-    if isinstance(schema, str):
-        schema = SCHEMAS[schema]
-    return schema.schema.empty_table()

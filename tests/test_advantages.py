@@ -1,9 +1,11 @@
-"""The advantage engine: seed examples, every grouping, degenerate groups, weights, and a
-property test against the pure-Python reference."""
+"""The advantage engine: the papers' worked examples, every grouping, reward mixes, trajectory
+modes, degenerate groups, and a property test against the pure-Python reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import pickle
 
 import polars as pl
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 
 from pipeline.advantages import advantage_metrics, compute_advantages
 from pipeline.advantages_reference import reference_advantages
-from pipeline.config import AdvantageConfig
+from pipeline.config import GROUP_COLUMNS, AdvantageConfig, FrozenMapping
 from pipeline.errors import ConfigError, DataError, SchemaError
 
 
@@ -30,9 +32,13 @@ def frame(**cols) -> pl.DataFrame:
     return pl.DataFrame(base, schema_overrides={"turn": pl.Int32})
 
 
-def test_seed_002_worked_example():
-    """Rewards [1,0,1,1] -> mean 0.75, std 0.5, advantage 0.5 for the 1s (seed 002), for the
-    Solver and the Verifier alike, with per-agent groups."""
+def reference_column(df: pl.DataFrame, config: AdvantageConfig, col: str) -> list:
+    return [r[col] for r in reference_advantages(df.to_dicts(), config)]
+
+
+def test_drmas_worked_example():
+    """Rewards [1,0,1,1] -> mean 0.75, std 0.5, advantage 0.5 for the 1s (DrMAS's example), for
+    the Solver and the Verifier alike, with per-agent groups."""
     df = frame(
         traj_uid=["t0", "t1", "t2", "t3"] * 2,
         agent_id=["solver"] * 4 + ["verifier"] * 4,
@@ -43,7 +49,7 @@ def test_seed_002_worked_example():
     assert out["group_std"].to_list() == pytest.approx([0.5] * 8)
     assert out["advantage"].to_list() == pytest.approx([0.5, -1.5, 0.5, 0.5] * 2)
     assert out["group_size"].to_list() == [4] * 8
-    # the seed's "standard GRPO": one group per problem, each trajectory's mean reward one member
+    # DrMAS's "standard GRPO": one group per problem, each trajectory's mean reward one member
     std = compute_advantages(df, AdvantageConfig(group_by=(), trajectory_mean=True, eps=0.0))
     assert std["group_size"].to_list() == [4] * 8
     assert std["group_mean"].to_list() == [0.75] * 8
@@ -59,7 +65,8 @@ def test_drmas_and_standard_grpo_differ_when_an_agent_is_called_several_times():
         reward=[0.0, 1.0, 1.0, 0.0],
     )
     drmas = compute_advantages(df, AdvantageConfig(group_by=("agent_id",), eps=0.0))
-    grpo = compute_advantages(df, AdvantageConfig(group_by=("agent_id",), trajectory_mean=True, eps=0.0))
+    grpo_cfg = AdvantageConfig(group_by=("agent_id",), trajectory_mean=True, trajectory_score="mean", eps=0.0)
+    grpo = compute_advantages(df, grpo_cfg)
     # DrMAS: four members [0,1,1,0]: mean .5, std sqrt(1/3)
     s = math.sqrt(1 / 3)
     assert drmas["advantage"].to_list() == pytest.approx([-0.5 / s, 0.5 / s, 0.5 / s, -0.5 / s])
@@ -67,6 +74,40 @@ def test_drmas_and_standard_grpo_differ_when_an_agent_is_called_several_times():
     assert grpo["group_size"].to_list() == [3] * 4
     assert grpo["advantage"].to_list() == pytest.approx([0.0, 0.0, 1.0, -1.0])
     assert drmas["advantage"].to_list() != pytest.approx(grpo["advantage"].to_list())
+
+
+def test_trajectory_score_own_scores_each_row_against_trajectory_level_statistics():
+    # as above: t0 = [0, 1] (wrong in loop 0, right in loop 1), t1 = [1], t2 = [0]
+    df = frame(traj_uid=["t0", "t0", "t1", "t2"], turn=[0, 1, 0, 0], reward=[0.0, 1.0, 1.0, 0.0])
+    own_cfg = AdvantageConfig(group_by=("agent_id",), trajectory_mean=True, eps=0.0)
+    assert own_cfg.trajectory_score == "own"  # the default
+    own = compute_advantages(df, own_cfg)
+    # statistics over the trajectory means [0.5, 1, 0] (mean .5, std .5), one member each
+    assert own["group_size"].to_list() == [3] * 4
+    assert own["group_mean"].to_list() == [0.5] * 4
+    assert own["group_std"].to_list() == pytest.approx([0.5] * 4)
+    # each row scored by its own reward: t0's wrong call -1, its right call +1 (not both 0)
+    assert own["advantage"].to_list() == pytest.approx([-1.0, 1.0, 1.0, -1.0])
+    assert reference_column(df, own_cfg, "advantage") == pytest.approx([-1.0, 1.0, 1.0, -1.0])
+    mean_cfg = AdvantageConfig(group_by=("agent_id",), trajectory_mean=True, trajectory_score="mean", eps=0.0)
+    assert reference_column(df, mean_cfg, "advantage") == pytest.approx([0.0, 0.0, 1.0, -1.0])
+    # "center" keeps the same statistics and drops the division
+    center = compute_advantages(df, AdvantageConfig(group_by=("agent_id",), trajectory_mean=True, normalize="center"))
+    assert center["advantage"].to_list() == pytest.approx([-0.5, 0.5, 0.5, -0.5])
+    # either way the trajectories' mean advantages are centred in the group
+    by_traj = own.group_by("traj_uid").agg(pl.col("advantage").mean())
+    assert by_traj["advantage"].sum() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_trajectory_score_own_in_a_flat_group_gives_zero():
+    # two trajectories with the same mean (0.5): no trajectory beat another, so A = 0 for every
+    # row although the rows' own rewards differ from the mean
+    df = frame(traj_uid=["a", "a", "b", "b"], turn=[0, 1, 0, 1], reward=[0.0, 1.0, 1.0, 0.0])
+    cfg = AdvantageConfig(group_by=(), trajectory_mean=True)
+    out = compute_advantages(df, cfg)
+    assert out["group_std"].to_list() == [0.0] * 4
+    assert out["advantage"].to_list() == [0.0] * 4
+    assert reference_column(df, cfg, "advantage") == [0.0] * 4
 
 
 def test_at_grpo_agent_turn_groups():
@@ -113,18 +154,83 @@ def test_mixed_reward_is_recomputed_from_global_and_local():
     assert out["advantage"].to_list() == pytest.approx([2.5 - 5 / 3, 0.5 - 5 / 3, 2.0 - 5 / 3])
 
 
-def test_stratified_weights():
-    # 3 iid members and 1 prompt_aug member; w = {iid: 1, prompt_aug: 1} -> normalized 1/2 each
-    df = frame(uid=["A", "A", "A", "B"], strategy=["iid", "iid", "iid", "prompt_aug"], reward=[1.0, 0.0, 1.0, 1.0])
-    out = compute_advantages(df, AdvantageConfig(strategy_weights={"iid": 1.0, "prompt_aug": 1.0}))
-    # sample_weight = w_s * N / n_s: iid 0.5*4/3, prompt_aug 0.5*4/1; mean weight 1
-    assert out["sample_weight"].to_list() == pytest.approx([2 / 3, 2 / 3, 2 / 3, 2.0])
-    assert out["sample_weight"].mean() == pytest.approx(1.0)
-    # w_s = n_s / N gives 1 everywhere
-    plain = compute_advantages(df, AdvantageConfig(strategy_weights={"iid": 0.75, "prompt_aug": 0.25}))
-    assert plain["sample_weight"].to_list() == pytest.approx([1.0] * 4)
-    with pytest.raises(DataError, match="prompt_aug"):
-        compute_advantages(df, AdvantageConfig(strategy_weights={"iid": 1.0}))
+@pytest.mark.parametrize(
+    "alpha, local_weight, want",
+    [
+        (1.0, 0.0, [1.0, 1.0, 0.0, 0.0]),  # DrMAS: every agent gets the team's final reward
+        (0.0, 1.0, [0.0, 1.0, 1.0, 0.0]),  # rejection sampling: each call's own correctness
+        (1.0, 1.0, [1.0, 2.0, 1.0, 0.0]),  # AT-GRPO's mixed reward
+        (0.5, 2.0, [0.5, 2.5, 2.0, 0.0]),
+    ],
+)
+def test_local_weight_mixes_the_reward(alpha, local_weight, want):
+    df = frame(global_reward=[1.0, 1.0, 0.0, 0.0], local_reward=[0.0, 1.0, 1.0, 0.0], reward=[9.0] * 4)
+    cfg = AdvantageConfig(alpha=alpha, local_weight=local_weight, normalize="center")
+    out = compute_advantages(df, cfg)
+    assert out["reward"].to_list() == want
+    assert out["advantage"].to_list() == pytest.approx([w - sum(want) / 4 for w in want])
+    assert reference_column(df, cfg, "reward") == want
+
+
+def test_drmas_reward_gives_every_agent_of_a_trajectory_the_same_advantage():
+    # two trajectories; the Verifier's local reward differs but DrMAS ignores it
+    df = frame(
+        traj_uid=["a", "a", "b", "b"],
+        agent_id=["solver", "verifier", "solver", "verifier"],
+        global_reward=[1.0, 1.0, 0.0, 0.0],
+        local_reward=[1.0, 0.0, 0.0, 1.0],
+    )
+    out = compute_advantages(df, AdvantageConfig(group_by=("agent_id",), alpha=1.0, local_weight=0.0, normalize="center"))
+    assert out["advantage"].to_list() == [0.5, 0.5, -0.5, -0.5]
+
+
+def test_a_group_never_spans_strategies():
+    # one problem: 4 tree siblings [1,1,1,0] and 4 iid samples [0,0,0,0]
+    df = frame(
+        traj_uid=[f"t{i}" for i in range(8)],
+        strategy=["tree"] * 4 + ["iid"] * 4,
+        reward=[1.0, 1.0, 1.0, 0.0] + [0.0] * 4,
+    )
+    for group_by in [("agent_id",), ("agent_id", "turn"), (), ("strategy",), ("agent_id", "turn", "strategy")]:
+        cfg = AdvantageConfig(group_by=group_by, eps=0.0)
+        for got in (compute_advantages(df, cfg)["advantage"].to_list(), reference_column(df, cfg, "advantage")):
+            # tree: mean .75, std .5 -> 0.5 / -1.5 (not 1.208 / -0.725 from a baseline shared with iid)
+            assert got == pytest.approx([0.5, 0.5, 0.5, -1.5, 0.0, 0.0, 0.0, 0.0]), group_by
+        assert compute_advantages(df, cfg)["group_size"].to_list() == [4] * 8
+        # trajectory-mean mode groups the same way
+        traj = AdvantageConfig(group_by=group_by, trajectory_mean=True, eps=0.0)
+        assert compute_advantages(df, traj)["advantage"].to_list() == pytest.approx([0.5, 0.5, 0.5, -1.5, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_the_group_key_always_holds_uid_and_strategy():
+    assert GROUP_COLUMNS == ("agent_id", "turn")
+    assert AdvantageConfig().group_key == ["uid", "strategy", "agent_id", "turn"]
+    assert AdvantageConfig(group_by=()).group_key == ["uid", "strategy"]
+    assert AdvantageConfig(group_by=("agent_id",)).group_key == ["uid", "strategy", "agent_id"]
+    # "strategy" in group_by is accepted and dropped: it is always in the key
+    legacy = AdvantageConfig(group_by=("agent_id", "turn", "strategy"))
+    assert legacy.group_by == ("agent_id", "turn") and legacy == AdvantageConfig()
+    assert AdvantageConfig(group_by=("strategy",)) == AdvantageConfig(group_by=())
+    with pytest.raises(SchemaError, match="missing column 'strategy'"):
+        compute_advantages(frame(reward=[1.0, 0.0]).drop("strategy"), AdvantageConfig(group_by=()))
+    with pytest.raises(DataError, match="null 'strategy'"):
+        compute_advantages(frame(reward=[1.0, 0.0], strategy=["iid", None]))
+
+
+def test_sample_weight_is_the_membership_weight():
+    # strategies of very different sizes: the weights are not stratified here (the training
+    # view does that, over the rows each policy trains on)
+    assert "strategy_weights" not in {f.name for f in dataclasses.fields(AdvantageConfig)}
+    with pytest.raises(TypeError):
+        AdvantageConfig(strategy_weights={"iid": 1.0})
+    df = frame(
+        uid=["A", "A", "A", "A", "B"],
+        strategy=["iid", "iid", "iid", "iid", "prompt_aug"],
+        reward=[1.0, 0.0, None, 1.0, 1.0],
+        active=[True, True, True, False, True],
+    )
+    assert compute_advantages(df)["sample_weight"].to_list() == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert reference_column(df, AdvantageConfig(), "sample_weight") == [1.0, 1.0, 0.0, 0.0, 1.0]
 
 
 def test_nan_and_inf_rewards_name_the_rows():
@@ -141,16 +247,19 @@ def test_nan_in_a_reward_part_is_named_even_when_the_mixed_reward_is_null():
         compute_advantages(df)
 
 
-def test_config_with_strategy_weights_hashes_and_pickles():
-    import pickle
-
-    a = AdvantageConfig(strategy_weights={"iid": 1.0, "tree": 2.0})
-    b = AdvantageConfig(strategy_weights={"tree": 2.0, "iid": 1.0})
+def test_config_hashes_and_pickles():
+    a = AdvantageConfig(group_by=["agent_id"], local_weight=0.0, trajectory_mean=True, trajectory_score="mean")
+    b = AdvantageConfig(group_by=("agent_id", "strategy"), local_weight=0.0, trajectory_mean=True, trajectory_score="mean")
     assert hash(a) == hash(b) and a == b
     assert pickle.loads(pickle.dumps(a)) == a
-    assert dict(a.strategy_weights) == {"iid": 1.0, "tree": 2.0}
+
+
+def test_frozen_mapping_hashes_and_pickles():
+    a, b = FrozenMapping({"iid": 1.0, "tree": 2.0}), FrozenMapping({"tree": 2.0, "iid": 1.0})
+    assert hash(a) == hash(b) and a == b == {"iid": 1.0, "tree": 2.0}
+    assert pickle.loads(pickle.dumps(a)) == a
     with pytest.raises(TypeError):
-        a.strategy_weights["iid"] = 3.0
+        a["iid"] = 3.0
 
 
 def test_metrics_keep_rounds_apart():
@@ -180,9 +289,9 @@ def test_bad_input_names_the_columns():
 
 
 def test_needs_only_the_columns_it_reads():
-    df = pl.DataFrame({"step_id": ["a", "b"], "uid": ["u", "u"], "reward": [1.0, 0.0]})
+    df = pl.DataFrame({"step_id": ["a", "b"], "uid": ["u", "u"], "strategy": ["iid", "iid"], "reward": [1.0, 0.0]})
     out = compute_advantages(df, AdvantageConfig(group_by=()))
-    assert out.columns == ["step_id", "uid", "reward", "group_size", "group_mean", "group_std", "advantage", "sample_weight"]
+    assert out.columns == ["step_id", "uid", "strategy", "reward", "group_size", "group_mean", "group_std", "advantage", "sample_weight"]
     assert out["advantage"].to_list() == pytest.approx([0.7071061, -0.7071061], rel=1e-5)
 
 
@@ -194,14 +303,15 @@ def test_recomputing_on_an_advantages_table_replaces_its_columns():
 
 
 def test_rounds_never_share_a_group():
-    one = frame(reward=[1.0, 0.0, 1.0], strategy=["iid", "iid", "prompt_aug"], uid=["A", "A", "B"])
-    two = frame(reward=[0.0, 0.0, 1.0], strategy=["iid", "prompt_aug", "prompt_aug"], uid=["A", "B", "B"])
-    cfg = AdvantageConfig(strategy_weights={"iid": 1.0, "prompt_aug": 3.0})
-    both = pl.concat([one.with_columns(round=pl.lit(0)), two.with_columns(round=pl.lit(1))])
-    together = compute_advantages(both, cfg)
-    separate = pl.concat([compute_advantages(one, cfg), compute_advantages(two, cfg)])
-    for col in ("advantage", "sample_weight", "group_size"):
-        assert together[col].to_list() == pytest.approx(separate[col].to_list())
+    one = frame(reward=[1.0, 0.0, 1.0, 0.5], strategy=["iid", "iid", "prompt_aug", "prompt_aug"], uid=["A", "A", "B", "B"])
+    two = frame(reward=[0.0, 1.0, 1.0, 1.0], strategy=["iid", "iid", "prompt_aug", "prompt_aug"], uid=["A", "A", "B", "B"])
+    for cfg in (AdvantageConfig(), AdvantageConfig(trajectory_mean=True)):
+        both = pl.concat([one.with_columns(round=pl.lit(0)), two.with_columns(round=pl.lit(1))])
+        together = compute_advantages(both, cfg)
+        separate = pl.concat([compute_advantages(one, cfg), compute_advantages(two, cfg)])
+        for col in ("advantage", "sample_weight", "group_size"):
+            assert together[col].to_list() == pytest.approx(separate[col].to_list())
+        assert together["advantage"].to_list() == pytest.approx(reference_column(both, cfg, "advantage"))
 
 
 def test_lazy_input_and_row_order_kept():
@@ -220,7 +330,11 @@ def test_lazy_input_and_row_order_kept():
         ({"singleton": "one"}, "singleton"),
         ({"eps": -1}, "eps"),
         ({"alpha": float("nan")}, "alpha"),
-        ({"strategy_weights": {"iid": 0}}, "strategy_weights"),
+        ({"local_weight": float("inf")}, "local_weight"),
+        ({"local_weight": "1"}, "local_weight"),
+        ({"alpha": 0.0, "local_weight": 0.0}, "alpha and local_weight"),
+        ({"trajectory_score": "first"}, "trajectory_score"),
+        ({"trajectory_score": "mean"}, "trajectory_score='mean' needs trajectory_mean=True"),
     ],
 )
 def test_config_validation(kwargs, match):
@@ -256,31 +370,39 @@ rows_strategy = st.lists(
             "active": st.booleans(),
             "global_reward": st.one_of(st.none(), st.sampled_from([0.0, 1.0]), st.floats(-3, 3, allow_nan=False)),
             "local_reward": st.sampled_from([0.0, 0.5, -0.25]),
+            "round": st.sampled_from([0, 1]),
         }
     ),
     min_size=1,
     max_size=40,
 )
 
-config_strategy = st.builds(
-    AdvantageConfig,
-    group_by=st.sampled_from([(), ("agent_id",), ("agent_id", "turn"), ("agent_id", "turn", "strategy"), ("strategy",)]),
-    normalize=st.sampled_from(["std", "center"]),
-    trajectory_mean=st.booleans(),
-    singleton=st.sampled_from(["zero", "raw"]),
-    alpha=st.sampled_from([1.0, 0.5, 2.0]),
-    strategy_weights=st.sampled_from([None, {"iid": 1.0, "prompt_aug": 2.0, "feedback": 0.5}]),
-)
+@st.composite
+def configs(draw):
+    """Every switch, including `trajectory_score` where it applies."""
+    alpha, local_weight = draw(st.sampled_from([(1.0, 1.0), (0.5, 1.0), (2.0, 2.5), (1.0, 0.0), (0.0, 1.0)]))
+    trajectory_mean = draw(st.booleans())
+    return AdvantageConfig(
+        group_by=draw(st.sampled_from([(), ("agent_id",), ("agent_id", "turn"), ("agent_id", "turn", "strategy"), ("strategy",)])),
+        normalize=draw(st.sampled_from(["std", "center"])),
+        trajectory_mean=trajectory_mean,
+        trajectory_score=draw(st.sampled_from(["own", "mean"])) if trajectory_mean else "own",
+        singleton=draw(st.sampled_from(["zero", "raw"])),
+        alpha=alpha,
+        local_weight=local_weight,
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=rows_strategy, config=config_strategy)
-def test_matches_pure_python_reference(rows, config):
+@given(rows=rows_strategy, config=configs(), with_round=st.booleans())
+def test_matches_pure_python_reference(rows, config, with_round):
     for i, r in enumerate(rows):
         r["step_id"] = f"s{i}"
-    # traj_uid unique per (uid, strategy) like real data: a trajectory belongs to one problem
+        if not with_round:
+            del r["round"]
+    # traj_uid unique per (round, uid, strategy) like real data: a trajectory belongs to one problem
     for r in rows:
-        r["traj_uid"] = f"{r['uid']}/{r['strategy']}/{r['traj_uid']}"
+        r["traj_uid"] = f"{r.get('round')}/{r['uid']}/{r['strategy']}/{r['traj_uid']}"
     df = pl.DataFrame(rows, schema_overrides={"turn": pl.Int32, "global_reward": pl.Float64})
     got = compute_advantages(df, config)
     want = reference_advantages(rows, config)
@@ -299,7 +421,8 @@ def test_exact_plan_agrees_with_the_hashed_one_and_is_used_on_a_collision(monkey
     from pipeline.synthetic import synthetic_steps
 
     df = synthetic_steps(200, samples=3, layout="loops", seed=3)
-    for cfg in (AdvantageConfig(), AdvantageConfig(trajectory_mean=True, group_by=("agent_id",))):
+    traj = AdvantageConfig(trajectory_mean=True, group_by=("agent_id",))
+    for cfg in (AdvantageConfig(), traj, dataclasses.replace(traj, trajectory_score="mean")):
         sub = df.lazy()
         hashed = A._plan(sub, sub.collect_schema(), cfg, exact=False).collect()
         exact = A._plan(sub, sub.collect_schema(), cfg, exact=True).collect()

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from conftest import require_vllm
-from pipeline.cli import main
+from maxit.cli import main
 from pipeline.registry import PolicyRegistry
 from pipeline.training.trainer import read_checkpoint_meta
 from schemas import ADVANTAGES, STEPS, TRAINING_VIEW, validate
@@ -47,7 +47,11 @@ def test_rollout_with_vllm(tmp_path, default_model_dir):
 def test_advantages_view_train_from_a_real_steps_table(rolled_out, tmp_path, default_model_dir, capsys):
     steps = rolled_out / "round=0" / "steps.parquet"
     adv, view, ckpt = tmp_path / "adv.parquet", tmp_path / "view.parquet", tmp_path / "ckpt"
-    assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--group-by", "agent_id", "turn", "strategy"]) == 0
+    # AT-GRPO's mixed reward (alpha 1) is not each row's own correctness: the rs view refuses it
+    assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--group-by", "agent_id", "turn"]) == 0
+    assert main(["view", "--advantages", str(adv), "--out", str(view), "--loss", "rs", "--model-dir", str(default_model_dir)]) == 2
+    assert "--alpha 0" in capsys.readouterr().err and not view.exists()
+    assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--group-by", "agent_id", "turn", "--alpha", "0"]) == 0
     validate(pl.read_parquet(adv), ADVANTAGES)
     assert main(["view", "--advantages", str(adv), "--out", str(view), "--loss", "rs", "--model-dir", str(default_model_dir)]) == 0
     v = validate(pl.read_parquet(view), TRAINING_VIEW)

@@ -12,7 +12,7 @@ from fakes import FakeSampler, FakeTask
 from pipeline.agents import Agent, MathOrchestra, default_agents
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
-from pipeline.rollouts import RolloutConfig, plan_call, run_round, step_seed, write_steps
+from pipeline.rollouts import RolloutConfig, plan_call, run_rollouts, step_seed, write_steps
 from pipeline.store import read_table
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from schemas import STEPS, validate
@@ -32,7 +32,7 @@ class RecordingSampler(FakeSampler):
 def run(strategies=ALL, n_problems=5, sampler=None, config=None, task=None, agents=None):
     task = task or FakeTask()
     sampler = sampler or RecordingSampler()
-    table = run_round(task.problems("train", n_problems, 0), agents or default_agents(), MathOrchestra(task), list(strategies), sampler, config or RolloutConfig())
+    table = run_rollouts(task.problems("train", n_problems, 0), agents or default_agents(), MathOrchestra(task), list(strategies), sampler, config or RolloutConfig())
     return table, pl.from_arrow(table), sampler
 
 
@@ -339,7 +339,7 @@ def test_bad_inputs_are_named():
     task = FakeTask()
     p = task.problems("train", 1, 0)[0]
     with pytest.raises(DataError, match="uids must be unique"):
-        run_round([p, p], default_agents(), MathOrchestra(task), [IID()], FakeSampler(), RolloutConfig())
+        run_rollouts([p, p], default_agents(), MathOrchestra(task), [IID()], FakeSampler(), RolloutConfig())
 
 
 class LossySampler(FakeSampler):
@@ -430,7 +430,7 @@ def test_real_model_mixed_round_is_fast_and_swappable(hf_engine, default_model_d
     engine = CountingSampler(hf_engine)
     tokenizer = load_tokenizer(default_model_dir)
     t0 = time.monotonic()
-    table = run_round(problems, default_agents(), MathOrchestra(task), strategies, engine, RolloutConfig(max_tokens=32), tokenizer=tokenizer)
+    table = run_rollouts(problems, default_agents(), MathOrchestra(task), strategies, engine, RolloutConfig(max_tokens=32), tokenizer=tokenizer)
     elapsed = time.monotonic() - t0
     assert elapsed < 45, f"a 32-problem mixed round took {elapsed:.1f}s"
     validate(table, STEPS)
@@ -462,7 +462,7 @@ def test_real_model_rows_reproduce_the_engine_logprobs(hf_engine, default_model_
 
     task = make_task()
     temperature = 0.8
-    table = run_round(task.problems("train", 3, 1), default_agents(), MathOrchestra(task), [IID(group_size=2)], hf_engine, RolloutConfig(temperature=temperature, max_tokens=16))
+    table = run_rollouts(task.problems("train", 3, 1), default_agents(), MathOrchestra(task), [IID(group_size=2)], hf_engine, RolloutConfig(temperature=temperature, max_tokens=16))
     model = load_model(default_model_dir)
     model.eval()
     for row in pl.from_arrow(table).head(6).iter_rows(named=True):

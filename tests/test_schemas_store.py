@@ -10,7 +10,7 @@ import pytest
 
 from pipeline import store
 from pipeline.synthetic import synthetic_steps
-from schemas import STEPS, SchemaError, empty_table, validate
+from schemas import STEPS, SchemaError, validate
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def steps() -> pl.DataFrame:
 def test_synthetic_full_table_is_a_valid_steps_table(steps):
     assert validate(steps, STEPS) is steps
     assert validate(steps.lazy(), "steps") is not None
-    validate(empty_table("steps"), "steps")
+    validate(STEPS.schema.empty_table(), "steps")
 
 
 def test_validate_names_every_problem(steps):

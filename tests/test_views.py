@@ -1,8 +1,10 @@
-"""Training views: the context swap (seed 004 test 1), identity reuse, turn-wise transforms,
+"""Training views: the context swap (the expert-iteration plan's first test), identity reuse, turn-wise transforms,
 non-prefix contexts, drops that are counted, and bad input named by column and step_id."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -15,7 +17,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
 from pipeline.strategies import IID, Feedback, PromptAug, Strategy
 from pipeline.training.trainer import collate
-from pipeline.views import ViewConfig, balance_weights, build_training_view, build_training_view_with_stats, to_dataset, view_hash, view_stats
+from pipeline.views import STATS_METADATA_KEY, ViewConfig, balance_weights, build_training_view, to_dataset, view_hash
 from schemas import SchemaError, validate
 from tiny import advantage_row, advantages_table, tiny_tokenizer
 
@@ -56,7 +58,7 @@ def test_context_swap_seed004_view_row_and_collated_batch():
             )
         ]
     )
-    view = build_training_view(adv, {"swap": SwapTo99()}, IntTokenizer())
+    view, _ = build_training_view(adv, {"swap": SwapTo99()}, IntTokenizer())
     validate(view, "training_view")
     row = view.to_pylist()[0]
     assert row["train_prompt_ids"] == [9, 9]
@@ -78,7 +80,7 @@ def test_identity_reuses_stored_prompt_ids_and_rerender_matches(tok):
     msgs = [{"role": "user", "content": "12+30="}]
     ids = encode_prompt(tok, msgs)
     adv = advantages_table([advantage_row("a", sampling_messages=msgs, prompt_ids=ids)])
-    view, stats = build_training_view_with_stats(adv, {"iid": IID()}, tok, ViewConfig(check_identity_render=True))
+    view, stats = build_training_view(adv, {"iid": IID()}, tok, ViewConfig(check_identity_render=True))
     assert view.column("train_prompt_ids").to_pylist() == [ids]
     assert encode_prompt(tok, IID().training_messages(msgs, 0, "solver")) == ids
     assert stats.n_rerendered == 0 and stats.n_context_swapped == 0
@@ -89,7 +91,7 @@ def test_identity_does_not_rerender_and_check_catches_foreign_template(tok):
     msgs = [{"role": "user", "content": "12+30="}]
     stored = [7, 7, 7]  # not what this tokenizer renders: proves the stored ids are the ones used
     adv = advantages_table([advantage_row("odd", sampling_messages=msgs, prompt_ids=stored)])
-    view = build_training_view(adv, {"iid": IID()}, tok)
+    view, _ = build_training_view(adv, {"iid": IID()}, tok)
     assert view.column("train_prompt_ids").to_pylist() == [stored]
     with pytest.raises(DataError, match="'odd'"):
         build_training_view(adv, {"iid": IID()}, tok, ViewConfig(check_identity_render=True))
@@ -99,7 +101,7 @@ def test_prompt_aug_training_context_is_not_a_prefix(tok):
     sampling = [{"role": "system", "content": "Hint: carry the one"}, {"role": "user", "content": "19+3="}]
     ids = encode_prompt(tok, sampling)
     adv = advantages_table([advantage_row("h", strategy="prompt_aug", sampling_messages=sampling, prompt_ids=ids)])
-    view = build_training_view(adv, {"prompt_aug": PromptAug()}, tok)
+    view, _ = build_training_view(adv, {"prompt_aug": PromptAug()}, tok)
     train = view.column("train_prompt_ids").to_pylist()[0]
     assert train == encode_prompt(tok, [{"role": "user", "content": "19+3="}])
     assert train != ids[: len(train)]  # not a prefix of the sampling prompt
@@ -119,7 +121,7 @@ def test_feedback_swaps_the_final_solver_turn_only(tok, train_context):
         advantage_row("a2", strategy="feedback", turn=1, sampling_messages=t1, prompt_ids=encode_prompt(tok, t1)),
         advantage_row("v", strategy="feedback", turn=1, agent_id="verifier", sampling_messages=t1, prompt_ids=encode_prompt(tok, t1)),
     ]
-    view = build_training_view(advantages_table(rows), {"feedback": Feedback(train_context=train_context)}, tok)
+    view, _ = build_training_view(advantages_table(rows), {"feedback": Feedback(train_context=train_context)}, tok)
     got = dict(zip(view.column("step_id").to_pylist(), view.column("train_prompt_ids").to_pylist()))
     expected_a2 = encode_prompt(tok, [problem] if train_context == "problem" else [problem, attempt])
     assert got["a2"] == expected_a2
@@ -128,7 +130,7 @@ def test_feedback_swaps_the_final_solver_turn_only(tok, train_context):
     swapped = dict(zip(view.column("step_id").to_pylist(), view.column("context_swapped").to_pylist()))
     assert swapped == {"a1": False, "a2": True, "v": False}
 
-    skip_view, stats = build_training_view_with_stats(advantages_table(rows), {"feedback": Feedback(first_attempt="skip")}, tok)
+    skip_view, stats = build_training_view(advantages_table(rows), {"feedback": Feedback(first_attempt="skip")}, tok)
     assert skip_view.column("step_id").to_pylist() == ["a2", "v"]
     assert stats.n_not_trainable == 1
 
@@ -144,14 +146,14 @@ def test_dropped_rows_are_counted_never_truncated(tok):
         advantage_row("long", completion_ids=list(range(10, 30)), completion_logprobs=[-1.0] * 20),
     ]
     adv = advantages_table(rows)
-    view, stats = build_training_view_with_stats(adv, {"iid": IID()}, tok, ViewConfig(max_length=10, policy_ids=("shared",)))
+    view, stats = build_training_view(adv, {"iid": IID()}, tok, ViewConfig(max_length=10, policy_ids=("shared",)))
     assert view.column("step_id").to_pylist() == ["keep"]
     assert (stats.n_input, stats.n_rows) == (7, 1)
     assert (stats.n_inactive, stats.n_null_reward, stats.n_other_policy) == (1, 1, 1)
     assert (stats.n_zero_weight, stats.n_zero_advantage, stats.n_too_long) == (1, 1, 1)
-    assert view_stats(view) == stats
+    assert json.loads(view.schema.metadata[STATS_METADATA_KEY]) == dataclasses.asdict(stats)
     # zero advantages kept on request (the rs loss wants them); nothing is ever cut short
-    view2 = build_training_view(adv, {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
+    view2, _ = build_training_view(adv, {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
     assert set(view2.column("step_id").to_pylist()) == {"keep", "other", "a0", "long"}
     lengths = dict(zip(view2.column("step_id").to_pylist(), view2.column("completion_ids").to_pylist()))
     assert len(lengths["long"]) == 20
@@ -183,7 +185,7 @@ def test_nan_values_and_unknown_strategies_are_named(tok):
 
 def test_polars_input_and_dataset_share_the_arrow_data(tok):
     adv = pl.from_arrow(advantages_table([advantage_row(f"r{i}", advantage=float(i + 1)) for i in range(3)]))
-    view = build_training_view(adv.lazy(), {"iid": IID()}, tok)
+    view, _ = build_training_view(adv.lazy(), {"iid": IID()}, tok)
     ds = to_dataset(view)
     assert ds.num_rows == 3
     assert ds[1]["step_id"] == "r1" and ds[1]["completion_ids"] == [6, 7]
@@ -192,10 +194,10 @@ def test_polars_input_and_dataset_share_the_arrow_data(tok):
 
 def test_view_hash_ignores_row_order_and_sees_content(tok):
     adv = advantages_table([advantage_row(f"r{i}", advantage=float(i + 1)) for i in range(3)])
-    view = build_training_view(adv, {"iid": IID()}, tok)
+    view, _ = build_training_view(adv, {"iid": IID()}, tok)
     shuffled = view.take(pa.array([2, 0, 1]))
     assert view_hash(view) == view_hash(shuffled)
-    changed = build_training_view(
+    changed, _ = build_training_view(
         advantages_table([advantage_row(f"r{i}", advantage=float(i + 1), completion_logprobs=[-0.5, -0.3]) for i in range(3)]),
         {"iid": IID()},
         tok,
@@ -206,7 +208,7 @@ def test_view_hash_ignores_row_order_and_sees_content(tok):
 
 def test_min_reward_drops_and_counts_rows_below_it(tok):
     rows = [advantage_row(f"s{i}", reward=r, advantage=0.0) for i, r in enumerate([1.0, 0.0, 2.0, None])]
-    view, stats = build_training_view_with_stats(
+    view, stats = build_training_view(
         advantages_table(rows), {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False, min_reward=1.0)
     )
     assert view.column("step_id").to_pylist() == ["s0", "s2"]
@@ -234,3 +236,54 @@ def test_balance_weights_equalizes_class_totals_and_keeps_the_rest():
     assert same.column("sample_weight").to_pylist() == view.column("sample_weight").to_pylist()
     with pytest.raises(DataError, match="2 labels for 6 view rows"):
         balance_weights(view, [True, False])
+
+
+def test_strategy_weights_count_each_policys_training_rows(tok):
+    """n_s is counted over the rows each policy trains on, after the view's filters: the
+    verifier's rows and the skipped first attempts do not shift the Solver's strategy mix."""
+    rows = [advantage_row(f"i{k}", strategy="iid", policy_id="solver") for k in range(2)]
+    rows += [advantage_row(f"f{k}", strategy="feedback", turn=1, policy_id="solver") for k in range(2)]
+    rows += [advantage_row(f"f0-{k}", strategy="feedback", turn=0, policy_id="solver") for k in range(2)]  # skipped
+    rows += [advantage_row(f"v{k}", strategy="iid", agent_id="verifier", policy_id="verifier") for k in range(4)]
+    strategies = {"iid": IID(), "feedback": Feedback(first_attempt="skip")}
+    view, _ = build_training_view(advantages_table(rows), strategies, tok, ViewConfig(strategy_weights={"iid": 1.0, "feedback": 1.0}))
+    w = dict(zip(view.column("step_id").to_pylist(), view.column("sample_weight").to_pylist()))
+    assert set(w) == {"i0", "i1", "f0", "f1", "v0", "v1", "v2", "v3"}
+    # the Solver trains 2 iid + 2 feedback rows: the 1:1 mix gives every row weight 1
+    assert [w[k] for k in ("i0", "i1", "f0", "f1")] == pytest.approx([1.0] * 4)
+    # the Verifier trains iid rows only: its weights stay 1
+    assert [w[f"v{k}"] for k in range(4)] == pytest.approx([1.0] * 4)
+    # 3:1 mixture weights: iid rows carry 3/4 of the Solver's total weight 4
+    view, _ = build_training_view(advantages_table(rows), strategies, tok, ViewConfig(strategy_weights={"iid": 3.0, "feedback": 1.0}))
+    w = dict(zip(view.column("step_id").to_pylist(), view.column("sample_weight").to_pylist()))
+    assert w["i0"] + w["i1"] == pytest.approx(3.0) and w["f0"] + w["f1"] == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="no weight for strategy.*feedback"):
+        build_training_view(advantages_table(rows), strategies, tok, ViewConfig(strategy_weights={"iid": 1.0}))
+
+
+def test_verdicts_are_balanced_from_the_verdict_column(tok):
+    rows = [advantage_row(f"no{k}", agent_id="verifier", turn=1, verdict=False, advantage=0.0) for k in range(3)]
+    rows += [advantage_row("yes", agent_id="verifier", turn=1, verdict=True, advantage=0.0)]
+    rows += [advantage_row("unparsable", agent_id="verifier", turn=1, verdict=None, advantage=0.0)]
+    rows += [advantage_row("solver", advantage=0.0)]
+    config = ViewConfig(drop_zero_advantage=False, balance_verdicts=True)
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok, config)
+    w = dict(zip(view.column("step_id").to_pylist(), view.column("sample_weight").to_pylist()))
+    assert w["yes"] == pytest.approx(2.0) and w["no0"] == pytest.approx(2.0 / 3)
+    assert w["unparsable"] == 1.0 and w["solver"] == 1.0
+    unbalanced, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
+    assert set(unbalanced.column("sample_weight").to_pylist()) == {1.0}
+    with pytest.raises(DataError, match="verdict"):
+        build_training_view(advantages_table(rows).drop_columns(["verdict"]), {"iid": IID()}, tok, config)
+
+
+def test_rs_view_refuses_a_reward_that_is_not_the_rows_own(tok):
+    """With alpha > 0 a wrong first attempt (local 0) in a trajectory that later succeeds
+    (global 1) has reward 1: the rs view would fine-tune on it. It is an error instead."""
+    config = ViewConfig(drop_zero_advantage=False, min_reward=1.0, reward_is_local=True)
+    mixed = [advantage_row("wrong-first", global_reward=1.0, local_reward=0.0, reward=1.0), advantage_row("right", global_reward=1.0, local_reward=1.0, reward=2.0)]
+    with pytest.raises(ConfigError, match=r"local_reward.*'wrong-first'.*--alpha 0"):
+        build_training_view(advantages_table(mixed), {"iid": IID()}, tok, config)
+    own = [advantage_row("wrong-first", global_reward=1.0, local_reward=0.0, reward=0.0), advantage_row("right", global_reward=1.0, local_reward=1.0, reward=1.0)]
+    view, _ = build_training_view(advantages_table(own), {"iid": IID()}, tok, config)
+    assert view.column("step_id").to_pylist() == ["right"]

@@ -101,6 +101,7 @@ def advantage_row(step_id: str, **values) -> dict:
         "local_reward": 0.0,
         "reward": 1.0,
         "reward_error": None,
+        "verdict": None,
         "model_version": "v0",
         "engine": "hf",
         "seed": 0,

@@ -22,7 +22,7 @@ Strategies:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar, Literal, Sequence
 
 from pipeline.errors import ConfigError
@@ -155,4 +155,9 @@ def make_strategy(strategy_id: str, **options) -> Strategy:
     """Build a strategy by id, e.g. `make_strategy("feedback", group_size=4, train_context="attempt")`."""
     if strategy_id not in STRATEGY_IDS:
         raise ConfigError(f"unknown strategy {strategy_id!r}; choose from {sorted(STRATEGY_IDS)}")
-    return STRATEGY_IDS[strategy_id](**options)
+    cls = STRATEGY_IDS[strategy_id]
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"strategy {strategy_id!r} takes no option(s) {unknown}; its options: {sorted(known)}")
+    return cls(**options)

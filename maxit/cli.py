@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import MaxitError, SchemaError
+from pipeline.settings import add_setting_flags
 
 __all__ = ["main", "build_parser"]
 
@@ -45,32 +46,33 @@ def add_advantage_flags(p: argparse.ArgumentParser) -> None:
         nargs="*",
         default=None,
         metavar="COL",
-        help="columns added to uid to form a group (agent_id turn strategy; default all three; none = plain GRPO)",
+        help="columns added to uid+strategy to form a group (agent_id turn; default both; none = plain GRPO per strategy)",
     )
     g.add_argument("--normalize", choices=["std", "center"], default="std")
-    g.add_argument("--trajectory-mean", action="store_true", help="one member per trajectory (the seed's standard GRPO)")
+    g.add_argument("--trajectory-mean", action="store_true", help="group statistics over trajectory means (one member per trajectory)")
+    g.add_argument(
+        "--trajectory-score", choices=["own", "mean"], default="own",
+        help="with --trajectory-mean: score each row by its own reward (default) or by its trajectory's mean",
+    )
     g.add_argument("--singleton", choices=["zero", "raw"], default="zero")
     g.add_argument("--eps", type=float, default=1e-6)
-    g.add_argument("--alpha", type=float, default=1.0, help="reward = alpha*global_reward + local_reward")
-    g.add_argument("--strategy-weight", action="append", metavar="S=W", help="mixture weight of a strategy (repeat)")
+    g.add_argument("--alpha", type=float, default=1.0, help="reward = alpha*global_reward + local_weight*local_reward (default 1)")
+    g.add_argument("--local-weight", type=float, default=1.0, help="weight of the local reward (default 1; DrMAS's team reward: 0)")
 
 
 def advantage_config_from_args(args):
     from pipeline.config import AdvantageConfig
+    from pipeline.settings import parse_group_by
 
-    group_by = args.group_by
-    if group_by is None:
-        group_by = ("agent_id", "turn", "strategy")
-    elif group_by == ["none"] or group_by == []:
-        group_by = ()
     return AdvantageConfig(
-        group_by=tuple(group_by),
+        group_by=parse_group_by(args.group_by),
         normalize=args.normalize,
         trajectory_mean=args.trajectory_mean,
+        trajectory_score=args.trajectory_score,
         singleton=args.singleton,
         eps=args.eps,
         alpha=args.alpha,
-        strategy_weights=_parse_weights(args.strategy_weight),
+        local_weight=args.local_weight,
     )
 
 
@@ -102,7 +104,10 @@ def cmd_advantages(args) -> int:
     dt = time.perf_counter() - t0
     store.write_table(out, args.out)
     print(f"advantages of {source}")
-    print(f"grouping uid+{'+'.join(config.group_by) or '(nothing)'}, normalize={config.normalize}, trajectory_mean={config.trajectory_mean}, alpha={config.alpha}")
+    print(
+        f"grouping {'+'.join(config.group_key)}, normalize={config.normalize}, trajectory_mean={config.trajectory_mean} "
+        f"(score: {config.trajectory_score}), reward = {config.alpha}*global + {config.local_weight}*local"
+    )
     print(f"{out.height} rows in {dt:.2f} s -> {args.out}")
     _print_frame(advantage_metrics(out, config), "per agent and strategy:")
     return 0
@@ -116,46 +121,17 @@ def cmd_sql(args) -> int:
     return 0
 
 
-def _settings_from_args(args):
-    from assets.config import RunSettings
-
-    group_by = args.group_by
-    if group_by is None:
-        group_by = ["agent_id", "turn", "strategy"]
-    elif group_by in (["none"], []):
-        group_by = []
-    return RunSettings(
-        model_dir=args.model_dir,
-        task_file=args.task_file,
-        shared_policy=not args.separate_policies,
-        problems=args.problems,
-        samples=args.samples,
-        strategies=list(args.strategies),
-        max_loop_num=args.max_loop_num,
-        alpha=args.alpha,
-        seed=args.seed,
-        group_by=list(group_by),
-        normalize=args.normalize,
-        trajectory_mean=args.trajectory_mean,
-        loss=args.loss,
-        lr=args.lr,
-        epochs=args.epochs,
-        eval_problems=args.eval_problems,
-        eval_samples=args.eval_samples,
-        train_on=args.train_on,
-        balance_verdicts=not args.no_balance_verdicts,
-    )
-
-
 def cmd_run(args) -> int:
     import resource
 
+    from assets.config import RunSettings
     from assets.launch import run_rounds
+    from pipeline.settings import settings_from_args
 
-    settings = _settings_from_args(args)
+    settings = settings_from_args(args)
     settings.run_config()  # validate every flag before anything starts
     t0 = time.perf_counter()
-    summary = run_rounds(args.rounds, args.store, settings, engine=args.engine, restart=args.restart, quiet_dagster=not args.verbose)
+    summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     _print_frame(summary, f"maxit run: {args.rounds} round(s) in {time.perf_counter() - t0:.0f}s, peak memory {peak:.0f} MB, store {args.store}")
     return 0
@@ -168,11 +144,21 @@ def cmd_ui(args) -> int:
 
 
 def cmd_rollout(args) -> int:
-    from pipeline.rollouts import rollout_command
-
-    path = rollout_command(args.store, args.round, args.problems, args.samples, args.engine, model_dir=args.model_dir, strategies=tuple(args.strategies), seed=args.seed)
     import polars as pl
 
+    from pipeline.rounds import RoundContext, stage_problems, stage_rollouts
+    from pipeline.settings import settings_from_args
+    from pipeline.store import table_path
+
+    config = settings_from_args(args).run_config()
+    if args.round < 0:
+        raise MaxitError(f"--round must be >= 0, got {args.round}")
+    ctx = RoundContext(Path(args.store), config)
+    try:
+        stage_rollouts(ctx, args.round, stage_problems(ctx, args.round))
+    finally:
+        ctx.engines.close()
+    path = table_path(args.store, args.round, "steps")
     steps = pl.read_parquet(path)
     print(f"{steps.height} agent calls -> {path}")
     _print_frame(
@@ -187,21 +173,23 @@ def cmd_view(args) -> int:
     from pipeline import store
     from pipeline.models import default_model, load_tokenizer
     from pipeline.strategies import STRATEGY_IDS, make_strategy
-    from pipeline.views import ViewConfig, build_training_view_with_stats
+    from pipeline.views import ViewConfig, build_training_view
 
     path = Path(args.advantages)
     if not path.exists():
         raise MaxitError(f"--advantages: no such file: {path}")
     adv = pl.read_parquet(path)
     # the view validates the table (missing columns, unknown strategy ids named with their step_ids)
-    strategies = {s: make_strategy(s) for s in STRATEGY_IDS}
+    options = {"feedback": {"train_context": args.feedback_train_context, "first_attempt": args.feedback_first_attempt}}
+    strategies = {s: make_strategy(s, **options.get(s, {})) for s in STRATEGY_IDS}
     tokenizer = load_tokenizer(args.model_dir or default_model())
+    common = dict(max_length=args.max_length, strategy_weights=_parse_weights(args.strategy_weight), balance_verdicts=args.balance_verdicts)
     if args.loss == "rs":
         min_reward = 1.0 if args.min_reward is None else args.min_reward
-        config = ViewConfig(drop_zero_advantage=False, min_reward=min_reward, max_length=args.max_length)
+        config = ViewConfig(drop_zero_advantage=False, min_reward=min_reward, reward_is_local=True, **common)
     else:
-        config = ViewConfig(max_length=args.max_length, min_reward=args.min_reward)
-    view, stats = build_training_view_with_stats(adv, strategies, tokenizer, config)
+        config = ViewConfig(min_reward=args.min_reward, **common)
+    view, stats = build_training_view(adv, strategies, tokenizer, config)
     store.write_table(view, args.out, "training_view")
     print(f"{stats.n_rows} training rows of {stats.n_input} ({stats.n_context_swapped} context-swapped) -> {args.out}")
     dropped = {k: v for k, v in vars(stats).items() if k.startswith("n_") and k not in ("n_input", "n_rows", "n_context_swapped", "n_rerendered") and v}
@@ -241,31 +229,6 @@ def cmd_model(args) -> int:
     return 0
 
 
-def add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", default="runs/default", help="folder of the run's tables and checkpoints")
-    p.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
-    p.add_argument("--model-dir", default=None, help="starting checkpoint (local HF model dir); default: the embedded tiny model")
-    p.add_argument("--task-file", default=None, help="local JSONL/Parquet problems (question/answer columns) instead of the arithmetic task")
-    p.add_argument("--separate-policies", action="store_true", help="Solver and Verifier each get their own policy")
-    p.add_argument("--problems", type=int, default=128, help="training problems per round")
-    p.add_argument("--samples", type=int, default=4, help="group size of every strategy")
-    p.add_argument("--strategies", nargs="+", default=["iid", "prompt_aug", "feedback", "tree"])
-    p.add_argument("--max-loop-num", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--loss", choices=["rs", "ppo"], default="rs", help="rs: rejection-sampling expert iteration; ppo: importance-weighted PG")
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--train-on", choices=["rollouts", "ground_truth"], default="rollouts", help="ground_truth: the step-matched SFT baseline")
-    p.add_argument("--no-balance-verdicts", action="store_true", help="train the Verifier's yes/no rows as sampled (default: equal total weight per class)")
-    p.add_argument("--eval-problems", type=int, default=200)
-    p.add_argument("--eval-samples", type=int, default=2)
-    g = p.add_argument_group("advantages")
-    g.add_argument("--group-by", nargs="*", default=None, metavar="COL")
-    g.add_argument("--normalize", choices=["std", "center"], default="std")
-    g.add_argument("--trajectory-mean", action="store_true")
-    g.add_argument("--alpha", type=float, default=None, help="reward = alpha*global + local (default: 0 with --loss rs, 1 with ppo)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="maxit", description="Multi-Agent eXpert ITeration: train teams of LLM agents by expert iteration.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -283,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--restart", action="store_true", help="re-run rounds that are already complete")
     p.add_argument("--verbose", action="store_true", help="show Dagster's own log lines")
-    add_run_flags(p)
+    p.add_argument("--store", default="runs/default", help="folder of the run's tables and checkpoints")
+    add_setting_flags(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("ui", help="the Dagster UI (dagster dev) on 127.0.0.1; Ctrl-C stops it cleanly")
@@ -293,15 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=["auto", "vllm", "hf"], default=None)
     p.set_defaults(func=cmd_ui)
 
-    p = sub.add_parser("rollout", help="one mixed-strategy two-agent round of rollouts -> DIR/round=R/steps.parquet")
-    p.add_argument("--store", required=True)
+    p = sub.add_parser("rollout", help="one round's problems and rollouts (what `maxit run` samples) -> DIR/round=R/steps.parquet")
+    p.add_argument("--store", required=True, help="the run's folder (its policy registry gives the checkpoint round R samples with)")
     p.add_argument("--round", type=int, default=0)
-    p.add_argument("--problems", type=int, default=32)
-    p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--engine", choices=["auto", "vllm", "hf"], default="auto")
-    p.add_argument("--model-dir", default=None)
-    p.add_argument("--strategies", nargs="+", default=["iid", "prompt_aug", "feedback", "tree"])
-    p.add_argument("--seed", type=int, default=0)
+    add_setting_flags(p, groups=("team and task", "sampling", "rewards and advantages"))
     p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("view", help="build a training view (context swap) from an advantages table")
@@ -311,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", choices=["rs", "ppo"], default="ppo", help="ppo: rows with a non-zero advantage; rs: rows with reward >= --min-reward")
     p.add_argument("--min-reward", type=float, default=None, help="leave out rows whose reward is below this (rs: default 1.0)")
     p.add_argument("--max-length", type=int, default=None, help="drop (and count) rows whose training prompt + completion is longer")
+    p.add_argument("--strategy-weight", action="append", metavar="S=W", help="stratified mixture weight of a strategy (repeat; counted per policy over its training rows)")
+    p.add_argument("--balance-verdicts", action=argparse.BooleanOptionalAction, default=True, help="equal total weight for the Verifier's yes and no rows (default: on)")
+    p.add_argument("--feedback-train-context", choices=["problem", "attempt"], default="problem", help="training context of the feedback strategy's second attempt")
+    p.add_argument("--feedback-first-attempt", choices=["iid", "skip"], default="iid", help="train the feedback strategy's first attempt as iid, or not")
     p.set_defaults(func=cmd_view)
 
     p = sub.add_parser("train", help="train one policy on a training view")

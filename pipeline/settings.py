@@ -1,0 +1,286 @@
+"""The one definition of a run's settings.
+
+`Settings` is a flat, frozen record of every knob a user sets for an expert-iteration run: its
+name, type, default and help text. Everything else is made from it:
+- `Settings().run_config()` is the `pipeline.rounds.RunConfig` the stages run with, and
+  `RunConfig()` itself takes its defaults from here (so a notebook gets the same run);
+- the Dagster `settings` resource (`assets.config.RunSettings`) has one field per setting;
+- `maxit run` has one flag per setting (`add_setting_flags`).
+
+Settings whose default depends on the loss (`alpha`, `local_weight`) default to None, which means
+"the loss's preset" (`LOSS_PRESETS`). A combination that would silently train the wrong rows is a
+`ConfigError` naming the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+from pipeline.errors import ConfigError
+
+__all__ = ["Settings", "LOSS_PRESETS", "add_setting_flags", "settings_from_args", "setting_default", "parse_group_by"]
+
+
+def _s(default: Any, help: str, *, group: str, choices: tuple | None = None, negative_flag: str | None = None, metavar: str | None = None):
+    """A setting: a dataclass field with its help text, CLI group and choices as metadata."""
+    meta = {"help": help, "group": group, "choices": choices, "negative_flag": negative_flag, "metavar": metavar}
+    if isinstance(default, (list, dict)):
+        raise TypeError("mutable defaults are not allowed; use a tuple")
+    return field(default=default, metadata=meta)
+
+
+LOSS_KINDS = ("rs", "ppo")
+
+LOSS_PRESETS: Mapping[str, Mapping[str, float]] = {
+    # rejection-sampling expert iteration: a row is trained when its own action was right (the
+    # Solver's answer, the Verifier's verdict), so the reward is the local reward alone
+    "rs": {"alpha": 0.0, "local_weight": 1.0},
+    # policy gradient: AT-GRPO's mixed reward alpha * global + local
+    "ppo": {"alpha": 1.0, "local_weight": 1.0},
+}
+"""Defaults of the reward mix per loss, used where `alpha` / `local_weight` are None."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of an expert-iteration run (see the module docstring). Field metadata holds
+    each setting's help text; `run_config()` validates the whole and builds the `RunConfig`."""
+
+    # --- the team and the task ------------------------------------------------------------
+    task: str = _s("arithmetic", "task name (pipeline.tasks); ignored with task_file", group="team and task")
+    task_file: str | None = _s(None, "local JSONL/Parquet problems file (question/answer columns) instead of the task", group="team and task")
+    model_dir: str | None = _s(None, "starting checkpoint, a local HF model folder; None = the embedded tiny model", group="team and task")
+    shared_policy: bool = _s(
+        True, "Solver and Verifier share one policy (--separate-policies: each has its own)", group="team and task", negative_flag="--separate-policies"
+    )
+    engine: str = _s("auto", "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=("auto", "vllm", "hf"))
+
+    # --- sampling ---------------------------------------------------------------------------
+    problems: int = _s(128, "training problems drawn per round", group="sampling")
+    samples: int = _s(4, "group size of every strategy (tree: candidates per node)", group="sampling")
+    strategies: tuple[str, ...] = _s(
+        ("iid", "prompt_aug", "feedback", "tree"), "search strategies interleaved in each round", group="sampling", metavar="STRATEGY"
+    )
+    temperature: float = _s(1.0, "sampling temperature (training computes p_train at the same temperature)", group="sampling")
+    max_tokens: int = _s(16, "completion budget of each agent call in rollouts", group="sampling")
+    max_loop_num: int = _s(2, "Solver/Verifier loops per sample (DrMAS's max_loop_num)", group="sampling")
+    seed: int = _s(0, "seed of the problem draws and of sampling (each round derives its own)", group="sampling")
+    feedback_train_context: str = _s(
+        "problem",
+        "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt",
+        group="sampling",
+        choices=("problem", "attempt"),
+    )
+    feedback_first_attempt: str = _s(
+        "iid", "the feedback strategy's first attempt: trained as an iid row, or not trained", group="sampling", choices=("iid", "skip")
+    )
+
+    # --- rewards and advantages -------------------------------------------------------------
+    alpha: float | None = _s(None, "reward = alpha*global_reward + local_weight*local_reward; None = the loss's preset (rs 0, ppo 1)", group="rewards and advantages")
+    local_weight: float | None = _s(None, "weight of the local (own-action) reward; None = the loss's preset (1)", group="rewards and advantages")
+    group_by: tuple[str, ...] = _s(
+        ("agent_id", "turn"),
+        "columns added to uid+strategy to form advantage groups (a group never spans strategies; none = plain GRPO per strategy)",
+        group="rewards and advantages",
+        metavar="COL",
+    )
+    normalize: str = _s("std", "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages", choices=("std", "center"))
+    trajectory_mean: bool = _s(False, "group statistics over trajectory means (one member per trajectory)", group="rewards and advantages")
+    trajectory_score: str = _s(
+        "own",
+        "with trajectory_mean: each row scored by its own reward (own) or by its trajectory's mean (mean, as DrMAS's code)",
+        group="rewards and advantages",
+        choices=("own", "mean"),
+    )
+
+    # --- training ---------------------------------------------------------------------------
+    loss: str = _s("rs", "rs: rejection-sampling expert iteration; ppo: importance-weighted PG with PPO clip", group="training", choices=LOSS_KINDS)
+    lr: float = _s(5e-4, "AdamW learning rate", group="training")
+    epochs: int = _s(2, "passes over each round's training rows", group="training")
+    minibatch_size: int = _s(256, "rows per optimizer step", group="training")
+    micro_batch_size: int = _s(64, "rows per forward/backward pass", group="training")
+    balance_verdicts: bool = _s(True, "equal total weight for the Verifier's yes and no training rows each round", group="training")
+    train_on: str = _s(
+        "rollouts", "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=("rollouts", "ground_truth")
+    )
+
+    # --- evaluation -------------------------------------------------------------------------
+    eval_problems: int = _s(200, "held-out problems evaluated after every round (the same ones each round)", group="evaluation")
+    eval_samples: int = _s(2, "Solver samples per held-out problem", group="evaluation")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise ConfigError(f"{f.name} must be one of {list(choices)}, got {value!r}")
+        for name in ("strategies", "group_by"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ConfigError(f"{name} must be a sequence of names, got the string {value!r}")
+            object.__setattr__(self, name, tuple(value))
+
+    # -- the loss's presets -----------------------------------------------------------------
+    def reward_mix(self) -> tuple[float, float]:
+        """(alpha, local_weight): the settings, or the loss's preset where they are None."""
+        preset = LOSS_PRESETS[self.loss]
+        alpha = preset["alpha"] if self.alpha is None else float(self.alpha)
+        local = preset["local_weight"] if self.local_weight is None else float(self.local_weight)
+        return alpha, local
+
+    def advantage_config(self):
+        from pipeline.config import AdvantageConfig
+
+        alpha, local_weight = self.reward_mix()
+        group_by = parse_group_by(self.group_by)
+        return AdvantageConfig(
+            group_by=group_by,
+            normalize=self.normalize,
+            trajectory_mean=self.trajectory_mean,
+            trajectory_score=self.trajectory_score,
+            alpha=alpha,
+            local_weight=local_weight,
+        )
+
+    def view_config(self):
+        from pipeline.views import ViewConfig
+
+        rs = self.loss == "rs"
+        return ViewConfig(
+            drop_zero_advantage=not rs,
+            min_reward=self.loss_config().rs_threshold if rs else None,
+            reward_is_local=rs,
+            balance_verdicts=self.balance_verdicts,
+        )
+
+    def loss_config(self):
+        from pipeline.training.config import LossConfig
+
+        return LossConfig(kind=self.loss)
+
+    def train_config(self):
+        from pipeline.training.config import TrainConfig
+
+        return TrainConfig(
+            lr=self.lr,
+            epochs=self.epochs,
+            minibatch_size=self.minibatch_size,
+            micro_batch_size=self.micro_batch_size,
+            temperature=self.temperature,
+            loss=self.loss_config(),
+            report_to="none",
+        )
+
+    def eval_config(self):
+        from pipeline.evaluation import EvalConfig
+
+        return EvalConfig(problems=self.eval_problems, samples=self.eval_samples)
+
+    def strategy_options(self) -> dict[str, dict[str, Any]]:
+        return {"feedback": {"train_context": self.feedback_train_context, "first_attempt": self.feedback_first_attempt}}
+
+    def check(self) -> None:
+        """Combinations that would silently train the wrong rows are errors."""
+        alpha, local_weight = self.reward_mix()
+        if self.loss == "rs" and (alpha, local_weight) != (0.0, 1.0):
+            raise ConfigError(
+                f"loss 'rs' trains the rows whose own action was right, judged by the reward; with alpha={alpha} and "
+                f"local_weight={local_weight} the reward is not the row's own correctness (a wrong first attempt of a "
+                "trajectory that later succeeds would be fine-tuned on): leave alpha and local_weight unset with --loss rs"
+            )
+
+    def run_config(self):
+        """The `RunConfig` of these settings (validated: a bad value raises `ConfigError` naming it)."""
+        from pipeline.rounds import RunConfig
+
+        self.check()
+        return RunConfig(
+            task=self.task,
+            task_file=self.task_file,
+            model_dir=self.model_dir,
+            shared_policy=self.shared_policy,
+            engine=self.engine,
+            problems=self.problems,
+            samples=self.samples,
+            strategies=self.strategies,
+            strategy_options=self.strategy_options(),
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            max_loop_num=self.max_loop_num,
+            seed=self.seed,
+            advantage=self.advantage_config(),
+            view=self.view_config(),
+            train=self.train_config(),
+            train_on=self.train_on,
+            evaluation=self.eval_config(),
+        )
+
+
+def parse_group_by(values: Sequence[str] | None, default: tuple[str, ...] = ("agent_id", "turn")) -> tuple[str, ...]:
+    """`--group-by` values: None = `default`; `none` or nothing = () (plain GRPO groups)."""
+    if values is None:
+        return tuple(default)
+    values = tuple(values)
+    return () if values in (("none",), ()) else values
+
+
+def setting_default(name: str):
+    """The default of one setting (what `RunConfig`'s own defaults are taken from)."""
+    for f in fields(Settings):
+        if f.name == name:
+            return f.default
+    raise KeyError(name)
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(Settings)
+
+
+def _scalar_type(hint) -> type:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | None = None) -> None:
+    """One flag per setting (of the named groups; None = all): `--name-with-dashes`; booleans get
+    `--x` / `--no-x` (or their own negative flag); sequences take several values. Defaults are left
+    unset (None) so that `settings_from_args` can tell a flag given from one left alone."""
+    hints = _hints()
+    arg_groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in fields(Settings):
+        meta = f.metadata
+        if groups is not None and meta["group"] not in groups:
+            continue
+        g = arg_groups.get(meta["group"]) or arg_groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        default_text = "the loss's preset" if f.default is None and f.name in ("alpha", "local_weight") else f.default
+        help_text = f"{meta['help']} (default: {' '.join(default_text) if isinstance(default_text, tuple) else default_text})"
+        if hint is bool:
+            if meta["negative_flag"]:
+                g.add_argument(meta["negative_flag"], dest=f.name, action="store_false", default=None, help=help_text)
+            else:
+                g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif typing.get_origin(hint) is tuple:
+            g.add_argument(flag, dest=f.name, nargs="*" if f.name == "group_by" else "+", default=None, metavar=meta["metavar"], help=help_text)
+        else:
+            g.add_argument(flag, dest=f.name, type=_scalar_type(hint), choices=meta["choices"], default=None, metavar=meta["metavar"], help=help_text)
+
+
+def settings_from_args(args: argparse.Namespace, **overrides) -> Settings:
+    """The `Settings` of parsed flags: flags left alone keep the setting's default."""
+    values = {f.name: getattr(args, f.name) for f in fields(Settings) if getattr(args, f.name, None) is not None}
+    values.update(overrides)
+    return Settings(**values)
+
+
+def settings_fields() -> list[tuple[str, Any, Any, str]]:
+    """(name, type hint, default, help) of every setting, in order (for the Dagster resource)."""
+    hints = _hints()
+    return [(f.name, hints[f.name], f.default if f.default is not MISSING else None, f.metadata["help"]) for f in fields(Settings)]

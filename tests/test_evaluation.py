@@ -1,0 +1,82 @@
+"""Held-out evaluation: the rollouts' correctness rule and guarded reward calls, and the
+Verifier's balanced verdict accuracy."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from fakes import FakeSampler, FakeTask
+from pipeline.agents import default_agents
+from pipeline.evaluation import EvalConfig, evaluate_team
+from pipeline.rewards import CORRECT_THRESHOLD, Outcome, is_correct
+
+
+def metrics(df: pl.DataFrame) -> dict[str, float]:
+    return dict(zip(df["metric"], df["value"]))
+
+
+def evaluate(task, sampler, **config):
+    tok = sampler.tokenizer
+    cfg = EvalConfig(problems=40, samples=2, max_tokens=32, **config)
+    return metrics(evaluate_team(task, default_agents(), {"shared": sampler}, {"shared": tok}, cfg, round_=0))
+
+
+def test_is_correct_is_the_one_rule():
+    assert is_correct(Outcome(1.0)) and is_correct(Outcome(CORRECT_THRESHOLD))
+    assert not is_correct(Outcome(0.0)) and not is_correct(Outcome(None, "raised")) and not is_correct(Outcome(None))
+
+
+class HalfCreditTask(FakeTask):
+    """A partial-credit reward of 0.5 for a right answer: correct under the one rule (>= 0.5),
+    though an evaluation with its own rule (>= 1.0) would count it wrong."""
+
+    def reward(self, problem, completion_text):
+        return 0.5 * super().reward(problem, completion_text)
+
+
+def test_evaluation_uses_the_rollouts_correctness_rule():
+    full = evaluate(FakeTask(), FakeSampler(solver_accuracy=0.6))
+    half = evaluate(HalfCreditTask(), FakeSampler(solver_accuracy=0.6))
+    assert full["accuracy"] == half["accuracy"] > 0.3
+    assert full["accuracy_greedy"] == half["accuracy_greedy"]
+
+
+class RaisingTask(FakeTask):
+    def reward(self, problem, completion_text):
+        if problem.uid.endswith("-3"):
+            raise RuntimeError("reward crashed")
+        return super().reward(problem, completion_text)
+
+    def parse_verdict(self, text):
+        if text.startswith("no"):
+            raise ValueError("parser crashed")
+        return super().parse_verdict(text)
+
+
+def test_a_raising_reward_or_parser_is_an_unscored_answer_not_a_dead_evaluation():
+    m = evaluate(RaisingTask(), FakeSampler(solver_accuracy=1.0, hint_bonus=0.0, garbage=0.0))
+    # one problem of 40 raises: its answers count wrong, the rest are right
+    assert m["accuracy"] == pytest.approx(39 / 40)
+    assert 0.0 <= m["verdict_accuracy"] <= 1.0
+
+
+def test_balanced_verdict_accuracy_is_robust_to_the_base_rate():
+    # a Verifier that always says yes: 50% balanced, whatever the Solver's accuracy
+    class YesSampler(FakeSampler):
+        def _sample(self, prompt, rng, max_tokens):
+            s = super()._sample(prompt, rng, max_tokens)
+            if "Verify the proposed answer." in prompt.rsplit("\x02", 1)[-1]:
+                from pipeline.types import Sample
+
+                ids = self.tokenizer.encode("yes") + [0]
+                return Sample(token_ids=ids, logprobs=[-0.1] * len(ids), text="yes", finish_reason="stop")
+            return s
+
+    m = evaluate(FakeTask(), YesSampler(solver_accuracy=0.8, garbage=0.0))
+    assert m["approve_rate"] == 1.0
+    assert m["verdict_accuracy"] == pytest.approx(m["accuracy"])  # right exactly on the right answers
+    assert m["verdict_balanced_accuracy"] == pytest.approx(0.5)
+    # a perfect checker: 100% balanced
+    perfect = evaluate(FakeTask(), FakeSampler(solver_accuracy=0.5, verifier_accuracy=1.0, garbage=0.0))
+    assert perfect["verdict_balanced_accuracy"] == pytest.approx(1.0)

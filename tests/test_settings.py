@@ -1,0 +1,102 @@
+"""One definition of a run's settings: RunConfig(), the Dagster settings and `maxit run` are the
+same run, for the defaults and for any flags."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from assets.config import RunSettings
+from maxit.cli import build_parser, main
+from pipeline.errors import ConfigError
+from pipeline.rounds import RunConfig
+from pipeline.settings import LOSS_PRESETS, Settings, settings_from_args
+
+
+def cli_settings(*argv: str) -> Settings:
+    args = build_parser().parse_args(["run", *argv])
+    return settings_from_args(args)
+
+
+def dagster_settings(settings: Settings) -> RunSettings:
+    return RunSettings.from_settings(settings)
+
+
+def test_defaults_are_one_run_everywhere():
+    notebook = RunConfig()
+    assert Settings().run_config() == notebook
+    assert RunSettings().run_config() == notebook
+    assert cli_settings().run_config() == notebook
+    # the default run is the rejection-sampling loss with its reward preset
+    assert notebook.train.loss.kind == "rs"
+    assert (notebook.advantage.alpha, notebook.advantage.local_weight) == (LOSS_PRESETS["rs"]["alpha"], LOSS_PRESETS["rs"]["local_weight"])
+    assert notebook.view.balance_verdicts and notebook.view.reward_is_local
+
+
+def test_every_setting_is_a_flag_and_a_dagster_field():
+    parser = build_parser()
+    run = parser._subparsers._group_actions[0].choices["run"]
+    dests = {a.dest for a in run._actions}
+    names = {f.name for f in dataclasses.fields(Settings)}
+    assert names <= dests
+    assert names <= set(RunSettings.model_fields)
+    for f in dataclasses.fields(Settings):
+        assert RunSettings.model_fields[f.name].description == f.metadata["help"]
+
+
+@pytest.mark.parametrize(
+    "argv, values",
+    [
+        (["--loss", "ppo", "--lr", "1e-4", "--epochs", "1"], {"loss": "ppo", "lr": 1e-4, "epochs": 1}),
+        (["--separate-policies", "--no-balance-verdicts"], {"shared_policy": False, "balance_verdicts": False}),
+        (["--group-by", "agent_id", "--strategies", "iid", "tree"], {"group_by": ("agent_id",), "strategies": ("iid", "tree")}),
+        (["--loss", "ppo", "--alpha", "0.5", "--local-weight", "0"], {"loss": "ppo", "alpha": 0.5, "local_weight": 0.0}),
+        (["--feedback-first-attempt", "skip", "--max-tokens", "8"], {"feedback_first_attempt": "skip", "max_tokens": 8}),
+    ],
+)
+def test_flags_give_the_same_run_as_the_settings(argv, values):
+    from_cli = cli_settings(*argv)
+    assert from_cli == Settings(**values)
+    config = from_cli.run_config()
+    assert dagster_settings(from_cli).run_config() == config
+
+
+def test_group_by_none_is_plain_grpo():
+    assert cli_settings("--group-by", "none").run_config().advantage.group_by == ()
+    assert cli_settings("--group-by").run_config().advantage.group_by == ()
+
+
+def test_presets_follow_the_loss():
+    ppo = Settings(loss="ppo").run_config()
+    assert (ppo.advantage.alpha, ppo.advantage.local_weight) == (1.0, 1.0)
+    assert ppo.view.drop_zero_advantage and not ppo.view.reward_is_local
+
+
+def test_rs_with_a_mixed_reward_is_an_error(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="alpha"):
+        Settings(loss="rs", alpha=1.0).run_config()
+    assert main(["run", "--rounds", "1", "--store", str(tmp_path / "s"), "--alpha", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "alpha" in err and "Traceback" not in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_bad_values_name_the_setting():
+    with pytest.raises(ConfigError, match="normalize"):
+        Settings(normalize="minmax")
+    with pytest.raises(ConfigError, match="strategies"):
+        Settings(strategies="iid")
+    with pytest.raises(ConfigError, match="no option"):
+        RunConfig(strategy_options={"feedback": {"first_atempt": "skip"}})
+    with pytest.raises(ConfigError, match="strategy_options"):
+        RunConfig(strategy_options={"beam": {}})
+
+
+def test_strategy_options_reach_the_strategies(tmp_path):
+    from pipeline.rounds import RoundContext
+
+    config = Settings(feedback_first_attempt="skip", feedback_train_context="attempt").run_config()
+    ctx = RoundContext(tmp_path, config)
+    feedback = ctx.strategy_objects()["feedback"]
+    assert (feedback.first_attempt, feedback.train_context) == ("skip", "attempt")
