@@ -3,6 +3,7 @@ import math
 import dagster as dg
 
 from assets.config import RunSettings
+from assets.metadata import md_table
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
 from pipeline.rounds import stage_policy
@@ -21,27 +22,12 @@ def policy(
     results = stage_policy(ctx, r, view)
     meta: dict = {}
     for pid, res in results.items():
-        d = res.diagnostics
         meta[f"{pid}/checkpoint"] = dg.MetadataValue.path(str(res.checkpoint))
         meta[f"{pid}/parent"] = dg.MetadataValue.path(str(res.parent))
         meta[f"{pid}/rows"] = res.n_rows
         meta[f"{pid}/steps"] = res.steps
         meta[f"{pid}/mean_loss"] = None if math.isnan(res.mean_loss) else float(res.mean_loss)
         meta[f"{pid}/tokens_per_second"] = round(res.tokens_per_second, 1)
-        meta[f"{pid}/diagnostics"] = dg.MetadataValue.json(_jsonable(d))
+    meta["ratio_diagnostics"] = md_table(read_table(table_path(store.root(), r, "ratio_diagnostics")))
     context.log.info(f"registered round {r}: {[str(res.checkpoint) for res in results.values()]}")
     return dg.MaterializeResult(metadata=meta)
-
-
-def _jsonable(obj):
-    import dataclasses
-
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict) or hasattr(obj, "items"):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj

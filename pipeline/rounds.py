@@ -30,7 +30,7 @@ from pipeline.evaluation import EvalConfig
 from pipeline.registry import PolicyRegistry
 from pipeline.settings import setting_default
 from pipeline.types import Problem, Sampler
-from schemas import EVALUATION, PROBLEMS
+from schemas import EVALUATION, PROBLEMS, RATIO_DIAGNOSTICS
 
 __all__ = [
     "RunConfig",
@@ -44,6 +44,7 @@ __all__ = [
     "stage_evaluation",
     "evaluate_base",
     "run_round_stages",
+    "ratio_diagnostics_table",
     "round_complete",
     "BASE_ROUND",
 ]
@@ -354,7 +355,41 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
             },
         )
         results[pid] = res
+    st.write_table(ratio_diagnostics_table(results, round_), st.table_path(ctx.store, round_, "ratio_diagnostics"), RATIO_DIAGNOSTICS)
     return results
+
+
+def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.DataFrame:
+    """The importance-ratio diagnostics of a round's training runs, one row per policy and
+    (agent, strategy) cell, plus each policy's per-agent, per-strategy and overall rows ("*")."""
+    rows = []
+    for pid, res in results.items():
+        whole, first = res.diagnostics, getattr(res, "first_step_diagnostics", None)
+        cells = [(("*", "*"), whole.overall, first.overall if first else None)]
+        cells += [((a, "*"), st_, (first.by_agent.get(a) if first else None)) for a, st_ in sorted(whole.by_agent.items())]
+        cells += [(("*", s), st_, (first.by_strategy.get(s) if first else None)) for s, st_ in sorted(whole.by_strategy.items())]
+        by_cell = getattr(whole, "by_agent_strategy", {})
+        first_cell = getattr(first, "by_agent_strategy", {}) if first else {}
+        cells += [(tuple(k.split("/", 1)), st_, first_cell.get(k)) for k, st_ in sorted(by_cell.items())]
+        for (agent, strategy), stats, first_stats in cells:
+            if not stats.n_rows:
+                continue
+            rows.append(
+                {
+                    "round": round_, "policy_id": pid, "agent_id": agent, "strategy": strategy,
+                    "rows": stats.n_rows, "tokens": stats.n_tokens,
+                    "mean_log_ratio": stats.mean_log_ratio,
+                    "first_step_log_ratio": first_stats.mean_log_ratio if first_stats is not None and first_stats.n_tokens else None,
+                    "clip_fraction": stats.clip_fraction, "masked_fraction": stats.masked_fraction,
+                    "truncated_fraction": stats.truncated_fraction, "ess_fraction": stats.ess_fraction, "kl": stats.mean_kl,
+                }
+            )
+    schema = pl.Schema(
+        {"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "strategy": pl.String, "rows": pl.Int64, "tokens": pl.Int64,
+         "mean_log_ratio": pl.Float64, "first_step_log_ratio": pl.Float64, "clip_fraction": pl.Float64, "masked_fraction": pl.Float64,
+         "truncated_fraction": pl.Float64, "ess_fraction": pl.Float64, "kl": pl.Float64}
+    )
+    return pl.DataFrame(rows, schema=schema)
 
 
 def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:

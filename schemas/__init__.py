@@ -21,6 +21,7 @@ __all__ = [
     "ADVANTAGES",
     "TRAINING_VIEW",
     "EVALUATION",
+    "RATIO_DIAGNOSTICS",
     "PROBLEMS",
     "SCHEMAS",
     "TableSchema",
@@ -155,7 +156,31 @@ EVALUATION = TableSchema(
     ),
 )
 
-SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION)}
+RATIO_DIAGNOSTICS = TableSchema(
+    "ratio_diagnostics",
+    pa.schema(
+        [
+            _f("round", pa.int32()),
+            _f("policy_id", pa.string()),
+            # "*" = all agents / all strategies of the policy
+            _f("agent_id", pa.string()),
+            _f("strategy", pa.string()),
+            _f("rows", pa.int64()),
+            _f("tokens", pa.int64()),
+            # mean over tokens of log p_train - log q_sample over the whole update, and at its
+            # first optimizer step (before any weight changed: ~0 on rows whose context was kept)
+            _f("mean_log_ratio", pa.float64()),
+            _f("first_step_log_ratio", pa.float64(), nullable=True),
+            _f("clip_fraction", pa.float64()),
+            _f("masked_fraction", pa.float64()),
+            _f("truncated_fraction", pa.float64()),
+            _f("ess_fraction", pa.float64()),
+            _f("kl", pa.float64()),
+        ]
+    ),
+)
+
+SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION, RATIO_DIAGNOSTICS)}
 
 
 class SchemaError(ValueError):

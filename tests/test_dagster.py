@@ -15,6 +15,7 @@ from assets.resources import close_engines
 from assets.sensors import make_next_round_sensor, next_round
 from pipeline.registry import PolicyRegistry
 from pipeline.store import table_path
+from schemas import validate
 
 
 def small_settings(model_dir, **overrides) -> RunSettings:
@@ -68,7 +69,7 @@ def one_round(tmp_path_factory, default_model_dir):
 def test_one_round_materializes_in_process(one_round):
     instance, store, settings, result = one_round
     assert result.success
-    for table in ("problems", "steps", "advantages", "training_view", "evaluation"):
+    for table in ("problems", "steps", "advantages", "training_view", "ratio_diagnostics", "evaluation"):
         assert table_path(store, 0, table).exists(), table
     assert table_path(store, -1, "evaluation").exists()  # the baseline
     steps = pl.read_parquet(table_path(store, 0, "steps"))
@@ -81,6 +82,13 @@ def test_one_round_materializes_in_process(one_round):
     checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks["steps_schema"] and checks["tree_groups_share_context"] and checks["advantages_sane"]
     assert checks["problems_disjoint_from_heldout"]
+    # ratio diagnostics: a table in the store, per agent and strategy, and the policy's metadata
+    diag = validate(pl.read_parquet(table_path(store, 0, "ratio_diagnostics")), "ratio_diagnostics")
+    overall = diag.filter((pl.col("agent_id") == "*") & (pl.col("strategy") == "*"))
+    assert overall.height == 1 and overall["rows"][0] > 0
+    assert set(diag.filter(pl.col("agent_id") == "*")["strategy"]) - {"*"} <= {"iid", "prompt_aug", "feedback", "tree"}
+    assert "ratio_diagnostics" in result.asset_materializations_for_node("policy")[0].metadata
+    assert "ratio_diagnostics" in checks
     mats = result.asset_materializations_for_node("rollouts")
     assert mats[0].metadata["dagster/row_count"].value == steps.height
     assert next_round(instance) == 1
