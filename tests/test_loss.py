@@ -1,5 +1,7 @@
 """loss.py against plain-Python references: ratios, PPO clip, per-strategy sequence caps,
-aggregations, stratified weights (seed 004 test 2), the rs loss, KL, diagnostics, config checks."""
+aggregations, stratified weights (the expert-iteration plan's second test), the rs loss, the plain
+importance-sampling loss, the proximal (decoupled PPO) anchor, minibatch denominators, KL,
+diagnostics, config checks."""
 
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
 from pipeline.training.config import LossConfig, RatioConfig, TrainConfig
-from pipeline.training.loss import LossBatch, aggregate, compute_loss
+from pipeline.training.loss import LossBatch, aggregate, aggregation_count, compute_loss
 
 
-def make_batch(logp, logq, adv, weight=None, strategy=None, agent=None, reward=None, lengths=None, ref=None):
+def make_batch(logp, logq, adv, weight=None, strategy=None, agent=None, reward=None, lengths=None, ref=None, old=None):
     logp = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
     logq = torch.tensor(logq, dtype=torch.float64)
     b, t = logp.shape
@@ -33,6 +35,7 @@ def make_batch(logp, logq, adv, weight=None, strategy=None, agent=None, reward=N
         strategy=strategy or ["iid"] * b,
         agent=agent or ["solver"] * b,
         ref_logp=None if ref is None else torch.tensor(ref, dtype=torch.float64),
+        old_logp=None if old is None else torch.tensor(old, dtype=torch.float64),
     )
 
 
@@ -49,8 +52,8 @@ def reference_ppo(batch: LossBatch, cfg: LossConfig) -> float:
         factor = 1.0
         if rc.mode == "mask" and not rc.low <= s <= rc.high:
             factor = 0.0
-        if rc.mode == "truncate" and not rc.low <= s <= rc.high:
-            factor = min(max(s, rc.low), rc.high) / s
+        if rc.mode == "truncate" and s > rc.high:
+            factor = rc.high / s
         a = float(batch.advantage[i] * batch.sample_weight[i])
         losses = []
         for x in lr:
@@ -105,10 +108,10 @@ def test_sequence_mask_and_truncate_per_strategy():
     out.loss.backward()
     g = b.logp.grad.sum(-1).tolist()
     assert g[0] == 0.0  # masked
-    assert g[1] / g[2] == pytest.approx((1 / 3) / 0.25)  # truncated to the cap vs untouched
+    assert g[1] / g[2] == pytest.approx(1.0)  # truncation never scales a small ratio up: untouched
     diag = out.diagnostics
     assert diag.by_strategy["iid"].masked_fraction == 1.0
-    assert diag.by_strategy["prompt_aug"].truncated_fraction == 1.0
+    assert diag.by_strategy["prompt_aug"].truncated_fraction == 0.0
     assert diag.by_strategy["feedback"].masked_fraction == 0.0
     assert diag.overall.masked_fraction == pytest.approx(1 / 3)
     assert out.loss.item() == pytest.approx(reference_ppo(b, cfg))
@@ -146,8 +149,8 @@ def test_matches_plain_reference(data, b, t, aggregation, mode, level):
     assert out.loss.item() == pytest.approx(reference_ppo(batch, cfg), rel=1e-9, abs=1e-12)
 
 
-def test_stratified_weights_scale_each_rows_gradient_seed004():
-    # two strategies with explicit mixture weights; DESIGN: sample_weight = w_s * N / n_s
+def test_stratified_weights_scale_each_rows_gradient():
+    # two strategies with explicit mixture weights: sample_weight = w_s * N / n_s
     w_s = {"iid": 0.75, "prompt_aug": 0.25}
     strategy = ["iid", "iid", "prompt_aug", "prompt_aug", "prompt_aug", "prompt_aug"]
     n_s = {s: strategy.count(s) for s in w_s}
@@ -256,3 +259,91 @@ def test_ess_uses_the_sequence_likelihood_ratio_at_either_level():
     for level in ("mean", "sum"):
         d = compute_loss(b, LossConfig(ratio=RatioConfig(mode="none", level=level))).diagnostics
         assert d.overall.ess == pytest.approx(want)
+
+
+def test_truncation_only_ever_shrinks_a_row():
+    # token log ratios [0, -6]: mean level s = e^-3, far below the cap; the old two-sided rule
+    # multiplied the row by (1/3)/s = 6.7, so a token whose own ratio is 1 got 6.7 times its gradient
+    truncate = LossConfig(eps_low=0.99, eps_high=100.0, ratio=RatioConfig(mode="truncate"))
+    none = LossConfig(eps_low=0.99, eps_high=100.0, ratio=RatioConfig(mode="none"))
+    low = make_batch([[0.0, -6.0]], [[0.0, 0.0]], [1.0])
+    plain = make_batch([[0.0, -6.0]], [[0.0, 0.0]], [1.0])
+    compute_loss(low, truncate).loss.backward()
+    compute_loss(plain, none).loss.backward()
+    assert low.logp.grad[0].tolist() == pytest.approx(plain.logp.grad[0].tolist())
+    # a large ratio (s = 4 > 3) is scaled down to the cap: factor 3/4
+    high = make_batch([[math.log(4.0)] * 2], [[0.0, 0.0]], [1.0])
+    high_plain = make_batch([[math.log(4.0)] * 2], [[0.0, 0.0]], [1.0])
+    out = compute_loss(high, truncate)
+    out.loss.backward()
+    compute_loss(high_plain, none).loss.backward()
+    assert (high.logp.grad / high_plain.logp.grad).tolist()[0] == pytest.approx([0.75, 0.75])
+    assert out.diagnostics.overall.n_truncated_rows == 1
+
+
+def test_plain_importance_sampling_loss_has_no_clip():
+    # ratio 1.5 with A > 0: PPO stops the gradient at 1.28, the IS estimator does not
+    logp, logq = [[math.log(1.5), math.log(0.5)]], [[0.0, 0.0]]
+    cfg = LossConfig(kind="is", ratio=RatioConfig(mode="none"))
+    b = make_batch(logp, logq, [2.0], weight=[0.5])
+    out = compute_loss(b, cfg)
+    assert out.loss.item() == pytest.approx(-(1.5 + 0.5) * 2.0 * 0.5 / 2)
+    out.loss.backward()
+    # d/dlogp of -exp(logp - logq) * A w is -rho * A w per token
+    assert b.logp.grad[0].tolist() == pytest.approx([-1.5 * 1.0 / 2, -0.5 * 1.0 / 2])
+    assert out.diagnostics.overall.n_clipped_tokens == 0
+    # sequence-ratio handling still applies to it
+    masked = compute_loss(make_batch([[math.log(5.0)] * 2], [[0.0, 0.0]], [1.0]), LossConfig(kind="is"))
+    assert masked.loss.item() == 0.0 and masked.diagnostics.overall.n_masked_rows == 1
+
+
+def test_proximal_anchor_clips_against_the_policy_at_the_start_of_the_update():
+    # a context-swapped row: q is far from p_old (p_old/q = 0.5), the policy has not moved yet
+    # (p_theta = p_old). Against q the token is clipped (ratio 0.5 < 0.8, A < 0): no gradient.
+    # Against p_old the ratio is 1: the gradient flows, scaled by the off-policy weight 0.5.
+    logp = [[math.log(0.25)]]
+    logq = [[math.log(0.5)]]
+    cfg_q = LossConfig(ratio=RatioConfig(mode="none"))
+    cfg_old = LossConfig(anchor="proximal", ratio=RatioConfig(mode="none"))
+    b_q = make_batch(logp, logq, [-1.0])
+    compute_loss(b_q, cfg_q).loss.backward()
+    assert b_q.logp.grad.item() == 0.0
+    b_old = make_batch(logp, logq, [-1.0], old=logp)
+    out = compute_loss(b_old, cfg_old)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(1.0 * 0.5)  # -min(r A, clip(r) A) * c = 1 * 0.5
+    assert b_old.logp.grad.item() == pytest.approx(0.5)
+    assert out.diagnostics.overall.n_clipped_tokens == 0
+    # the off-policy weight is truncated at off_policy_cap
+    big = make_batch([[0.0]], [[math.log(0.01)]], [1.0], old=[[0.0]])
+    assert compute_loss(big, LossConfig(anchor="proximal", off_policy_cap=3.0, ratio=RatioConfig(mode="none"))).loss.item() == pytest.approx(-3.0)
+    with pytest.raises(ValueError, match="old_logp"):
+        compute_loss(make_batch(logp, logq, [1.0]), cfg_old)
+
+
+def test_minibatch_denominator_makes_micro_batches_add_up_to_one_token_mean():
+    # two micro-batches of 1 and 3 tokens: the mean of their means weighs the lone token 3x too much
+    cfg = LossConfig(ratio=RatioConfig(mode="none"))
+    a = make_batch([[-1.0, -1.0, -1.0]], [[-1.0, -1.0, -1.0]], [1.0], lengths=[1])
+    b = make_batch([[-1.0, -1.0, -1.0]], [[-1.0, -1.0, -1.0]], [-1.0], lengths=[3])
+    whole = make_batch([[-1.0] * 3, [-1.0] * 3], [[-1.0] * 3, [-1.0] * 3], [1.0, -1.0], lengths=[1, 3])
+    total = aggregation_count(a.mask, "token-mean") + aggregation_count(b.mask, "token-mean")
+    summed = compute_loss(a, cfg, denominator=total).loss + compute_loss(b, cfg, denominator=total).loss
+    assert summed.item() == pytest.approx(compute_loss(whole, cfg).loss.item())
+    assert summed.item() == pytest.approx((-1 + 3) / 4)
+    mean_of_means = (compute_loss(a, cfg).loss + compute_loss(b, cfg).loss) / 2
+    assert mean_of_means.item() == pytest.approx((-1 + 1) / 2)
+    # rows for the per-sequence aggregations
+    seq = LossConfig(aggregation="seq-mean-token-mean", ratio=RatioConfig(mode="none"))
+    rows = aggregation_count(a.mask, "seq-mean-token-mean") + aggregation_count(b.mask, "seq-mean-token-mean")
+    assert rows == 2.0
+    got = compute_loss(a, seq, denominator=rows).loss + compute_loss(b, seq, denominator=rows).loss
+    assert got.item() == pytest.approx(compute_loss(whole, seq).loss.item())
+
+
+def test_diagnostics_per_agent_and_strategy_cell():
+    b = make_batch([[0.0], [-1.0], [0.0]], [[0.0], [0.0], [0.0]], [1.0, 1.0, 1.0], strategy=["iid", "tree", "iid"], agent=["solver", "solver", "verifier"])
+    d = compute_loss(b, LossConfig(ratio=RatioConfig(mode="none"))).diagnostics
+    assert set(d.by_agent_strategy) == {"solver/iid", "solver/tree", "verifier/iid"}
+    assert d.by_agent_strategy["solver/tree"].mean_log_ratio == pytest.approx(-1.0)
+    assert d.merge(d).by_agent_strategy["verifier/iid"].n_rows == 2

@@ -3,7 +3,7 @@ LoRA (`LoraSettings`) and the run itself (`TrainConfig`).
 
 Every field is documented where it is declared and validated at construction: a bad value raises
 `pipeline.errors.ConfigError` naming the field. Defaults come from the prototype
-(/work/shared/FINDINGS.md): PPO clip [0.8, 1.28], sequence-ratio mask [1/3, 3], lr 5e-4 for the
+(docs/FINDINGS.md): PPO clip [0.8, 1.28], sequence-ratio mask [1/3, 3], lr 5e-4 for the
 tiny model (1e-3 collapsed), 2 epochs, minibatch 256, no KL.
 """
 
@@ -16,10 +16,11 @@ from typing import Literal, Mapping
 
 from pipeline.errors import ConfigError
 
-__all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS"]
+__all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-LOSS_KINDS = ("ppo", "rs")
+LOSS_KINDS = ("ppo", "is", "rs")
+ANCHORS = ("sampling", "proximal")
 
 
 def _finite_positive(name: str, value: float) -> None:
@@ -38,13 +39,14 @@ class RatioConfig:
     mode: Literal["mask", "truncate", "none"] = "mask"
     """"mask": sequences with s outside [low, high] contribute nothing (they stay in the
     denominator of the aggregation, so masking does not up-weight the rest);
-    "truncate": every token's loss of the sequence is scaled by the constant clip(s, low, high)/s,
-    so the sequence counts as if its ratio were at the cap instead of being dropped (truncated
-    importance sampling, two-sided); "none": no sequence-level handling (token clip only)."""
+    "truncate": a sequence with s > high has every token's loss scaled by the constant high / s,
+    so it counts as if its ratio were at the cap (truncated importance sampling); truncation only
+    ever shrinks a row (a row with a small ratio already contributes little and is left alone, so
+    `low` is not used); "none": no sequence-level handling (token clip only)."""
     low: float = 1.0 / 3.0
-    """Lower cap on s (FINDINGS: 1/3)."""
+    """Lower bound on s for "mask" (docs/FINDINGS.md: 1/3)."""
     high: float = 3.0
-    """Upper cap on s (FINDINGS: 3)."""
+    """Upper bound on s for "mask" and the cap of "truncate" (docs/FINDINGS.md: 3)."""
     level: Literal["mean", "sum"] = "mean"
     """How token log ratios make the sequence log ratio: their mean (default) or their sum."""
 
@@ -63,21 +65,32 @@ class RatioConfig:
 class LossConfig:
     """The training loss (see `pipeline/training/loss.py` for the formulas)."""
 
-    kind: Literal["ppo", "rs"] = "ppo"
+    kind: Literal["ppo", "is", "rs"] = "ppo"
     """"ppo": importance-weighted policy gradient with PPO clip and sequence-ratio handling;
+    "is": the plain importance-sampling estimator of the expert-iteration plan,
+    -sum_t exp(logp - logq) * A per row (no clip; sequence-ratio handling still applies);
     "rs": rejection-sampling expert iteration, the NLL of completions whose reward >=
-    `rs_threshold` under the training context (FINDINGS lesson 4: best and cheapest in the
+    `rs_threshold` under the training context (docs/FINDINGS.md, lesson 4: best and cheapest in the
     prototype). For "rs" build the view with `drop_zero_advantage=False`, or the correct answers
     of all-correct groups are lost."""
+    anchor: Literal["sampling", "proximal"] = "sampling"
+    """What the PPO clip compares the policy with. "sampling": q, the stored sampling logprobs
+    (ratio p_theta(y|x_train) / q(y|x_sample)). "proximal" (decoupled PPO): the policy at the start
+    of the round's update on the training context, p_old(y|x_train), computed once before the
+    first step; the clip then bounds how far the update moves, and the off-policy correction
+    p_old / q is a separate, detached per-token weight truncated at `off_policy_cap`. Sequence
+    ratio handling (`ratio`) judges p_old / q with this anchor."""
+    off_policy_cap: float = 3.0
+    """With anchor="proximal": the per-token off-policy weight p_old/q is truncated at this."""
     eps_low: float = 0.2
-    """PPO clip: token ratios below 1 - eps_low stop contributing gradient (FINDINGS: 0.8)."""
+    """PPO clip: token ratios below 1 - eps_low stop contributing gradient (docs/FINDINGS.md: 0.8)."""
     eps_high: float = 0.28
-    """PPO clip: token ratios above 1 + eps_high stop contributing gradient (FINDINGS: 1.28, DAPO's clip-higher)."""
+    """PPO clip: token ratios above 1 + eps_high stop contributing gradient (docs/FINDINGS.md: 1.28, DAPO's clip-higher)."""
     ratio: RatioConfig = field(default_factory=RatioConfig)
     """Sequence-ratio handling of every strategy not named in `ratio_by_strategy`."""
     ratio_by_strategy: Mapping[str, RatioConfig] = field(default_factory=dict)
     """Per-strategy overrides, e.g. {"prompt_aug": RatioConfig(mode="truncate")}: a context swap
-    moves ratios mostly downwards (FINDINGS lesson 3), so masking may drop exactly the hinted
+    moves ratios mostly downwards (docs/FINDINGS.md, lesson 3), so masking may drop exactly the hinted
     successes."""
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     """How per-token losses become one number: mean over all completion tokens of the batch;
@@ -105,6 +118,10 @@ class LossConfig:
             raise ConfigError(f"LossConfig.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if not (math.isfinite(self.beta) and self.beta >= 0):
             raise ConfigError(f"LossConfig.beta must be finite and >= 0, got {self.beta!r}")
+        if self.anchor not in ANCHORS:
+            raise ConfigError(f"LossConfig.anchor must be one of {ANCHORS}, got {self.anchor!r}")
+        if not (isinstance(self.off_policy_cap, (int, float)) and math.isfinite(self.off_policy_cap) and self.off_policy_cap >= 1):
+            raise ConfigError(f"LossConfig.off_policy_cap must be a finite number >= 1, got {self.off_policy_cap!r}")
         if not math.isfinite(self.rs_threshold):
             raise ConfigError(f"LossConfig.rs_threshold must be finite, got {self.rs_threshold!r}")
 
@@ -143,7 +160,7 @@ class TrainConfig:
     """One training run of one policy on its rows of a training view."""
 
     lr: float = 5e-4
-    """AdamW learning rate (FINDINGS: 2e-4..5e-4 work for the tiny model, 1e-3 collapses)."""
+    """AdamW learning rate (docs/FINDINGS.md: 2e-4..5e-4 work for the tiny model, 1e-3 collapses)."""
     epochs: int = 2
     """Passes over the rows; each row is seen exactly once per epoch."""
     minibatch_size: int = 256

@@ -10,21 +10,28 @@ Choices, in the order the code makes them:
    absurd token cannot turn the loss into inf/NaN (its gradient is then zero).
 2. PPO clip (eps_low, eps_high): per-token loss -min(rho * A w, clip(rho, 1-eps_low, 1+eps_high) * A w).
    The sample weight multiplies the advantage, so a row's whole contribution scales with it.
+   The "is" loss drops the clip: -rho * A w (the expert-iteration plan's estimator).
+   With `anchor="proximal"` (decoupled PPO) the clipped ratio is r = p_theta / p_old, p_old the
+   policy at the start of the update on the training context, and the loss is
+   -min(r A w, clip(r) A w) * c, with c = min(p_old / q, off_policy_cap) per token (detached).
 3. Sequence ratio s_i = exp(mean_t log rho) (geometric mean; `RatioConfig.level="sum"` uses the
-   sum, the exact sequence likelihood ratio). Per strategy (a context swap pushes ratios down,
-   FINDINGS lesson 3): "mask" zeroes rows with s outside [low, high]; "truncate" multiplies the
-   row's loss by the constant clip(s, low, high) / s; "none" leaves it alone.
+   sum, the exact sequence likelihood ratio); with the proximal anchor, rho is p_old / q. Per
+   strategy (a context swap pushes ratios down, docs/FINDINGS.md lesson 3): "mask" zeroes rows with
+   s outside [low, high]; "truncate" multiplies the loss of a row with s > high by high / s (it
+   only ever shrinks a row); "none" leaves it alone.
    Masked rows stay in the denominators: masking never up-weights the other rows.
 4. Optional KL to a reference model: beta * (exp(r - logp) - (r - logp) - 1) per token (k3).
 5. Aggregation: "token-mean" (sum over tokens / tokens of the batch), "seq-mean-token-mean"
    (GRPO: mean over rows of each row's token mean) or "seq-mean-token-sum" (mean of row sums).
+   The denominator (tokens or rows) may be given for a whole minibatch of several micro-batches,
+   so the minibatch loss is one token mean, not a mean of micro-batch means.
 The "rs" loss (rejection-sampling expert iteration) replaces 1-3: per-token -logp * w on rows whose
 reward >= threshold, aggregated the same way over those rows only (SFT on the good samples).
 
 Diagnostics (`LossDiagnostics`) are additive sums, so micro-batches merge exactly: mean log ratio,
 clip fraction (tokens where the clip stops the gradient), masked / truncated fraction (rows),
 effective sample size (sum r)^2 / sum r^2 of the sequence likelihood ratios r_i = exp(sum_t log rho)
-(whatever level step 3 decides on), overall, per strategy, per agent.
+(whatever level step 3 decides on), overall, per strategy, per agent, per (agent, strategy).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import torch
 
 from pipeline.training.config import LossConfig, RatioConfig
 
-__all__ = ["LossBatch", "RatioStats", "LossDiagnostics", "LossOutput", "compute_loss", "aggregate", "LossConfig", "RatioConfig"]
+__all__ = ["LossBatch", "RatioStats", "LossDiagnostics", "LossOutput", "compute_loss", "aggregate", "aggregation_count", "LossConfig", "RatioConfig"]
 
 LOG_RATIO_CLAMP = 20.0
 _MODES = {"none": 0, "mask": 1, "truncate": 2}
@@ -64,6 +71,9 @@ class LossBatch:
     """Agent id of each row (labels diagnostics)."""
     ref_logp: torch.Tensor | None = None
     """(B, T) log p_ref of each token, required when beta > 0."""
+    old_logp: torch.Tensor | None = None
+    """(B, T) log p_old(y_t | x_train, y_<t): the policy at the start of the update (no grad),
+    required with `LossConfig.anchor="proximal"`."""
 
 
 @dataclass(frozen=True)
@@ -150,12 +160,15 @@ class LossDiagnostics:
     overall: RatioStats = field(default_factory=RatioStats)
     by_strategy: Mapping[str, RatioStats] = field(default_factory=dict)
     by_agent: Mapping[str, RatioStats] = field(default_factory=dict)
+    by_agent_strategy: Mapping[str, RatioStats] = field(default_factory=dict)
+    """Keyed "<agent_id>/<strategy>"."""
 
     def merge(self, other: "LossDiagnostics") -> "LossDiagnostics":
         return LossDiagnostics(
             overall=self.overall.merge(other.overall),
             by_strategy=_merge_maps(self.by_strategy, other.by_strategy),
             by_agent=_merge_maps(self.by_agent, other.by_agent),
+            by_agent_strategy=_merge_maps(self.by_agent_strategy, other.by_agent_strategy),
         )
 
     def as_metrics(self, prefix: str = "") -> dict[str, float]:
@@ -176,20 +189,34 @@ class LossOutput:
     """Ratio statistics of the batch."""
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, rows: torch.Tensor | None = None) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, how: str, rows: torch.Tensor | None = None, denominator: float | None = None
+) -> torch.Tensor:
     """Reduce (B, T) per-token losses to a scalar over the tokens in `mask` and the rows in `rows`
-    (a (B,) 0/1 tensor; None = every row)."""
+    (a (B,) 0/1 tensor; None = every row). `denominator` replaces the batch's own count (tokens
+    for "token-mean", rows otherwise): the count of the whole minibatch this batch is part of."""
     if rows is not None:
         mask = mask * rows[:, None]
     row_sum = (per_token * mask).sum(-1)
     n_rows = mask.new_tensor(float(per_token.shape[0])) if rows is None else rows.sum()
     if how == "token-mean":
-        return row_sum.sum() / mask.sum().clamp(min=1.0)
+        n = mask.sum() if denominator is None else mask.new_tensor(float(denominator))
+        return row_sum.sum() / n.clamp(min=1.0)
+    n = n_rows if denominator is None else mask.new_tensor(float(denominator))
     if how == "seq-mean-token-mean":
-        return (row_sum / mask.sum(-1).clamp(min=1.0)).sum() / n_rows.clamp(min=1.0)
+        return (row_sum / mask.sum(-1).clamp(min=1.0)).sum() / n.clamp(min=1.0)
     if how == "seq-mean-token-sum":
-        return row_sum.sum() / n_rows.clamp(min=1.0)
+        return row_sum.sum() / n.clamp(min=1.0)
     raise ValueError(f"unknown aggregation {how!r}")
+
+
+def aggregation_count(mask: torch.Tensor, how: str, rows: torch.Tensor | None = None) -> float:
+    """What `aggregate` divides by for this batch: its tokens ("token-mean") or rows (the rest).
+    Summed over the micro-batches of a minibatch, it is that minibatch's `denominator`."""
+    if rows is not None:
+        mask = mask * rows[:, None]
+        return float(mask.sum()) if how == "token-mean" else float(rows.sum())
+    return float(mask.sum()) if how == "token-mean" else float(mask.shape[0])
 
 
 def _ratio_tensors(strategies: Sequence[str], config: LossConfig, like: torch.Tensor):
@@ -202,42 +229,58 @@ def _ratio_tensors(strategies: Sequence[str], config: LossConfig, like: torch.Te
     return mode, low, high, use_sum
 
 
-def compute_loss(batch: LossBatch, config: LossConfig) -> LossOutput:
-    """The loss of one batch under `config`, with its diagnostics (see the module docstring)."""
+def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None = None) -> LossOutput:
+    """The loss of one batch under `config`, with its diagnostics (see the module docstring).
+    `denominator`: the aggregation count of the whole minibatch (see `aggregation_count`)."""
     mask = batch.mask.to(batch.logp.dtype)
     logq = batch.logq.to(batch.logp.dtype)
     n_tok = mask.sum(-1)
+    proximal = config.anchor == "proximal" and config.kind != "rs"
+    if proximal and batch.old_logp is None:
+        raise ValueError("LossConfig.anchor='proximal' needs old_logp (the policy at the start of the update) in the batch")
 
     # 1. token log ratio, zero on padding, clamped so exp() stays finite
     log_ratio = ((batch.logp - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    rho = torch.exp(log_ratio)
+    if proximal:
+        old = batch.old_logp.to(batch.logp.dtype)
+        clip_log_ratio = ((batch.logp - old) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        with torch.no_grad():
+            off_log_ratio = ((old - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            off_weight = torch.exp(off_log_ratio).clamp(max=config.off_policy_cap)
+    else:
+        clip_log_ratio, off_log_ratio, off_weight = log_ratio, log_ratio.detach(), None
+    rho = torch.exp(clip_log_ratio)
 
     # 3. sequence ratio of each row (detached: it only scales rows, like a weight)
     mode, low, high, use_sum = _ratio_tensors(batch.strategy, config, batch.logp)
     with torch.no_grad():
-        seq_sum = log_ratio.sum(-1)
+        seq_sum = off_log_ratio.sum(-1)
         seq_log = torch.where(use_sum, seq_sum, seq_sum / n_tok.clamp(min=1.0)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         s = torch.exp(seq_log)
-        outside = (s < low) | (s > high)
-        masked = (mode == _MODES["mask"]) & outside
-        truncated = (mode == _MODES["truncate"]) & outside
+        masked = (mode == _MODES["mask"]) & ((s < low) | (s > high))
+        truncated = (mode == _MODES["truncate"]) & (s > high)
         row_factor = torch.ones_like(s)
         row_factor = torch.where(masked, torch.zeros_like(s), row_factor)
-        row_factor = torch.where(truncated, s.clamp(min=low, max=high) / s, row_factor)
+        row_factor = torch.where(truncated, high / s, row_factor)
         # the effective sample size is about the whole sequence's likelihood ratio, whatever
         # level the mask/truncate decision uses
-        seq_ratio = torch.exp(seq_sum.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        seq_ratio = torch.exp(log_ratio.detach().sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
     weighted_adv = (batch.advantage * batch.sample_weight).to(batch.logp.dtype)[:, None]
     clipped_tok = torch.zeros_like(mask, dtype=torch.bool)
-    if config.kind == "ppo":
-        # 2. PPO clip on the weighted advantage
-        unclipped = rho * weighted_adv
-        clipped = rho.clamp(1.0 - config.eps_low, 1.0 + config.eps_high) * weighted_adv
-        per_token = -torch.min(unclipped, clipped)
+    if config.kind in ("ppo", "is"):
+        if config.kind == "ppo":
+            # 2. PPO clip on the weighted advantage
+            unclipped = rho * weighted_adv
+            clipped = rho.clamp(1.0 - config.eps_low, 1.0 + config.eps_high) * weighted_adv
+            per_token = -torch.min(unclipped, clipped)
+            with torch.no_grad():
+                clipped_tok = (((rho < 1.0 - config.eps_low) & (weighted_adv < 0)) | ((rho > 1.0 + config.eps_high) & (weighted_adv > 0))) & (mask > 0)
+        else:
+            per_token = -rho * weighted_adv
+        if off_weight is not None:
+            per_token = per_token * off_weight
         per_token = per_token * row_factor[:, None]
-        with torch.no_grad():
-            clipped_tok = (((rho < 1.0 - config.eps_low) & (weighted_adv < 0)) | ((rho > 1.0 + config.eps_high) & (weighted_adv > 0))) & (mask > 0)
         rows = None
         rs_rows = torch.zeros_like(s)
     else:
@@ -259,7 +302,7 @@ def compute_loss(batch: LossBatch, config: LossConfig) -> LossOutput:
         per_token = per_token + config.beta * kl
 
     # 5. aggregation
-    loss = aggregate(per_token, mask, config.aggregation, rows=rows)
+    loss = aggregate(per_token, mask, config.aggregation, rows=rows, denominator=denominator)
 
     return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, seq_ratio, kl))
 
@@ -298,8 +341,11 @@ def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, masked, truncat
     overall = RatioStats()
     by_strategy: dict[str, RatioStats] = {}
     by_agent: dict[str, RatioStats] = {}
+    by_cell: dict[str, RatioStats] = {}
     for st, sid, aid in zip(per_row, batch.strategy, batch.agent):
         overall = overall.merge(st)
         by_strategy[sid] = by_strategy[sid].merge(st) if sid in by_strategy else st
         by_agent[aid] = by_agent[aid].merge(st) if aid in by_agent else st
-    return LossDiagnostics(overall=overall, by_strategy=by_strategy, by_agent=by_agent)
+        cell = f"{aid}/{sid}"
+        by_cell[cell] = by_cell[cell].merge(st) if cell in by_cell else st
+    return LossDiagnostics(overall=overall, by_strategy=by_strategy, by_agent=by_agent, by_agent_strategy=by_cell)
