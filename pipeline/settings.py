@@ -32,7 +32,7 @@ def _s(default: Any, help: str, *, group: str, choices: tuple | None = None, neg
     return field(default=default, metadata=meta)
 
 
-LOSS_KINDS = ("rs", "ppo")
+LOSS_KINDS = ("rs", "ppo", "is")
 
 LOSS_PRESETS: Mapping[str, Mapping[str, float]] = {
     # rejection-sampling expert iteration: a row is trained when its own action was right (the
@@ -40,6 +40,7 @@ LOSS_PRESETS: Mapping[str, Mapping[str, float]] = {
     "rs": {"alpha": 0.0, "local_weight": 1.0},
     # policy gradient: AT-GRPO's mixed reward alpha * global + local
     "ppo": {"alpha": 1.0, "local_weight": 1.0},
+    "is": {"alpha": 1.0, "local_weight": 1.0},
 }
 """Defaults of the reward mix per loss, used where `alpha` / `local_weight` are None."""
 
@@ -97,7 +98,18 @@ class Settings:
     )
 
     # --- training ---------------------------------------------------------------------------
-    loss: str = _s("rs", "rs: rejection-sampling expert iteration; ppo: importance-weighted PG with PPO clip", group="training", choices=LOSS_KINDS)
+    loss: str = _s(
+        "rs",
+        "rs: rejection-sampling expert iteration; ppo: importance-weighted PG with PPO clip; is: the plain importance-sampling estimator (no clip)",
+        group="training",
+        choices=LOSS_KINDS,
+    )
+    anchor: str = _s(
+        "sampling",
+        "what the PPO clip compares with: the sampling logprobs q, or the policy at the start of the round's update (proximal: decoupled PPO)",
+        group="training",
+        choices=("sampling", "proximal"),
+    )
     lr: float = _s(5e-4, "AdamW learning rate", group="training")
     epochs: int = _s(2, "passes over each round's training rows", group="training")
     minibatch_size: int = _s(256, "rows per optimizer step", group="training")
@@ -159,7 +171,7 @@ class Settings:
     def loss_config(self):
         from pipeline.training.config import LossConfig
 
-        return LossConfig(kind=self.loss)
+        return LossConfig(kind=self.loss, anchor=self.anchor)
 
     def train_config(self):
         from pipeline.training.config import TrainConfig
