@@ -47,7 +47,7 @@ def synthetic_view(tok, n: int, seed: int = 0):
                 advantage=rng.choice([-1.0, 1.0]),
             )
         )
-    return build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    return build_training_view(advantages_table(rows), {"iid": IID()}, tok)[0]
 
 
 def cpu_clock_callback():

@@ -24,6 +24,7 @@ from pipeline.training.trainer import (
     CHECKPOINT_META,
     batch_loss,
     collate,
+    minibatch_count,
     completion_logps,
     read_checkpoint_meta,
     train_from_files,
@@ -89,7 +90,7 @@ def params(model) -> dict[str, torch.Tensor]:
 
 
 def test_on_policy_ratio_is_one_through_the_trainer_forward_and_params_move(tok, model, init_dir, tmp_path):
-    view = build_training_view(advantages_table(rows_for(tok, model, 8)), {"iid": IID()}, tok)
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 8)), {"iid": IID()}, tok)
     # the collated, left/right-padded batch scores every token as the row alone does
     batch = collate(to_dataset(view).to_list(), tok.pad_token_id)
     with torch.no_grad():
@@ -123,14 +124,14 @@ class SwapTo99(Strategy):
         return [{"role": "user", "content": "99"}]
 
 
-def test_seed004_swap_scores_the_action_under_the_new_context(tok, model):
+def test_context_swap_scores_the_action_under_the_new_context(tok, model):
     # ob -> [9, 9]-style swap through the real forward: the action's logprobs are computed under
     # the training context, the stored ones stay the sampled ones
     msgs = [{"role": "user", "content": "123"}]
     adv = advantages_table(
         [advantage_row("s", strategy="swap", sampling_messages=msgs, prompt_ids=encode_prompt(tok, msgs), completion_ids=[40, 41], completion_logprobs=[-0.1, -0.2])]
     )
-    view = build_training_view(adv, {"swap": SwapTo99()}, tok)
+    view, _ = build_training_view(adv, {"swap": SwapTo99()}, tok)
     train_prompt = encode_prompt(tok, [{"role": "user", "content": "99"}])
     batch = collate(to_dataset(view).to_list(), tok.pad_token_id)
     assert torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)[0].tolist() == train_prompt + [40, 41]
@@ -142,7 +143,7 @@ def test_seed004_swap_scores_the_action_under_the_new_context(tok, model):
 
 def test_context_swapped_batch_gives_finite_loss_and_diagnostics(tok, model, init_dir, tmp_path):
     rows = rows_for(tok, model, 6, strategy="prompt_aug", hint=True, seed=1) + rows_for(tok, model, 2, strategy="iid", seed=2)
-    view = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok)
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok)
     assert view.column("context_swapped").to_pylist() == [True] * 6 + [False] * 2
     cfg = TrainConfig(**FAST, loss=LossConfig(ratio_by_strategy={"prompt_aug": RatioConfig(mode="truncate")}))
     result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", cfg)
@@ -165,12 +166,12 @@ def _grads(model, batch, cfg) -> torch.Tensor:
 
 
 def test_stratified_weights_scale_the_model_gradient(tok, model):
-    # seed 004 test 2 at model level: w_s = (0.75 iid, 0.25 prompt_aug), sample_weight = w_s * N / n_s
+    # the expert-iteration plan's second test at model level: w_s = (0.75 iid, 0.25 prompt_aug), sample_weight = w_s * N / n_s
     rows = rows_for(tok, model, 2, strategy="iid", seed=3) + rows_for(tok, model, 4, strategy="prompt_aug", hint=True, seed=4)
     w_s, n_s, n = {"iid": 0.75, "prompt_aug": 0.25}, {"iid": 2, "prompt_aug": 4}, 6
     for r in rows:
         r["sample_weight"] = w_s[r["strategy"]] * n / n_s[r["strategy"]]
-    view = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok)
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok)
     items = to_dataset(view).to_list()
     cfg = LossConfig(aggregation="seq-mean-token-sum", ratio=RatioConfig(mode="none"))
     model.train()
@@ -191,7 +192,7 @@ def test_stratified_weights_scale_the_model_gradient(tok, model):
 def test_rs_loss_ignores_rows_below_threshold_in_the_gradient(tok, model):
     rows = rows_for(tok, model, 4, seed=5)
     rows[0]["reward"], rows[1]["reward"], rows[2]["reward"], rows[3]["reward"] = 1.0, 0.0, 1.0, 0.0
-    view = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
     items = to_dataset(view).to_list()
     cfg = LossConfig(kind="rs")
     model.train()
@@ -211,7 +212,7 @@ class Boom(TrainerCallback):
 
 
 def test_crash_mid_training_leaves_previous_checkpoint_and_no_partial_dir(tok, model, init_dir, tmp_path):
-    view = build_training_view(advantages_table(rows_for(tok, model, 16, seed=6)), {"iid": IID()}, tok)
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 16, seed=6)), {"iid": IID()}, tok)
     out = tmp_path / "ckpt"
     out.mkdir()
     (out / "previous.txt").write_text("round 0 checkpoint")
@@ -227,7 +228,7 @@ def test_crash_mid_training_leaves_previous_checkpoint_and_no_partial_dir(tok, m
 
 
 def test_bad_view_input_names_column_and_step_id(tok, model, init_dir, tmp_path):
-    view = build_training_view(advantages_table(rows_for(tok, model, 3, seed=7)), {"iid": IID()}, tok)
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 3, seed=7)), {"iid": IID()}, tok)
     with pytest.raises(SchemaError, match="sampling_logprobs"):
         train_policy(view.drop_columns(["sampling_logprobs"]), "shared", init_dir, tmp_path / "a", TrainConfig(**FAST))
     lp = view.column("sampling_logprobs").to_pylist()
@@ -243,7 +244,7 @@ def test_policy_rows_epochs_too_long_rows_kl_and_files(tok, model, init_dir, tmp
     rows = rows_for(tok, model, 6, seed=8, policy_id="solver") + rows_for(tok, model, 3, seed=9, policy_id="verifier", agent_id="verifier")
     rows[0]["completion_ids"] = list(range(20, 120))
     rows[0]["completion_logprobs"] = [-5.0] * 100
-    view = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
     path = tmp_path / "view.parquet"
     import pyarrow.parquet as pq
 
@@ -265,7 +266,7 @@ def test_policy_rows_epochs_too_long_rows_kl_and_files(tok, model, init_dir, tmp
 
 
 def test_lora_run_writes_a_merged_plain_checkpoint(tok, model, init_dir, tmp_path):
-    view = build_training_view(advantages_table(rows_for(tok, model, 8, seed=10)), {"iid": IID()}, tok)
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 8, seed=10)), {"iid": IID()}, tok)
     cfg = TrainConfig(**{**FAST, "lr": 5e-2}, lora=LoraSettings(r=4, alpha=8))
     train_policy(view, "shared", init_dir, tmp_path / "lora", cfg)
     assert not (tmp_path / "lora" / "adapter_config.json").exists()
@@ -345,7 +346,7 @@ def test_shared_or_separate_policies_and_tensorboard_logs(tok, model, init_dir, 
     from pipeline.training.trainer import train_policies
 
     rows = rows_for(tok, model, 4, seed=12, policy_id="solver") + rows_for(tok, model, 2, seed=13, policy_id="verifier", agent_id="verifier")
-    view = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
     cfg = TrainConfig(**{**FAST, "report_to": "tensorboard"})
     results = train_policies(view, {"solver": init_dir, "verifier": init_dir}, tmp_path / "round0", cfg)
     assert {k: r.n_rows for k, r in results.items()} == {"solver": 4, "verifier": 2}
@@ -353,3 +354,69 @@ def test_shared_or_separate_policies_and_tensorboard_logs(tok, model, init_dir, 
     for pid in ("solver", "verifier"):
         assert read_checkpoint_meta(tmp_path / "round0" / pid).policy_id == pid
         assert list((tmp_path / "round0" / pid / "logs").rglob("events.out.tfevents*"))
+
+
+def test_a_minibatch_is_one_token_mean_whatever_its_micro_batches(tok, model, init_dir, tmp_path):
+    """Rows of different lengths: the loss and gradient of a minibatch of 8 are the same with
+    micro-batches of 8, 4 or 2 (a mean of micro-batch means would weigh short rows more)."""
+    rows = rows_for(tok, model, 8, seed=21)
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    assert len({len(r["completion_ids"]) for r in rows}) > 1
+    data = to_dataset(view).to_list()
+    cfg = LossConfig(ratio=RatioConfig(mode="none"))
+
+    def grads(micro: int):
+        m = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+        batches = [collate(data[i : i + micro], tok.pad_token_id) for i in range(0, 8, micro)]
+        total = minibatch_count(batches, cfg)
+        loss = sum(batch_loss(m, b, cfg, T, denominator=total).loss for b in batches)
+        loss.backward()
+        return loss.item(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+
+    whole_loss, whole = grads(8)
+    for micro in (4, 2):
+        loss, g = grads(micro)
+        assert loss == pytest.approx(whole_loss, rel=1e-5)
+        for k in whole:
+            assert torch.allclose(whole[k], g[k], atol=1e-7, rtol=1e-4), (micro, k)
+    # through the Trainer: the reported loss of the one step is the same whole-minibatch mean
+    losses = {}
+    for micro in (8, 2):
+        res = train_policy(view, "shared", init_dir, tmp_path / f"m{micro}", TrainConfig(**{**FAST, "micro_batch_size": micro, "loss": cfg}))
+        losses[micro] = res.mean_loss
+    assert losses[2] == pytest.approx(losses[8], rel=1e-5) and losses[8] == pytest.approx(whole_loss, rel=1e-5)
+
+
+def test_first_step_diagnostics_see_the_ratios_before_any_update(tok, model, init_dir, tmp_path):
+    """Two steps over rows sampled by the model itself: at the first step every log ratio is 0
+    (sampling and training agree); over the run the policy has moved."""
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 16, seed=22)), {"iid": IID()}, tok)
+    res = train_policy(view, "shared", init_dir, tmp_path / "ckpt", TrainConfig(**{**FAST, "lr": 5e-2}))
+    assert res.steps == 2
+    first = res.first_step_diagnostics
+    assert first.overall.n_rows == 8 and abs(first.overall.mean_log_ratio) < 1e-5
+    assert first.by_agent_strategy["solver/iid"].n_rows == 8
+    assert res.diagnostics.overall.n_rows == 16 and abs(res.diagnostics.overall.mean_log_ratio) > 1e-4
+
+
+def test_proximal_anchor_clips_against_the_policy_before_the_update(tok, model, init_dir, tmp_path):
+    """Off-policy rows (q is e^0.5 times p_old on every token, negative advantages): against q
+    the first step already clips every token (ratio 0.61 < 0.8); against p_old (the policy at the
+    start of the update, on the training context) nothing is clipped at step one, and the rows
+    still get a gradient, scaled by the off-policy weight p_old/q."""
+    rows = rows_for(tok, model, 8, seed=23)
+    for r in rows:
+        r["completion_logprobs"] = [x + 0.5 for x in r["completion_logprobs"]]
+        r["advantage"] = -1.0
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    none = RatioConfig(mode="none")
+    sampling = train_policy(view, "shared", init_dir, tmp_path / "q", TrainConfig(**FAST, loss=LossConfig(ratio=none)))
+    proximal = train_policy(view, "shared", init_dir, tmp_path / "old", TrainConfig(**FAST, loss=LossConfig(anchor="proximal", ratio=none)))
+    first_q, first_old = sampling.first_step_diagnostics.overall, proximal.first_step_diagnostics.overall
+    assert first_q.n_clipped_tokens == first_q.n_tokens > 0
+    assert first_old.n_clipped_tokens == 0
+    assert first_old.mean_log_ratio == pytest.approx(-0.5, abs=1e-4)  # diagnostics still report p_theta vs q
+    before = params(model)
+    moved = params(AutoModelForCausalLM.from_pretrained(tmp_path / "old", dtype=torch.float32))
+    assert any(not torch.equal(before[k], moved[k]) for k in before)
+    assert read_checkpoint_meta(tmp_path / "old").config["loss"]["anchor"] == "proximal"

@@ -39,7 +39,7 @@ import torch
 from pipeline.errors import ConfigError, DataError
 from pipeline.store import atomic_dir, atomic_write_text
 from pipeline.training.config import LossConfig, TrainConfig
-from pipeline.training.loss import LossBatch, LossDiagnostics, compute_loss
+from pipeline.training.loss import LossBatch, LossDiagnostics, aggregation_count, compute_loss
 from pipeline.views import check_view, to_dataset, view_hash
 
 __all__ = [
@@ -49,6 +49,8 @@ __all__ = [
     "collate",
     "completion_logps",
     "batch_loss",
+    "minibatch_count",
+    "with_old_logprobs",
     "MaxitTrainer",
     "train_policy",
     "train_policies",
@@ -119,6 +121,10 @@ class TrainResult:
     """Most times any row was trained on (= epochs)."""
     diagnostics: LossDiagnostics = field(default_factory=LossDiagnostics)
     """Ratio diagnostics over every micro-batch of the run."""
+    first_step_diagnostics: LossDiagnostics = field(default_factory=LossDiagnostics)
+    """Ratio diagnostics of the first optimizer step's micro-batches, before any weight changed:
+    the mean log ratio there is ~0 on rows whose context was kept, unless sampling and training
+    disagree (temperature, template, numerics)."""
 
 
 def set_threads(n: int | None = None) -> int:
@@ -160,7 +166,14 @@ def collate(rows: Sequence[Mapping[str, Any]], pad_token_id: int = 0) -> dict[st
         completion_mask[i, : len(c)] = 1.0
         sampling_logprobs[i, : len(c)] = torch.as_tensor(r["sampling_logprobs"], dtype=torch.float32)
     reward = [r.get("reward") for r in rows]
+    extra = {}
+    if rows and "old_logprobs" in rows[0]:
+        old_logp = torch.zeros((b, c_len), dtype=torch.float32)
+        for i, r in enumerate(rows):
+            old_logp[i, : len(r["old_logprobs"])] = torch.as_tensor(r["old_logprobs"], dtype=torch.float32)
+        extra["old_logp"] = old_logp
     return {
+        **extra,
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
         "completion_ids": completion_ids,
@@ -192,8 +205,9 @@ def completion_logps(model, batch: Mapping[str, Any], temperature: float) -> tor
     return logps * batch["completion_mask"]
 
 
-def batch_loss(model, batch: Mapping[str, Any], loss_config: LossConfig, temperature: float, ref_model=None):
-    """The loss.py loss of one collated batch under `model` (a `LossOutput`)."""
+def batch_loss(model, batch: Mapping[str, Any], loss_config: LossConfig, temperature: float, ref_model=None, denominator: float | None = None):
+    """The loss.py loss of one collated batch under `model` (a `LossOutput`). `denominator`: the
+    aggregation count of the whole minibatch the batch belongs to (`minibatch_count`)."""
     logp = completion_logps(model, batch, temperature)
     ref_logp = None
     if loss_config.beta > 0:
@@ -212,9 +226,25 @@ def batch_loss(model, batch: Mapping[str, Any], loss_config: LossConfig, tempera
             strategy=batch["strategy"],
             agent=batch["agent"],
             ref_logp=ref_logp,
+            old_logp=batch.get("old_logp"),
         ),
         loss_config,
+        denominator=denominator,
     )
+
+
+def minibatch_count(batches: Sequence[Mapping[str, Any]], loss_config: LossConfig) -> float:
+    """What the loss of a minibatch made of `batches` (its micro-batches) divides by: its
+    completion tokens for "token-mean", its rows otherwise; for the "rs" loss only the rows it
+    trains (reward >= threshold). Each micro-batch's loss is its share of that one mean."""
+    total = 0.0
+    for batch in batches:
+        rows = None
+        if loss_config.kind == "rs":
+            reward = batch["reward"]
+            rows = (~torch.isnan(reward) & (reward >= loss_config.rs_threshold)).to(batch["completion_mask"].dtype)
+        total += aggregation_count(batch["completion_mask"], loss_config.aggregation, rows)
+    return total
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,8 +258,9 @@ def _trainer_class():
     class MaxitTrainer(Trainer):
         """`transformers.Trainer` whose loss is `pipeline.training.loss.compute_loss` on view rows."""
 
-        # compute_loss returns a per-micro-batch mean: let the Trainer divide by the accumulation steps
-        loss_is_scaled_for_ga = False
+        # compute_loss divides by the whole minibatch's count (`minibatch_count`): each micro-batch's
+        # loss is its share of one token mean, so the Trainer must not divide by the accumulation steps
+        loss_is_scaled_for_ga = True
 
         def __init__(self, *args, loss_config: LossConfig, temperature: float, ref_model=None, **kwargs):
             super().__init__(*args, **kwargs)
@@ -237,15 +268,22 @@ def _trainer_class():
             self.temperature = temperature
             self.ref_model = ref_model
             self.run_diagnostics = LossDiagnostics()
+            self.first_step_diagnostics = LossDiagnostics()
             self._log_diagnostics = LossDiagnostics()
             self.completion_tokens = 0
             self.rows_seen: dict[str, int] = {}
             self.loss_sum = 0.0
             self.loss_count = 0
 
+        def _get_num_items_in_batch(self, batch_samples, device):
+            return minibatch_count(batch_samples, self.loss_config)
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            out = batch_loss(model, inputs, self.loss_config, self.temperature, self.ref_model)
+            denominator = None if num_items_in_batch is None else float(num_items_in_batch)
+            out = batch_loss(model, inputs, self.loss_config, self.temperature, self.ref_model, denominator=denominator)
             if model.training:
+                if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
+                    self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
                 self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
                 self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
                 self.completion_tokens += int(inputs["completion_mask"].sum().item())
@@ -355,6 +393,26 @@ def _round_of(table: pa.Table, round_: int | None) -> int | None:
     return None
 
 
+def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) -> pa.Table:
+    """`table` with an `old_logprobs` column: log p_old of every completion token under the
+    training context, from `model` as it is before the update (the proximal anchor of decoupled
+    PPO), computed without gradients in micro-batches of `config.micro_batch_size`."""
+    rows = table.select(["step_id", "train_prompt_ids", "completion_ids", "sampling_logprobs", "advantage", "sample_weight", "strategy", "agent_id"]).to_pylist()
+    was_training = model.training
+    model.eval()
+    out: list[list[float]] = []
+    try:
+        with torch.no_grad():
+            for i in range(0, len(rows), config.micro_batch_size):
+                chunk = rows[i : i + config.micro_batch_size]
+                batch = collate(chunk, pad_id)
+                logp = completion_logps(model, batch, config.temperature)
+                out.extend(logp[j, : len(r["completion_ids"])].tolist() for j, r in enumerate(chunk))
+    finally:
+        model.train(was_training)
+    return table.append_column("old_logprobs", pa.array(out, type=pa.list_(pa.float32())))
+
+
 def train_policy(
     view,
     policy_id: str,
@@ -398,7 +456,9 @@ def train_policy(
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     steps, seconds, mean_loss, tokens, visits = 0, 0.0, math.nan, 0, {}
-    diagnostics = LossDiagnostics()
+    diagnostics = first_step = LossDiagnostics()
+    if config.loss.anchor == "proximal" and config.loss.kind != "rs" and table.num_rows:
+        table = with_old_logprobs(model, table, config, pad_id)
     with atomic_dir(out_dir) as tmp:
         if table.num_rows:
             args = TrainingArguments(
@@ -447,8 +507,10 @@ def train_policy(
                 gc.unfreeze()
             steps = trainer.state.global_step
             diagnostics = trainer.run_diagnostics
+            first_step = trainer.first_step_diagnostics
             tokens = trainer.completion_tokens
-            mean_loss = trainer.loss_sum / trainer.loss_count if trainer.loss_count else math.nan
+            # each micro-batch's loss is its share of its minibatch's mean: the sum over a minibatch is its loss
+            mean_loss = trainer.loss_sum / steps if steps else math.nan
             visits = trainer.rows_seen
             model = trainer.model
         if config.lora is not None:
@@ -496,6 +558,7 @@ def train_policy(
         min_row_visits=min(counts, default=0),
         max_row_visits=max(counts, default=0),
         diagnostics=diagnostics,
+        first_step_diagnostics=first_step,
     )
 
 
