@@ -24,8 +24,11 @@ from pipeline.errors import ConfigError
 __all__ = ["Settings", "LOSS_PRESETS", "add_setting_flags", "settings_from_args", "setting_default", "parse_group_by"]
 
 
-def _s(default: Any, help: str, *, group: str, choices: tuple | None = None, negative_flag: str | None = None, metavar: str | None = None):
-    """A setting: a dataclass field with its help text, CLI group and choices as metadata."""
+def _s(
+    default: Any, help: str, *, group: str, choices: tuple | None = None, negative_flag: tuple[str, str] | None = None, metavar: str | None = None
+):
+    """A setting: a dataclass field with its help text, CLI group and choices as metadata.
+    `negative_flag`: (flag, help) of a boolean set to False on the command line by that flag."""
     meta = {"help": help, "group": group, "choices": choices, "negative_flag": negative_flag, "metavar": metavar}
     if isinstance(default, (list, dict)):
         raise TypeError("mutable defaults are not allowed; use a tuple")
@@ -55,7 +58,10 @@ class Settings:
     task_file: str | None = _s(None, "local JSONL/Parquet problems file (question/answer columns) instead of the task", group="team and task")
     model_dir: str | None = _s(None, "starting checkpoint, a local HF model folder; None = the embedded tiny model", group="team and task")
     shared_policy: bool = _s(
-        True, "Solver and Verifier share one policy (--separate-policies: each has its own)", group="team and task", negative_flag="--separate-policies"
+        True,
+        "Solver and Verifier share one policy (False: each has its own)",
+        group="team and task",
+        negative_flag=("--separate-policies", "Solver and Verifier each get their own policy (default: one shared policy)"),
     )
     engine: str = _s("auto", "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=("auto", "vllm", "hf"))
 
@@ -276,7 +282,8 @@ def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | N
         help_text = f"{meta['help']} (default: {' '.join(default_text) if isinstance(default_text, tuple) else default_text})"
         if hint is bool:
             if meta["negative_flag"]:
-                g.add_argument(meta["negative_flag"], dest=f.name, action="store_false", default=None, help=help_text)
+                flag_name, flag_help = meta["negative_flag"]
+                g.add_argument(flag_name, dest=f.name, action="store_false", default=None, help=flag_help)
             else:
                 g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif typing.get_origin(hint) is tuple:
