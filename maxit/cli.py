@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import MaxitError, SchemaError
-from pipeline.settings import add_setting_flags
+from pipeline.settings import add_setting_flags, parse_weights
 
 __all__ = ["main", "build_parser"]
 
@@ -22,21 +22,6 @@ def _print_frame(df, title: str | None = None) -> None:
         print(f"\n{title}")
     with pl.Config(tbl_rows=200, tbl_cols=30, tbl_width_chars=200, float_precision=3, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
         print(df)
-
-
-def _parse_weights(items: list[str] | None) -> dict[str, float] | None:
-    if not items:
-        return None
-    weights: dict[str, float] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise MaxitError(f"--strategy-weight takes STRATEGY=WEIGHT, got {item!r}")
-        try:
-            weights[name] = float(value)
-        except ValueError:
-            raise MaxitError(f"--strategy-weight {item!r}: {value!r} is not a number") from None
-    return weights
 
 
 def add_advantage_flags(p: argparse.ArgumentParser) -> None:
@@ -183,7 +168,7 @@ def cmd_view(args) -> int:
     options = {"feedback": {"train_context": args.feedback_train_context, "first_attempt": args.feedback_first_attempt}}
     strategies = {s: make_strategy(s, **options.get(s, {})) for s in STRATEGY_IDS}
     tokenizer = load_tokenizer(args.model_dir or default_model())
-    common = dict(max_length=args.max_length, strategy_weights=_parse_weights(args.strategy_weight), balance_verdicts=args.balance_verdicts)
+    common = dict(max_length=args.max_length, strategy_weights=parse_weights(args.strategy_weight) if args.strategy_weight else None, balance_verdicts=args.balance_verdicts)
     if args.loss == "rs":
         min_reward = 1.0 if args.min_reward is None else args.min_reward
         config = ViewConfig(drop_zero_advantage=False, min_reward=min_reward, reward_is_local=True, **common)

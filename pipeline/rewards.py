@@ -1,9 +1,10 @@
 """Rewards of rollout rows: the environment's global reward, each role's local reward, and the
-mixed reward `reward = alpha * global_reward + local_reward` (AT-GRPO, seed 003).
+mixed reward `reward = alpha * global_reward + local_weight * local_reward` (AT-GRPO,
+docs/ALGORITHMS.md#mixed-reward).
 
 - global_reward: the environment reward of the team's final answer. Ordinary trajectories
   (`iid`, `prompt_aug`, `feedback`): `task.reward(problem, final Solver attempt)` on every row of
-  the trajectory (seed 002: all agents share the final outcome). Tree candidates (`tree`): the
+  the trajectory (DrMAS: all agents share the final outcome, docs/ALGORITHMS.md#the-drmas-reward). Tree candidates (`tree`): the
   reward of the environment state right after the candidate's step (its own attempt for a
   Solver candidate, the judged attempt for a Verifier candidate), as AT-GRPO scores each branch
   immediately; the non-selected branches have no later state.
@@ -11,7 +12,7 @@ mixed reward `reward = alpha * global_reward + local_reward` (AT-GRPO, seed 003)
   Solver: `task.reward(problem, its own attempt)` (1 right, 0 wrong or unparsable);
   Verifier: 1.0 when its verdict matches the judged attempt's correctness
   (reward >= `CORRECT_THRESHOLD`), 0.0 when it does not or when the verdict is unparsable.
-- reward: `alpha * global + local`; null when either part is null.
+- reward: `alpha * global + local_weight * local`; null when either part is null.
 
 User code (the task's `reward` and `parse_verdict`) is run through `safe_map`: an exception, a
 non-finite or non-numeric value, or a call running past the timeout gives a null value and a
@@ -68,7 +69,7 @@ class RowReward:
     local_reward: float | None
     """Role reward of this agent call."""
     reward: float | None
-    """alpha * global_reward + local_reward; None when either is None."""
+    """alpha * global_reward + local_weight * local_reward; None when either is None."""
     reward_error: str | None
     """Why a reward is null (joined messages), or None."""
 

@@ -10,7 +10,7 @@ Strategies (pipeline.strategies) and what they sample:
   (`sample_idx` 0..K-1), each a DrMAS Solver/Verifier loop (pipeline.agents.orchestra documents
   the loop, the Solver's replies and when a sample stops). The Solver's first-turn sampling
   context is `strategy.augment(task.solver_messages(problem), problem)`.
-- `tree` (AT-GRPO, seed 003): one tree per problem. At each agent step the current state (one
+- `tree` (AT-GRPO, docs/ALGORITHMS.md#tree-sampling): one tree per problem. At each agent step the current state (one
   node) gets N = `group_size` candidates from the same context (`prompt_hash` equal), every
   candidate is a row, its immediate reward is computed, the best (greedy argmax of `reward`,
   first on ties, nulls last; candidate 0 when `greedy=False`) is marked `selected` and its state
@@ -30,7 +30,7 @@ Row ids (deterministic): `traj_uid = r{round}-{strategy}-{uid}-s{sample}`,
 the trajectory (in a tree, the selected candidate of the previous step), null at the first step;
 `step` is the schedule index (2 * turn + 0 for the Solver, + 1 for the Verifier).
 
-Columns the rows carry for context swaps (seed 004): `sampling_messages` are the exact messages
+Columns the rows carry for context swaps (docs/ALGORITHMS.md#the-context-swap): `sampling_messages` are the exact messages
 the call was rendered from, `prompt_ids == encode_prompt(tokenizer, sampling_messages)` are the
 exact ids sent to the engine, `completion_ids`/`completion_logprobs` are the engine's Sample
 verbatim (equal lengths, checked). `active` is True on every row: the orchestra's active mask
@@ -83,7 +83,7 @@ class RolloutConfig:
     max_tokens_by_agent: Mapping[str, int] = field(default_factory=dict)
     """Per-agent completion budgets, e.g. {"verifier": 16}."""
     max_loop_num: int = 2
-    """Solver/Verifier loops at most per sample (seed 002); `feedback` always runs 2."""
+    """Solver/Verifier loops at most per sample (DrMAS's `max_loop_num`); `feedback` always runs 2."""
     alpha: float = 1.0
     """Mixed reward: reward = alpha * global_reward + local_weight * local_reward (the run passes
     its advantage settings' values; the tree strategy selects its best candidate by it)."""

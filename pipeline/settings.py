@@ -121,6 +121,12 @@ class Settings:
     minibatch_size: int = _s(256, "rows per optimizer step", group="training")
     micro_batch_size: int = _s(64, "rows per forward/backward pass", group="training")
     balance_verdicts: bool = _s(True, "equal total weight for the Verifier's yes and no training rows each round", group="training")
+    strategy_weights: tuple[str, ...] = _s(
+        (),
+        "stratified mixture weights STRATEGY=W, counted per policy over its training rows (none: every row weighs 1)",
+        group="training",
+        metavar="S=W",
+    )
     train_on: str = _s(
         "rollouts", "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=("rollouts", "ground_truth")
     )
@@ -135,7 +141,7 @@ class Settings:
             value = getattr(self, f.name)
             if choices and value not in choices:
                 raise ConfigError(f"{f.name} must be one of {list(choices)}, got {value!r}")
-        for name in ("strategies", "group_by"):
+        for name in ("strategies", "group_by", "strategy_weights"):
             value = getattr(self, name)
             if isinstance(value, str):
                 raise ConfigError(f"{name} must be a sequence of names, got the string {value!r}")
@@ -172,6 +178,7 @@ class Settings:
             min_reward=self.loss_config().rs_threshold if rs else None,
             reward_is_local=rs,
             balance_verdicts=self.balance_verdicts,
+            strategy_weights=parse_weights(self.strategy_weights) if self.strategy_weights else None,
         )
 
     def loss_config(self):
@@ -243,6 +250,20 @@ def parse_group_by(values: Sequence[str] | None, default: tuple[str, ...] = ("ag
         return tuple(default)
     values = tuple(values)
     return () if values in (("none",), ()) else values
+
+
+def parse_weights(items: Sequence[str]) -> dict[str, float]:
+    """STRATEGY=WEIGHT items -> {strategy: weight}; a malformed item is a `ConfigError` naming it."""
+    weights: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"strategy weights take STRATEGY=WEIGHT, got {item!r}")
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise ConfigError(f"strategy weight {item!r}: {value!r} is not a number") from None
+    return weights
 
 
 def setting_default(name: str):

@@ -1,4 +1,4 @@
-"""Training views: the context swap of expert iteration (seed 004).
+"""Training views: the context swap of expert iteration (docs/ALGORITHMS.md#the-context-swap).
 
 A row of the advantages table holds a completion sampled under `sampling_messages`. Its training
 row keeps the completion token ids and their sampling logprobs verbatim (never re-tokenized, never

@@ -53,6 +53,7 @@ def test_every_setting_is_a_flag_and_a_dagster_field():
         (["--group-by", "agent_id", "--strategies", "iid", "tree"], {"group_by": ("agent_id",), "strategies": ("iid", "tree")}),
         (["--loss", "ppo", "--alpha", "0.5", "--local-weight", "0"], {"loss": "ppo", "alpha": 0.5, "local_weight": 0.0}),
         (["--feedback-first-attempt", "skip", "--max-tokens", "8"], {"feedback_first_attempt": "skip", "max_tokens": 8}),
+        (["--strategy-weights", "iid=3", "tree=1", "--loss", "is", "--anchor", "proximal"], {"strategy_weights": ("iid=3", "tree=1"), "loss": "is", "anchor": "proximal"}),
     ],
 )
 def test_flags_give_the_same_run_as_the_settings(argv, values):
@@ -100,3 +101,11 @@ def test_strategy_options_reach_the_strategies(tmp_path):
     ctx = RoundContext(tmp_path, config)
     feedback = ctx.strategy_objects()["feedback"]
     assert (feedback.first_attempt, feedback.train_context) == ("skip", "attempt")
+
+
+def test_strategy_weights_reach_the_view():
+    assert Settings().run_config().view.strategy_weights is None
+    view = cli_settings("--strategy-weights", "iid=3", "tree=1").run_config().view
+    assert dict(view.strategy_weights) == {"iid": 3.0, "tree": 1.0}
+    with pytest.raises(ConfigError, match="STRATEGY=WEIGHT"):
+        cli_settings("--strategy-weights", "iid").run_config()

@@ -1,4 +1,4 @@
-"""The DrMAS math orchestra (seed 002): the Solver answers, the Verifier judges, approved samples
+"""The DrMAS math orchestra (docs/ALGORITHMS.md#the-math-orchestra): the Solver answers, the Verifier judges, approved samples
 stop and the others loop, up to `max_loop_num` loops.
 
 One loop (`turn` t) is two agent steps: the Solver's attempt t, then the Verifier's verdict on it.
@@ -11,7 +11,7 @@ where reply i is
   `MathOrchestra.rejection_message` that quotes the Verifier's output. The Verifier is part of
   the team at test time too, so this context is legitimate and is trained as sampled;
 - for `feedback`: the task's `feedback_message(problem, attempt)`, the environment's privileged
-  feedback, which the feedback strategy's training transform drops (seed 004's 2-turn feedback).
+  feedback, which the feedback strategy's training transform drops (the expert-iteration plan's 2-turn feedback).
 
 Stopping:
 - `iid`, `prompt_aug`, `tree`: a sample stops when the Verifier approves
@@ -58,7 +58,7 @@ class AgentStep:
 
 @dataclass(frozen=True)
 class MathOrchestra:
-    """Solver/Verifier loop over one task (seed 002's `math_orchestra`)."""
+    """Solver/Verifier loop over one task (DrMAS's math orchestra, docs/ALGORITHMS.md#the-math-orchestra)."""
 
     task: object
     """The task (pipeline.tasks Task protocol): prompts, feedback, verdict parsing, reward."""

@@ -1,4 +1,4 @@
-"""Search strategies (seed 004): how the sampling context is built, and how the training context
+"""Search strategies (the expert-iteration plan, docs/ALGORITHMS.md#search-strategies): how the sampling context is built, and how the training context
 is rebuilt from it.
 
 Each strategy is a frozen record with a `strategy_id` (written to the `strategy` column) and two
@@ -55,8 +55,6 @@ class Strategy:
 
     group_size: int = 4
     """Samples per problem (the K of a group) drawn under this strategy."""
-    weight: float | None = None
-    """Mixture weight w_s for stratified weighting (None = the plain stratified average)."""
 
     strategy_id: ClassVar[str] = "iid"
     tree: ClassVar[bool] = False
@@ -65,8 +63,6 @@ class Strategy:
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ConfigError(f"{self.strategy_id}.group_size must be >= 1, got {self.group_size}")
-        if self.weight is not None and not self.weight > 0:
-            raise ConfigError(f"{self.strategy_id}.weight must be > 0 or None, got {self.weight}")
 
     def augment(self, messages: Sequence[Message], problem: Problem) -> list[Message]:
         """The Solver's first-turn sampling context built from the plain context."""
