@@ -146,3 +146,25 @@ def test_cache_key_follows_the_settings(tmp_path, monkeypatch):
     assert base == _build_key(ModelConfig(), WarmStartConfig(threads=2))
     assert base != _build_key(ModelConfig(seed=1), WarmStartConfig())
     assert base != _build_key(ModelConfig(), WarmStartConfig(lr=1e-3))
+
+
+def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():
+    import random
+
+    from pipeline.tasks.base import parse_verdict
+
+    task = ArithmeticTask()
+    examples = sft_examples(task, random.Random(7), 400, WarmStartConfig(mix_verifier=1.0, mix_hint=0.0, mix_feedback=0.0, mix_plain=1e-9, verifier_target="answer_verdict"))
+    verifier = [(m, t) for m, t in examples if "Proposed answer" in m[-1]["content"]]
+    assert len(verifier) > 300
+    for messages, target in verifier:
+        question = messages[-1]["content"].split("\n")[0]
+        a, b = (int(x) for x in question.rstrip("=").split("+"))
+        answer, verdict = target.split(" ")
+        assert int(answer) == a + b  # the right answer first
+        proposed = messages[-1]["content"].split("Proposed answer: ")[1].split("\n")[0]
+        assert parse_verdict(target) is (int(proposed) == a + b)  # then the verdict, which the parser reads
+    plain = sft_examples(task, random.Random(7), 400, WarmStartConfig(mix_verifier=1.0, mix_plain=1e-9, mix_hint=0.0, mix_feedback=0.0, verifier_target="verdict"))
+    assert {t for m, t in plain if "Proposed answer" in m[-1]["content"]} == {"yes", "no"}
+    with pytest.raises(ConfigError, match="verifier_target"):
+        WarmStartConfig(verifier_target="answer")

@@ -7,11 +7,12 @@ run as two length buckets so short Solver prompts are not padded to the Verifier
 - Solver plain:   user "123+45="                                    -> "168"
 - Solver hinted:  system "Hint: the tens digit is 6" (or "16_"), user -> "168"
 - Verifier:       user "<q>\\nProposed answer: <a>\\nIs it right? ..." -> "yes" / "no"
+                  (or, with `verifier_target="answer_verdict"`, "<right answer> yes" / "... no")
                   (half right, half near misses: one digit off, +-1, +-10, +-100)
 - Feedback:       user q, assistant attempt1, user "That is wrong. Try again." -> right answer
                   (or a right attempt1, "That is right. Say it again." -> the same answer)
 
-Stopping point: the SFT accuracy curve is steep (FINDINGS: 0.8% -> 25% within 80 steps, and
+Stopping point: the SFT accuracy curve is steep (docs/FINDINGS.md: 0.8% -> 25% within 80 steps, and
 its onset moves by hundreds of steps between seeds), so a fixed step count lands anywhere
 between 0% and 60%. Instead, every `probe_every` steps the plain Solver is sampled at T=1 on
 `probe_size` *train-split* problems, and training stops at the first probe at or above
@@ -47,9 +48,9 @@ class WarmStartConfig:
     Parameters that control the optimizer."""
 
     batch_size: int = 128
-    """Examples per step (FINDINGS' setting; at 64 the Solver stayed below 8% for 800+ steps)."""
+    """Examples per step (the prototype's setting, docs/FINDINGS.md; at 64 the Solver stayed below 8% for 800+ steps)."""
     lr: float = 3e-3
-    """Peak AdamW learning rate (FINDINGS: 3e-3 with batch 128)."""
+    """Peak AdamW learning rate (docs/FINDINGS.md: 3e-3 with batch 128)."""
     warmup_steps: int = 30
     """Linear warmup from 0 to `lr`; constant afterwards."""
     weight_decay: float = 0.0
@@ -72,6 +73,11 @@ class WarmStartConfig:
     """Share of hinted Solver examples (half "tens", half "prefix" hints)."""
     mix_verifier: float = 0.15
     """Share of Verifier yes/no examples (half right, half wrong proposals)."""
+    verifier_target: str = "verdict"
+    """What a Verifier example teaches it to write: "verdict" ("yes" / "no"), or
+    "answer_verdict": the right answer first, then the verdict ("168 no"), so the Verifier checks
+    by working the problem out and comparing (its verdict is still the first word: the number is
+    not a word to the verdict parser)."""
     mix_feedback: float = 0.1
     """Share of second-attempt examples after feedback."""
     seed: int = 0
@@ -89,6 +95,8 @@ class WarmStartConfig:
             raise ConfigError("warm_start.warmup_steps and warm_start.min_steps must be >= 0")
         if not 0 < self.target_accuracy <= 1:
             raise ConfigError(f"warm_start.target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        if self.verifier_target not in ("verdict", "answer_verdict"):
+            raise ConfigError(f"warm_start.verifier_target must be 'verdict' or 'answer_verdict', got {self.verifier_target!r}")
         mix = (self.mix_plain, self.mix_hint, self.mix_verifier, self.mix_feedback)
         if min(mix) < 0 or self.mix_plain <= 0:
             raise ConfigError(f"warm_start.mix_* must be >= 0 and mix_plain > 0, got {mix}")
@@ -150,7 +158,8 @@ def sft_examples(task, rng: random.Random, n: int, config: WarmStartConfig) -> l
         elif kind == 2:
             right = rng.random() < 0.5
             proposed = str(ans if right else _near_miss(ans, rng))
-            out.append((task.verifier_messages(p, proposed), "yes" if right else "no"))
+            verdict = "yes" if right else "no"
+            out.append((task.verifier_messages(p, proposed), verdict if config.verifier_target == "verdict" else f"{p.answer} {verdict}"))
         else:
             right = rng.random() < 0.3
             attempt = p.answer if right else str(_near_miss(ans, rng))
