@@ -116,6 +116,13 @@ class Settings:
         group="training",
         choices=("sampling", "proximal"),
     )
+    hinted_rows: str = _s(
+        "mask",
+        "the prompt-augmentation rows (sampled with a hint, trained without): their sequence ratio masked to [1/3, 3], truncated at 3, "
+        "left alone, or the rows dropped from training",
+        group="training",
+        choices=("mask", "truncate", "none", "drop"),
+    )
     lr: float = _s(5e-4, "AdamW learning rate", group="training")
     epochs: int = _s(2, "passes over each round's training rows", group="training")
     minibatch_size: int = _s(256, "rows per optimizer step", group="training")
@@ -179,12 +186,16 @@ class Settings:
             reward_is_local=rs,
             balance_verdicts=self.balance_verdicts,
             strategy_weights=parse_weights(self.strategy_weights) if self.strategy_weights else None,
+            drop_strategies=("prompt_aug",) if self.hinted_rows == "drop" else (),
         )
 
     def loss_config(self):
         from pipeline.training.config import LossConfig
 
-        return LossConfig(kind=self.loss, anchor=self.anchor)
+        from pipeline.training.config import RatioConfig
+
+        hinted = {} if self.hinted_rows in ("mask", "drop") else {"prompt_aug": RatioConfig(mode=self.hinted_rows)}
+        return LossConfig(kind=self.loss, anchor=self.anchor, ratio_by_strategy=hinted)
 
     def train_config(self):
         from pipeline.training.config import TrainConfig

@@ -86,6 +86,10 @@ class ViewConfig:
     one the rows were sampled with)."""
     policy_ids: tuple[str, ...] | None = None
     """Keep only rows of these policies (None = all)."""
+    drop_strategies: tuple[str, ...] = ()
+    """Strategies whose rows are sampled (they shape the round's rollouts) but not trained, e.g.
+    ("prompt_aug",) to leave the hinted rows out instead of correcting their ratios; counted as
+    not trainable."""
     min_reward: float | None = None
     """Leave out rows whose reward is below this (None = keep all). The "rs" loss trains only on
     rows at or above its threshold, so its view needs no forward pass over the others."""
@@ -114,6 +118,7 @@ class ViewConfig:
             raise ConfigError(f"ViewConfig.max_length must be an integer >= 2 or None, got {self.max_length!r}")
         if not (math.isfinite(self.zero_advantage_tol) and self.zero_advantage_tol >= 0):
             raise ConfigError(f"ViewConfig.zero_advantage_tol must be finite and >= 0, got {self.zero_advantage_tol!r}")
+        object.__setattr__(self, "drop_strategies", tuple(self.drop_strategies))
         if self.strategy_weights is not None:
             weights = dict(self.strategy_weights)
             if not weights:
@@ -259,7 +264,9 @@ def build_training_view(
     adv = table.column("advantage").to_numpy(zero_copy_only=False)
 
     in_policy = np.ones(n, dtype=bool) if config.policy_ids is None else np.array([p in config.policy_ids for p in policies], dtype=bool)
-    trainable = np.array([bool(strategies[s].trainable(int(t), a)) for s, t, a in zip(strat_col, turns, agents)], dtype=bool)
+    trainable = np.array(
+        [s not in config.drop_strategies and bool(strategies[s].trainable(int(t), a)) for s, t, a in zip(strat_col, turns, agents)], dtype=bool
+    )
     nonzero = np.abs(adv) > config.zero_advantage_tol if config.drop_zero_advantage else np.ones(n, dtype=bool)
 
     # each dropped row is counted under the first reason that applies, in this order

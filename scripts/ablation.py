@@ -1,19 +1,26 @@
 """Ablation of the expert-iteration run on one sample budget, over several seeds.
 
-    .venv/bin/python scripts/ablation.py [--rounds 5] [--seeds 0 1] [--variants all iid ...] [--out runs/ablation]
+    .venv/bin/python scripts/ablation.py [--rounds 5] [--seeds 0 1 2] [--variants rs ppo ...] [--out runs/ablation]
 
 Every variant runs `maxit run` with the same problems x samples per round (the same sample
-budget) into its own store, sequentially (the machine's cores go to one run at a time). The
-table printed at the end (markdown) gives held-out Solver accuracy (T=1, no hint) per round,
-the gain over the starting checkpoint, the optimizer steps taken and the wall time.
-Variants:
-  all          all strategies (iid, prompt_aug, feedback, tree), rejection-sampling loss (the default)
-  iid          iid only, rejection-sampling loss
-  iid+aug      iid + prompt_aug, rejection-sampling loss
-  ppo          all strategies, importance-weighted PG (PPO clip), per-agent (uid, agent, turn, strategy) groups
-  ppo-grpo     as ppo with plain GRPO groups (uid only)
-  sft          step-matched SFT on ground-truth answers (as many rows/steps as `all` trains each round)
-  no-balance   as all, without equal weight for the Verifier's yes/no rows (--no-balance-verdicts)
+budget) into its own store, sequentially (the machine's cores go to one run at a time); finished
+variants are reused. The tables printed at the end (markdown) give, per run, held-out Solver
+accuracy (T=1, no hint) per round, the gain over the starting checkpoint, the Verifier's balanced
+verdict accuracy in the last round, the optimizer steps and the wall time; and per variant the
+mean and spread (min..max) of the gain over the seeds.
+Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) groups unless named):
+  rs           rejection-sampling expert iteration (the default run)
+  ppo          importance-weighted PG with PPO clip (AT-GRPO's mixed reward)
+  is           the plain importance-sampling estimator (no clip), as the expert-iteration plan writes it
+  sft          step-matched SFT on the reference answers (as many rows/steps as rs trains each round)
+  ppo-drmas    ppo with DrMAS's groups (uid, strategy, agent) and its team reward (local weight 0)
+  ppo-grpo     ppo with plain GRPO groups (uid, strategy)
+  ppo-notree   ppo without the tree strategy (iid + prompt_aug + feedback, 5 samples each: 15 per problem vs 16)
+  ppo-strat    ppo with stratified strategy weights (equal mixture over the four strategies)
+  ppo-trunc    ppo, hinted rows' ratios truncated at 3 instead of masked to [1/3, 3]
+  ppo-noratio  ppo, hinted rows without sequence-ratio handling
+  ppo-drophint ppo, hinted rows sampled but not trained
+  no-balance   rs without equal weight for the Verifier's yes/no rows
 """
 
 from __future__ import annotations
@@ -31,12 +38,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # Same sample budget: the default samples 4 strategies x 4 samples per problem, so a variant with
 # fewer strategies draws proportionally more samples per strategy.
 VARIANTS = {
-    "all": [],
-    "iid": ["--strategies", "iid", "--samples", "16"],
-    "iid+aug": ["--strategies", "iid", "prompt_aug", "--samples", "8"],
+    "rs": [],
     "ppo": ["--loss", "ppo"],
-    "ppo-grpo": ["--loss", "ppo", "--group-by", "none"],
+    "is": ["--loss", "is"],
     "sft": ["--train-on", "ground_truth"],
+    "ppo-drmas": ["--loss", "ppo", "--group-by", "agent_id", "--alpha", "1", "--local-weight", "0"],
+    "ppo-grpo": ["--loss", "ppo", "--group-by", "none"],
+    "ppo-notree": ["--loss", "ppo", "--strategies", "iid", "prompt_aug", "feedback", "--samples", "5"],
+    "ppo-strat": ["--loss", "ppo", "--strategy-weights", "iid=1", "prompt_aug=1", "feedback=1", "tree=1"],
+    "ppo-trunc": ["--loss", "ppo", "--hinted-rows", "truncate"],
+    "ppo-noratio": ["--loss", "ppo", "--hinted-rows", "none"],
+    "ppo-drophint": ["--loss", "ppo", "--hinted-rows", "drop"],
     "no-balance": ["--no-balance-verdicts"],
 }
 
@@ -61,7 +73,7 @@ def run_variant(name: str, seed: int, rounds: int, out: Path, extra: list[str]) 
 def _result(name: str, seed: int, store: Path, seconds: float, cmd: list[str]) -> dict:
     ev = pl.read_parquet(str(store / "round=*" / "evaluation.parquet"), hive_partitioning=True)
     acc = ev.filter((pl.col("metric") == "accuracy") & (pl.col("agent_id") == "solver")).sort("round")["value"].to_list()
-    ver = ev.filter(pl.col("metric") == "verdict_accuracy").sort("round")["value"].to_list()
+    ver = ev.filter(pl.col("metric") == "verdict_balanced_accuracy").sort("round")["value"].to_list()
     steps = 0
     for meta in store.glob("checkpoints/round=*/*/maxit_checkpoint.json"):
         steps += int(json.loads(meta.read_text())["metrics"].get("steps", 0))
@@ -71,7 +83,7 @@ def _result(name: str, seed: int, store: Path, seconds: float, cmd: list[str]) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out", default="runs/ablation")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="more flags for every `maxit run` (after --)")
@@ -87,7 +99,7 @@ def main() -> None:
             (out / "results.json").write_text(json.dumps(results, indent=2))
             print(json.dumps({k: v for k, v in res.items() if k != "cmd"}), flush=True)
     print()
-    header = "| variant | seed | " + " | ".join(f"r{r}" for r in range(-1, args.rounds)) + " | gain | verdict acc (last) | steps | seconds |"
+    header = "| variant | seed | " + " | ".join(f"r{r}" for r in range(-1, args.rounds)) + " | gain | verdict bal. acc (last) | steps | seconds |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for res in results:
@@ -97,6 +109,16 @@ def main() -> None:
         accs = " | ".join(f"{100 * a:.1f}" for a in res["acc"])
         gain = 100 * (res["acc"][-1] - res["acc"][0])
         print(f"| {res['variant']} | {res['seed']} | {accs} | {gain:+.1f} | {100 * res['verdict'][-1]:.1f} | {res['steps']} | {res['seconds']:.0f} |")
+    print("\n| variant | seeds | mean gain | spread (min..max) | mean verdict bal. acc (last) |")
+    print("|---|---|---|---|---|")
+    for name in args.variants:
+        runs = [r for r in results if r["variant"] == name and "error" not in r]
+        if not runs:
+            continue
+        gains = [100 * (r["acc"][-1] - r["acc"][0]) for r in runs]
+        ver = [100 * r["verdict"][-1] for r in runs if r["verdict"]]
+        mean_ver = f"{sum(ver) / len(ver):.1f}" if ver else "n/a"
+        print(f"| {name} | {len(runs)} | {sum(gains) / len(gains):+.1f} | {min(gains):+.1f}..{max(gains):+.1f} | {mean_ver} |")
     print("\nreproduce one row: the `cmd` field of", out / "results.json")
 
 

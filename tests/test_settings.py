@@ -109,3 +109,26 @@ def test_strategy_weights_reach_the_view():
     assert dict(view.strategy_weights) == {"iid": 3.0, "tree": 1.0}
     with pytest.raises(ConfigError, match="STRATEGY=WEIGHT"):
         cli_settings("--strategy-weights", "iid").run_config()
+
+
+def test_hinted_rows_setting():
+    from pipeline.training.config import RatioConfig
+
+    assert Settings().run_config().train.loss.ratio_for("prompt_aug").mode == "mask"
+    assert Settings(hinted_rows="truncate").run_config().train.loss.ratio_for("prompt_aug") == RatioConfig(mode="truncate")
+    assert Settings(hinted_rows="none").run_config().train.loss.ratio_for("iid").mode == "mask"
+    dropped = Settings(hinted_rows="drop").run_config()
+    assert dropped.view.drop_strategies == ("prompt_aug",) and "prompt_aug" in dropped.strategies
+
+
+def test_every_ablation_variant_is_a_valid_run():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("ablation", Path(__file__).resolve().parents[1] / "scripts" / "ablation.py")
+    ablation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ablation)
+    assert {"rs", "ppo", "is", "sft", "ppo-drmas", "ppo-grpo"} <= set(ablation.VARIANTS)
+    for name, flags in ablation.VARIANTS.items():
+        config = cli_settings(*flags).run_config()
+        assert config.problems == 128, name

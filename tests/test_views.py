@@ -287,3 +287,9 @@ def test_rs_view_refuses_a_reward_that_is_not_the_rows_own(tok):
     own = [advantage_row("wrong-first", global_reward=1.0, local_reward=0.0, reward=0.0), advantage_row("right", global_reward=1.0, local_reward=1.0, reward=1.0)]
     view, _ = build_training_view(advantages_table(own), {"iid": IID()}, tok, config)
     assert view.column("step_id").to_pylist() == ["right"]
+
+
+def test_dropped_strategies_are_sampled_but_not_trained(tok):
+    rows = [advantage_row("i"), advantage_row("h", strategy="prompt_aug")]
+    view, stats = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok, ViewConfig(drop_strategies=("prompt_aug",)))
+    assert view.column("step_id").to_pylist() == ["i"] and stats.n_not_trainable == 1
