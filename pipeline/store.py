@@ -9,10 +9,14 @@ resumed run after a kill -9) sees the old file or the new one, never half of one
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -30,6 +34,7 @@ __all__ = [
     "atomic_write_text",
     "fsync_dir",
     "checkpoint_dir",
+    "jsonable",
 ]
 
 
@@ -158,3 +163,20 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def jsonable(obj: Any) -> Any:
+    """`obj` as plain JSON values: dataclass instances become dicts of their fields, mappings
+    dicts with string keys, lists and tuples lists, paths strings, and a non-finite float None
+    (strict JSON has no NaN or Infinity); anything else is returned as it is."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pyarrow as pa
@@ -16,19 +17,30 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
+from pipeline.store import jsonable
 from pipeline.strategies import IID, PromptAug, Strategy
 from pipeline.training.config import LoraSettings, LossConfig, RatioConfig, TrainConfig
 from pipeline.training.trainer import (
     CHECKPOINT_META,
+    PolicyRows,
+    TrainerRun,
     batch_loss,
+    checkpoint_meta,
+    checkpoint_metrics,
     collate,
     minibatch_count,
     completion_logps,
+    max_train_length,
     read_checkpoint_meta,
+    select_policy_rows,
+    throughput,
     train_from_files,
     train_policy,
+    train_result,
+    training_arguments,
+    visit_range,
 )
 from pipeline.views import build_training_view, to_dataset, view_hash
 from schemas import SchemaError
@@ -343,12 +355,10 @@ def test_trl_grpo_loss_equals_loss_py_on_a_fixed_batch(tok, init_dir, tmp_path):
 
 
 def test_shared_or_separate_policies_and_tensorboard_logs(tok, model, init_dir, tmp_path):
-    from pipeline.training.trainer import train_policies
-
     rows = rows_for(tok, model, 4, seed=12, policy_id="solver") + rows_for(tok, model, 2, seed=13, policy_id="verifier", agent_id="verifier")
     view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
     cfg = TrainConfig(**{**FAST, "report_to": "tensorboard"})
-    results = train_policies(view, {"solver": init_dir, "verifier": init_dir}, tmp_path / "round0", cfg)
+    results = {pid: train_policy(view, pid, init_dir, tmp_path / "round0" / pid, cfg) for pid in ("solver", "verifier")}
     assert {k: r.n_rows for k, r in results.items()} == {"solver": 4, "verifier": 2}
     assert set(results["verifier"].diagnostics.by_agent) == {"verifier"}
     for pid in ("solver", "verifier"):
@@ -420,3 +430,141 @@ def test_proximal_anchor_clips_against_the_policy_before_the_update(tok, model, 
     moved = params(AutoModelForCausalLM.from_pretrained(tmp_path / "old", dtype=torch.float32))
     assert any(not torch.equal(before[k], moved[k]) for k in before)
     assert read_checkpoint_meta(tmp_path / "old").config["loss"]["anchor"] == "proximal"
+
+
+# ---------------------------------------------------------------------------------------------
+# the pieces of a run
+
+
+class RandomLogits(torch.nn.Module):
+    """A stand-in causal LM whose logits over the whole (B, L) input are fixed random values."""
+
+    def __init__(self, batch: int, length: int, vocab: int, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.logits = torch.nn.Parameter(torch.randn(batch, length, vocab, generator=g) * 4.0)
+
+    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep, use_cache):
+        assert input_ids.shape == self.logits.shape[:2]
+        return SimpleNamespace(logits=self.logits[:, -logits_to_keep:, :])
+
+
+def test_completion_logps_equal_log_softmax_and_gather_at_the_temperature():
+    """TRL's selective_log_softmax in completion_logps gives the plain log_softmax(logits / T) +
+    gather at every completion token, the same gradients, and 0 on padding."""
+    rng = random.Random(31)
+    rows = [
+        dict(
+            step_id=f"s{i}", train_prompt_ids=[rng.randint(1, 999) for _ in range(p)], completion_ids=[rng.randint(1, 999) for _ in range(c)],
+            sampling_logprobs=[-1.0] * c, advantage=1.0, sample_weight=1.0, reward=1.0, strategy="iid", agent_id="solver",
+        )
+        for i, (p, c) in enumerate([(3, 5), (6, 1), (2, 7), (4, 4)])
+    ]
+    batch = collate(rows, 0)
+    b, p_len = batch["prompt_ids"].shape
+    c_len = batch["completion_ids"].size(1)
+    for temperature in (0.7, 1.0, 1.3):
+        lm = RandomLogits(b, p_len + c_len, 1000)
+        ours = completion_logps(lm, batch, temperature)
+        (ours * torch.arange(1.0, c_len + 1)).sum().backward()
+        g_ours, lm.logits.grad = lm.logits.grad.clone(), None
+        shifted = lm.logits[:, -(c_len + 1) : -1, :] / temperature
+        plain = torch.log_softmax(shifted, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1) * batch["completion_mask"]
+        (plain * torch.arange(1.0, c_len + 1)).sum().backward()
+        # float32: 1e-6 plus one part in a million (the rounding step of a logprob near -16 is 2e-6)
+        assert torch.allclose(ours, plain, atol=1e-6, rtol=1e-6), temperature
+        assert torch.allclose(g_ours, lm.logits.grad, atol=1e-6, rtol=1e-5), temperature  # float32 rounding of gradients up to ~10
+        assert (ours[batch["completion_mask"] == 0] == 0).all()
+
+
+def _view_rows(tok, spec, **overrides) -> pa.Table:
+    """A training view of rows (step_id, policy_id, completion length) sampled at T."""
+    msgs = [{"role": "user", "content": "1+2="}]
+    prompt = encode_prompt(tok, msgs)
+    rows = [
+        advantage_row(
+            sid, policy_id=pid, agent_id=pid, sampling_messages=msgs, prompt_ids=prompt, completion_ids=[6] * n,
+            completion_logprobs=[-1.0] * n, temperature=T, **overrides.get(sid, {}),
+        )
+        for sid, pid, n in spec
+    ]
+    return build_training_view(advantages_table(rows), {"iid": IID()}, tok)[0]
+
+
+def test_select_policy_rows_keeps_the_policys_rows_that_fit_and_checks_them(tok):
+    view = _view_rows(tok, [("a", "solver", 2), ("b", "solver", 30), ("c", "verifier", 2), ("d", "solver", 3)])
+    prompt_len = len(view.column("train_prompt_ids")[0].as_py())
+    sel = select_policy_rows(view, "solver", max_length=prompt_len + 3, temperature=T)
+    assert isinstance(sel, PolicyRows)
+    assert sorted(sel.table.column("step_id").to_pylist()) == ["a", "d"]
+    assert set(sel.table.column("policy_id").to_pylist()) == {"solver"}
+    assert sel.n_dropped_too_long == 1 and sel.round == 0 and sel.data_hash == view_hash(sel.table)
+    assert select_policy_rows(view, "solver", max_length=prompt_len + 30, temperature=T).n_dropped_too_long == 0
+    assert select_policy_rows(view, "solver", max_length=prompt_len + 3, temperature=T, round_=4).round == 4
+    nobody = select_policy_rows(view, "nobody", max_length=prompt_len + 3, temperature=T)
+    assert nobody.table.num_rows == 0 and nobody.round is None
+    with pytest.raises(ConfigError, match="temperature"):
+        select_policy_rows(view, "solver", max_length=prompt_len + 3, temperature=1.0)
+    two_rounds = _view_rows(tok, [("a", "solver", 2), ("b", "solver", 2)], b={"round": 1})
+    with pytest.raises(DataError, match="several rounds"):
+        select_policy_rows(two_rounds, "solver", max_length=prompt_len + 3, temperature=T)
+    assert select_policy_rows(two_rounds, "solver", max_length=prompt_len + 3, temperature=T, round_=1).round == 1
+
+
+def test_max_train_length_prefers_the_config_then_the_model():
+    assert max_train_length(TrainConfig(max_length=64), SimpleNamespace(max_position_embeddings=512)) == 64
+    assert max_train_length(TrainConfig(), SimpleNamespace(max_position_embeddings=512)) == 512
+    assert max_train_length(TrainConfig(), SimpleNamespace()) == 1 << 30
+
+
+def test_training_arguments_carry_the_train_config(tmp_path):
+    cfg = TrainConfig(report_to="none", lr=3e-4, epochs=3, minibatch_size=8, micro_batch_size=2, seed=7, weight_decay=0.1,
+                      max_grad_norm=0.5, lr_scheduler="cosine", warmup_steps=2, logging_steps=5)
+    args = training_arguments(cfg, tmp_path / "logs", use_cuda=False)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.num_train_epochs) == (2, 4, 3)
+    assert (args.learning_rate, args.weight_decay, args.max_grad_norm, args.warmup_steps, args.logging_steps) == (3e-4, 0.1, 0.5, 2, 5)
+    assert str(args.lr_scheduler_type.value) == "cosine" and args.seed == args.data_seed == 7
+    assert args.use_cpu and not args.bf16 and args.report_to == [] and args.output_dir == str(tmp_path / "logs")
+    assert str(args.save_strategy.value) == "no" and not args.remove_unused_columns and args.disable_tqdm
+
+
+def test_throughput_visits_metrics_and_result_of_a_run(tmp_path):
+    assert throughput(300, 1.5) == 200.0 and throughput(300, 0.0) == 0.0
+    assert visit_range(["a", "b", "c"], {"a": 2, "b": 2, "c": 1}) == (1, 2)
+    assert visit_range(["a", "z"], {"a": 2}) == (0, 2)  # a row never trained on counts 0
+    assert visit_range([], {}) == (0, 0)
+
+    rows = PolicyRows(table=pa.table({"step_id": ["a", "b"]}), n_dropped_too_long=3, round=2, data_hash="h")
+    run = TrainerRun(model=None, steps=4, seconds=2.0, mean_loss=0.25, completion_tokens=100, tokens_per_second=throughput(100, 2.0), rows_seen={"a": 2, "b": 2})
+    metrics = checkpoint_metrics(run, rows.n_dropped_too_long)
+    assert {k: metrics[k] for k in ("mean_loss", "steps", "train_seconds", "completion_tokens", "tokens_per_second", "n_dropped_too_long")} == {
+        "mean_loss": 0.25, "steps": 4.0, "train_seconds": 2.0, "completion_tokens": 100.0, "tokens_per_second": 50.0, "n_dropped_too_long": 3.0,
+    }
+    result = train_result("solver", tmp_path / "init", tmp_path / "out", rows, run, visit_range(["a", "b"], run.rows_seen))
+    assert (result.tokens_per_second, result.train_seconds, result.n_rows, result.round, result.data_hash) == (50.0, 2.0, 2, 2, "h")
+    assert (result.min_row_visits, result.max_row_visits, result.n_dropped_too_long, result.steps) == (2, 2, 3, 4)
+    meta = checkpoint_meta("solver", tmp_path / "init", rows, TrainConfig(), metrics)
+    assert (meta.round, meta.n_rows, meta.parent, meta.data_hash) == (2, 2, str(tmp_path / "init"), "h")
+    assert meta.config["loss"]["ratio"]["mode"] == "mask" and meta.config["lora"] is None
+
+    empty = TrainerRun(model=None)  # a policy without rows
+    assert math.isnan(empty.mean_loss) and empty.tokens_per_second == 0.0 and checkpoint_metrics(empty, 0)["steps"] == 0.0
+
+
+@dataclass(frozen=True)
+class _Inner:
+    path: Path
+    values: tuple = (1.0, math.nan)
+
+
+@dataclass(frozen=True)
+class _Outer:
+    inner: _Inner
+    table: dict = field(default_factory=lambda: {1: math.inf, "x": [-math.inf, 2]})
+
+
+def test_jsonable_gives_strict_json_values(tmp_path):
+    out = jsonable(_Outer(_Inner(tmp_path / "a")))
+    assert out == {"inner": {"path": str(tmp_path / "a"), "values": [1.0, None]}, "table": {"1": None, "x": [None, 2]}}
+    json.dumps(out, allow_nan=False)
+    assert jsonable(_Outer) is _Outer  # a class is not an instance

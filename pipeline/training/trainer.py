@@ -7,11 +7,20 @@ forward keeps only the last C+1 logits), scored by `completion_logps` at the sam
 and `pipeline.training.loss.compute_loss` is THE loss: importance ratios against the stored logprobs,
 per-strategy sequence-ratio handling, sample weights, or the rejection-sampling loss.
 
+A run is six steps, each its own function, called in this order by `train_policy`:
+`select_policy_rows` (the policy's rows, too-long rows dropped, temperature and round checked,
+hashed), `load_policy_model` + `add_lora` + `load_reference` (the models), `training_arguments`
+(TrainConfig -> `transformers.TrainingArguments`), `run_trainer` (one `MaxitTrainer` run ->
+`TrainerRun`), `checkpoint_meta` + `save_checkpoint` (the checkpoint folder), `train_result`.
+
 The loop is a `transformers.Trainer` subclass (`MaxitTrainer`) whose `compute_loss` calls loss.py:
 the Trainer brings the optimizer, schedule, gradient accumulation, bf16 autocast, accelerate
-(multi-GPU/FSDP) and `report_to` logging. TRL's `GRPOTrainer` is not subclassed: its data path
-generates completions and its `_compute_loss` has no sample weights, per-strategy ratio caps or
-rs loss; a test pins its GRPO loss to loss.py on a fixed batch instead.
+(multi-GPU/FSDP) and `report_to` logging. From TRL the trainer takes `selective_log_softmax` (the
+log-softmax at the chosen tokens only, row by row, never the whole log-softmax over the
+vocabulary). TRL's trainers are not subclassed: `SFTTrainer` has no per-row sample weights, and
+`GRPOTrainer` generates its own completions and its `_compute_loss` has no sample weights,
+per-strategy ratio handling or rs loss, and no context-swapped rows (scored under a training
+prompt other than the sampling one); a test pins its GRPO loss to loss.py on a fixed batch.
 
 The checkpoint (a full HF model directory + tokenizer + `maxit_checkpoint.json`) is built in a
 temporary sibling and renamed into place (`pipeline.store.atomic_dir`): a crash leaves the
@@ -21,24 +30,25 @@ previous `out_dir` (or none) as it was.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
+from transformers import PrinterCallback, Trainer, TrainingArguments
+from trl.trainer.utils import selective_log_softmax
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.store import atomic_dir, atomic_write_text
-from pipeline.training.config import LossConfig, TrainConfig
+from pipeline.store import atomic_dir, atomic_write_text, jsonable
+from pipeline.training.config import LoraSettings, LossConfig, TrainConfig
 from pipeline.training.loss import LossBatch, LossDiagnostics, aggregation_count, compute_loss
 from pipeline.views import check_view, to_dataset, view_hash
 
@@ -46,14 +56,28 @@ __all__ = [
     "TrainResult",
     "CheckpointMeta",
     "CHECKPOINT_META",
+    "PolicyRows",
+    "TrainerRun",
     "collate",
     "completion_logps",
     "batch_loss",
     "minibatch_count",
     "with_old_logprobs",
     "MaxitTrainer",
+    "select_policy_rows",
+    "max_train_length",
+    "load_policy_model",
+    "add_lora",
+    "load_reference",
+    "training_arguments",
+    "run_trainer",
+    "throughput",
+    "visit_range",
+    "checkpoint_metrics",
+    "checkpoint_meta",
+    "save_checkpoint",
+    "train_result",
     "train_policy",
-    "train_policies",
     "train_from_files",
     "read_checkpoint_meta",
     "view_temperature",
@@ -190,7 +214,8 @@ def collate(rows: Sequence[Mapping[str, Any]], pad_token_id: int = 0) -> dict[st
 
 def completion_logps(model, batch: Mapping[str, Any], temperature: float) -> torch.Tensor:
     """(B, C) log p(completion token | training prompt, earlier completion tokens) at `temperature`
-    (0 on padding). Only the last C+1 positions are projected to the vocabulary."""
+    (0 on padding). Only the last C+1 positions are projected to the vocabulary, and the
+    log-softmax is taken at the completion tokens only (TRL's `selective_log_softmax`)."""
     prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"].to(batch["prompt_mask"].dtype)], dim=1)
@@ -200,8 +225,9 @@ def completion_logps(model, batch: Mapping[str, Any], temperature: float) -> tor
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=c + 1, use_cache=False
     ).logits
-    logits = logits[:, :-1, :].float() / temperature  # position t predicts completion token t
-    logps = logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    # position t predicts completion token t; TRL's selective_log_softmax divides by the temperature
+    # and takes logit - logsumexp at the chosen token, one row at a time (float32: its logsumexp path)
+    logps = selective_log_softmax(logits[:, :-1, :].float(), completion_ids, temperature)
     return logps * batch["completion_mask"]
 
 
@@ -251,98 +277,65 @@ def minibatch_count(batches: Sequence[Mapping[str, Any]], loss_config: LossConfi
 # the Trainer
 
 
-@functools.lru_cache(maxsize=None)
-def _trainer_class():
-    from transformers import Trainer
+class MaxitTrainer(Trainer):
+    """`transformers.Trainer` whose loss is `pipeline.training.loss.compute_loss` on view rows."""
 
-    class MaxitTrainer(Trainer):
-        """`transformers.Trainer` whose loss is `pipeline.training.loss.compute_loss` on view rows."""
+    # compute_loss divides by the whole minibatch's count (`minibatch_count`): each micro-batch's
+    # loss is its share of one token mean, so the Trainer must not divide by the accumulation steps
+    loss_is_scaled_for_ga = True
 
-        # compute_loss divides by the whole minibatch's count (`minibatch_count`): each micro-batch's
-        # loss is its share of one token mean, so the Trainer must not divide by the accumulation steps
-        loss_is_scaled_for_ga = True
+    def __init__(self, *args, loss_config: LossConfig, temperature: float, ref_model=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_config = loss_config
+        self.temperature = temperature
+        self.ref_model = ref_model
+        self.run_diagnostics = LossDiagnostics()
+        self.first_step_diagnostics = LossDiagnostics()
+        self._log_diagnostics = LossDiagnostics()
+        self.completion_tokens = 0
+        self.rows_seen: dict[str, int] = {}
+        self.loss_sum = 0.0
+        self.loss_count = 0
 
-        def __init__(self, *args, loss_config: LossConfig, temperature: float, ref_model=None, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.loss_config = loss_config
-            self.temperature = temperature
-            self.ref_model = ref_model
-            self.run_diagnostics = LossDiagnostics()
-            self.first_step_diagnostics = LossDiagnostics()
+    def _get_num_items_in_batch(self, batch_samples, device):
+        return minibatch_count(batch_samples, self.loss_config)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        denominator = None if num_items_in_batch is None else float(num_items_in_batch)
+        out = batch_loss(model, inputs, self.loss_config, self.temperature, self.ref_model, denominator=denominator)
+        if model.training:
+            if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
+                self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
+            self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
+            self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
+            self.completion_tokens += int(inputs["completion_mask"].sum().item())
+            for sid in inputs["step_id"]:
+                self.rows_seen[sid] = self.rows_seen.get(sid, 0) + 1
+            self.loss_sum += float(out.loss.detach())
+            self.loss_count += 1
+        return (out.loss, None) if return_outputs else out.loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._log_diagnostics.overall.n_rows:
+            overall = self._log_diagnostics.overall
+            log.info(
+                "step %d: loss %.4g, mean log ratio %.4g, clip %.3f, masked %.3f, ESS %.3f",
+                self.state.global_step, logs["loss"], overall.mean_log_ratio, overall.clip_fraction,
+                overall.masked_fraction, overall.ess_fraction,
+            )
+            logs = {**logs, **self._log_diagnostics.as_metrics()}
             self._log_diagnostics = LossDiagnostics()
-            self.completion_tokens = 0
-            self.rows_seen: dict[str, int] = {}
-            self.loss_sum = 0.0
-            self.loss_count = 0
-
-        def _get_num_items_in_batch(self, batch_samples, device):
-            return minibatch_count(batch_samples, self.loss_config)
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            denominator = None if num_items_in_batch is None else float(num_items_in_batch)
-            out = batch_loss(model, inputs, self.loss_config, self.temperature, self.ref_model, denominator=denominator)
-            if model.training:
-                if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
-                    self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
-                self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
-                self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
-                self.completion_tokens += int(inputs["completion_mask"].sum().item())
-                for sid in inputs["step_id"]:
-                    self.rows_seen[sid] = self.rows_seen.get(sid, 0) + 1
-                self.loss_sum += float(out.loss.detach())
-                self.loss_count += 1
-            return (out.loss, None) if return_outputs else out.loss
-
-        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-            if "loss" in logs and self._log_diagnostics.overall.n_rows:
-                overall = self._log_diagnostics.overall
-                log.info(
-                    "step %d: loss %.4g, mean log ratio %.4g, clip %.3f, masked %.3f, ESS %.3f",
-                    self.state.global_step, logs["loss"], overall.mean_log_ratio, overall.clip_fraction,
-                    overall.masked_fraction, overall.ess_fraction,
-                )
-                logs = {**logs, **self._log_diagnostics.as_metrics()}
-                self._log_diagnostics = LossDiagnostics()
-            super().log(logs, start_time)
-
-    return MaxitTrainer
-
-
-def __getattr__(name: str):
-    if name == "MaxitTrainer":  # built lazily so importing this module does not import transformers
-        return _trainer_class()
-    raise AttributeError(name)
+        super().log(logs, start_time)
 
 
 # ---------------------------------------------------------------------------------------------
-# one run
-
-
-def _jsonable(obj):
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _jsonable(getattr(obj, f.name)) for f in fields(obj)}
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+# one run, step by step
 
 
 def read_checkpoint_meta(checkpoint_dir: str | Path) -> CheckpointMeta:
     """The `maxit_checkpoint.json` of a checkpoint written by `train_policy`."""
     raw = json.loads((Path(checkpoint_dir) / CHECKPOINT_META).read_text())
     return CheckpointMeta(**raw)
-
-
-def _load(init_dir: Path, config: TrainConfig):
-    from pipeline.models import load_model, load_tokenizer
-
-    # local directories only: nothing is ever downloaded
-    return load_tokenizer(init_dir), load_model(init_dir, dtype=torch.float32)
 
 
 def view_temperature(view) -> float | None:
@@ -393,6 +386,67 @@ def _round_of(table: pa.Table, round_: int | None) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class PolicyRows:
+    """The rows one run trains on (`select_policy_rows`)."""
+
+    table: pa.Table
+    """The policy's rows of the view that fit in the max length, in view order."""
+    n_dropped_too_long: int
+    """Rows of the policy dropped because prompt + completion exceed the max length."""
+    round: int | None
+    """Round of the rows (see `CheckpointMeta.round`)."""
+    data_hash: str
+    """`pipeline.views.view_hash` of `table`."""
+
+
+def select_policy_rows(view, policy_id: str, *, max_length: int, temperature: float, round_: int | None = None) -> PolicyRows:
+    """The rows of `policy_id` in `view` (pyarrow or Polars, `training_view` schema, checked)
+    whose prompt + completion fit in `max_length` tokens (the others dropped with a warning),
+    after checking they were sampled at `temperature` (else ConfigError) and finding their round
+    (`round_` when given, else the view's one `round`; several are a DataError)."""
+    table, n_long = _policy_rows(view, policy_id, max_length)
+    _check_temperature(table, temperature)
+    return PolicyRows(table=table, n_dropped_too_long=n_long, round=_round_of(table, round_), data_hash=view_hash(table))
+
+
+def max_train_length(config: TrainConfig, model_config) -> int:
+    """Longest prompt + completion a run trains on: `config.max_length`, else the model's
+    `max_position_embeddings`, else no limit (2**30)."""
+    return config.max_length or int(getattr(model_config, "max_position_embeddings", 0) or 1 << 30)
+
+
+def load_policy_model(init_dir: Path):
+    """(tokenizer, float32 model) of the local checkpoint `init_dir`; nothing is ever downloaded."""
+    from pipeline.models import load_model, load_tokenizer
+
+    return load_tokenizer(init_dir), load_model(init_dir, dtype=torch.float32)
+
+
+def add_lora(model, lora: LoraSettings | None):
+    """`model` with fresh LoRA adapters (peft) as `lora` describes, or `model` itself when None."""
+    if lora is None:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(
+        model,
+        LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+    )
+
+
+def load_reference(init_dir: Path):
+    """The frozen reference model of the KL term (`LossConfig.beta`): `init_dir`'s model, in
+    eval mode, without gradients."""
+    from pipeline.models import load_model
+
+    return load_model(init_dir, dtype=torch.float32).eval().requires_grad_(False)
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
 def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) -> pa.Table:
     """`table` with an `old_logprobs` column: log p_old of every completion token under the
     training context, from `model` as it is before the update (the proximal anchor of decoupled
@@ -413,6 +467,183 @@ def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) 
     return table.append_column("old_logprobs", pa.array(out, type=pa.list_(pa.float32())))
 
 
+def training_arguments(config: TrainConfig, output_dir: str | Path, *, use_cuda: bool) -> TrainingArguments:
+    """The `transformers.TrainingArguments` of a run under `config`, logging to `output_dir`:
+    no intermediate checkpoints, no stdout progress, bf16 when `config.bf16` (default: on CUDA)."""
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=config.micro_batch_size,
+        gradient_accumulation_steps=config.grad_accum_steps,
+        num_train_epochs=config.epochs,
+        learning_rate=config.lr,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=config.warmup_steps,
+        logging_steps=config.logging_steps,
+        save_strategy="no",
+        report_to=config.report_to,
+        seed=config.seed,
+        data_seed=config.seed,
+        use_cpu=not use_cuda,
+        bf16=config.bf16 if config.bf16 is not None else use_cuda,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def throughput(completion_tokens: int, seconds: float) -> float:
+    """Completion tokens per second of wall time (0 when no time was measured)."""
+    return completion_tokens / seconds if seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    """What one training loop did (`run_trainer`); `TrainerRun(model)` for a policy without rows."""
+
+    model: Any
+    """The model after the run (`Trainer.model`), or the untouched model when nothing ran."""
+    steps: int = 0
+    """Optimizer steps taken."""
+    seconds: float = 0.0
+    """Wall time of `Trainer.train`."""
+    mean_loss: float = math.nan
+    """Sum of the micro-batch losses / steps: each micro-batch's loss is its share of its
+    minibatch's mean, so this is the mean minibatch loss (NaN without steps)."""
+    completion_tokens: int = 0
+    """Completion tokens processed over all epochs."""
+    tokens_per_second: float = 0.0
+    """`throughput(completion_tokens, seconds)`."""
+    rows_seen: Mapping[str, int] = field(default_factory=dict)
+    """step_id -> times the row was trained on."""
+    diagnostics: LossDiagnostics = field(default_factory=LossDiagnostics)
+    """Ratio diagnostics over every micro-batch of the run."""
+    first_step_diagnostics: LossDiagnostics = field(default_factory=LossDiagnostics)
+    """Ratio diagnostics of the first optimizer step's micro-batches (see `TrainResult`)."""
+
+
+def run_trainer(
+    model,
+    tokenizer,
+    table: pa.Table,
+    args: TrainingArguments,
+    loss_config: LossConfig,
+    temperature: float,
+    *,
+    pad_id: int,
+    ref_model=None,
+    callbacks: Sequence[Any] = (),
+) -> TrainerRun:
+    """Train `model` on the rows of `table` with a `MaxitTrainer` under `args`, the loss of
+    `loss_config` at `temperature` (and `ref_model` for its KL term); `callbacks` are
+    `transformers.TrainerCallback`s added to the run."""
+    if ref_model is not None and not args.use_cpu:
+        ref_model = ref_model.to(args.device)
+    trainer = MaxitTrainer(
+        model=model,
+        args=args,
+        train_dataset=to_dataset(table),
+        data_collator=lambda rows: collate(rows, pad_id),
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+        loss_config=loss_config,
+        temperature=temperature,
+        ref_model=ref_model,
+    )
+    trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
+    # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
+    # that from walking the whole heap of a long-lived process (a fixed ~0.3 s per run here)
+    gc.freeze()
+    try:
+        t0 = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - t0
+    finally:
+        gc.unfreeze()
+    steps = trainer.state.global_step
+    return TrainerRun(
+        model=trainer.model,
+        steps=steps,
+        seconds=seconds,
+        mean_loss=trainer.loss_sum / steps if steps else math.nan,
+        completion_tokens=trainer.completion_tokens,
+        tokens_per_second=throughput(trainer.completion_tokens, seconds),
+        rows_seen=trainer.rows_seen,
+        diagnostics=trainer.run_diagnostics,
+        first_step_diagnostics=trainer.first_step_diagnostics,
+    )
+
+
+def visit_range(step_ids: Sequence[str], rows_seen: Mapping[str, int]) -> tuple[int, int]:
+    """(fewest, most) times any of `step_ids` was trained on; (0, 0) without rows."""
+    counts = [rows_seen.get(sid, 0) for sid in step_ids]
+    return min(counts, default=0), max(counts, default=0)
+
+
+def checkpoint_metrics(run: TrainerRun, n_dropped_too_long: int) -> dict[str, float]:
+    """The metrics `maxit_checkpoint.json` records: loss, steps, throughput, rows dropped and the
+    run's ratio diagnostics (`LossDiagnostics.as_metrics`)."""
+    return {
+        "mean_loss": run.mean_loss,
+        "steps": float(run.steps),
+        "train_seconds": run.seconds,
+        "completion_tokens": float(run.completion_tokens),
+        "tokens_per_second": run.tokens_per_second,
+        "n_dropped_too_long": float(n_dropped_too_long),
+        **run.diagnostics.as_metrics(),
+    }
+
+
+def checkpoint_meta(policy_id: str, init_dir: Path, rows: PolicyRows, config: TrainConfig, metrics: Mapping[str, float]) -> CheckpointMeta:
+    """The `CheckpointMeta` of a run on `rows` from `init_dir`, stamped with the current UTC time."""
+    return CheckpointMeta(
+        round=rows.round,
+        policy_id=policy_id,
+        parent=str(init_dir),
+        data_hash=rows.data_hash,
+        n_rows=rows.table.num_rows,
+        metrics=metrics,
+        config=jsonable(config),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+
+
+def save_checkpoint(directory: Path, model, tokenizer, meta: CheckpointMeta, *, merge_lora: bool) -> None:
+    """Write `model` (its LoRA adapters merged in first when `merge_lora`: a plain HF model
+    directory), `tokenizer` and `meta` (as `CHECKPOINT_META`) into `directory`, and remove its
+    `logs` folder when no logger wrote there."""
+    if merge_lora:
+        model = model.merge_and_unload()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    with contextlib.suppress(OSError):
+        (directory / "logs").rmdir()  # only when empty
+    atomic_write_text(directory / CHECKPOINT_META, json.dumps(jsonable(meta), indent=2, sort_keys=True))
+
+
+def train_result(policy_id: str, init_dir: Path, out_dir: Path, rows: PolicyRows, run: TrainerRun, visits: tuple[int, int]) -> TrainResult:
+    """The `TrainResult` of a run on `rows` written to `out_dir`; `visits`: `visit_range`."""
+    return TrainResult(
+        policy_id=policy_id,
+        checkpoint=out_dir,
+        parent=init_dir,
+        round=rows.round,
+        data_hash=rows.data_hash,
+        n_rows=rows.table.num_rows,
+        n_dropped_too_long=rows.n_dropped_too_long,
+        steps=run.steps,
+        completion_tokens=run.completion_tokens,
+        train_seconds=run.seconds,
+        tokens_per_second=run.tokens_per_second,
+        mean_loss=run.mean_loss,
+        min_row_visits=visits[0],
+        max_row_visits=visits[1],
+        diagnostics=run.diagnostics,
+        first_step_diagnostics=run.first_step_diagnostics,
+    )
+
+
 def train_policy(
     view,
     policy_id: str,
@@ -427,154 +658,33 @@ def train_policy(
     starting from the HF model directory `init_dir`, and write the checkpoint to `out_dir`
     atomically. A policy without rows gets its parent's weights written unchanged (steps=0).
     `callbacks` are `transformers.TrainerCallback`s added to the run."""
-    from transformers import PrinterCallback, TrainingArguments
-
     init_dir, out_dir = Path(init_dir), Path(out_dir)
     if init_dir.resolve() == out_dir.resolve():
         raise ValueError(f"out_dir must differ from init_dir ({init_dir}): the parent checkpoint is kept")
     set_threads(config.num_threads)
-    tokenizer, model = _load(init_dir, config)
-    max_length = config.max_length or int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-    table, n_long = _policy_rows(view, policy_id, max_length)
-    _check_temperature(table, config.temperature)
-    round_ = _round_of(table, round_)
-    data_hash = view_hash(table)
-    use_cuda = torch.cuda.is_available()
-    bf16 = config.bf16 if config.bf16 is not None else use_cuda
-
-    if config.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        lc = config.lora
-        model = get_peft_model(
-            model,
-            LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout, target_modules=list(lc.target_modules), task_type="CAUSAL_LM"),
-        )
-    ref_model = None
-    if config.loss.beta > 0 and table.num_rows:
-        ref_model = _load(init_dir, config)[1].eval().requires_grad_(False)
-
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    steps, seconds, mean_loss, tokens, visits = 0, 0.0, math.nan, 0, {}
-    diagnostics = first_step = LossDiagnostics()
+    tokenizer, model = load_policy_model(init_dir)
+    rows = select_policy_rows(
+        view, policy_id, max_length=max_train_length(config, model.config), temperature=config.temperature, round_=round_
+    )
+    model = add_lora(model, config.lora)
+    ref_model = load_reference(init_dir) if config.loss.beta > 0 and rows.table.num_rows else None
+    pad_id = _pad_id(tokenizer)
+    table = rows.table
     if config.loss.anchor == "proximal" and config.loss.kind != "rs" and table.num_rows:
         table = with_old_logprobs(model, table, config, pad_id)
     with atomic_dir(out_dir) as tmp:
+        run = TrainerRun(model=model)
         if table.num_rows:
-            args = TrainingArguments(
-                output_dir=str(tmp / "logs"),
-                per_device_train_batch_size=config.micro_batch_size,
-                gradient_accumulation_steps=config.grad_accum_steps,
-                num_train_epochs=config.epochs,
-                learning_rate=config.lr,
-                weight_decay=config.weight_decay,
-                max_grad_norm=config.max_grad_norm,
-                lr_scheduler_type=config.lr_scheduler,
-                warmup_steps=config.warmup_steps,
-                logging_steps=config.logging_steps,
-                save_strategy="no",
-                report_to=config.report_to,
-                seed=config.seed,
-                data_seed=config.seed,
-                use_cpu=not use_cuda,
-                bf16=bf16,
-                remove_unused_columns=False,
-                dataloader_num_workers=0,
-                disable_tqdm=True,
+            args = training_arguments(config, tmp / "logs", use_cuda=torch.cuda.is_available())
+            run = run_trainer(
+                model, tokenizer, table, args, config.loss, config.temperature, pad_id=pad_id, ref_model=ref_model, callbacks=callbacks
             )
-            if ref_model is not None and use_cuda:
-                ref_model = ref_model.to(args.device)
-            trainer = _trainer_class()(
-                model=model,
-                args=args,
-                train_dataset=to_dataset(table),
-                data_collator=lambda rows: collate(rows, pad_id),
-                processing_class=tokenizer,
-                callbacks=list(callbacks),
-                loss_config=config.loss,
-                temperature=config.temperature,
-                ref_model=ref_model,
-            )
-            trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
-            # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
-            # that from walking the whole heap of a long-lived process (a fixed ~0.3 s per run here)
-            gc.freeze()
-            try:
-                t0 = time.perf_counter()
-                trainer.train()
-                seconds = time.perf_counter() - t0
-            finally:
-                gc.unfreeze()
-            steps = trainer.state.global_step
-            diagnostics = trainer.run_diagnostics
-            first_step = trainer.first_step_diagnostics
-            tokens = trainer.completion_tokens
-            # each micro-batch's loss is its share of its minibatch's mean: the sum over a minibatch is its loss
-            mean_loss = trainer.loss_sum / steps if steps else math.nan
-            visits = trainer.rows_seen
-            model = trainer.model
-        if config.lora is not None:
-            model = model.merge_and_unload()
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        with contextlib.suppress(OSError):
-            (tmp / "logs").rmdir()  # only when no logger wrote there
-        counts = [visits.get(sid, 0) for sid in table.column("step_id").to_pylist()]
-        if counts and min(counts) != max(counts):
-            log.warning("policy %s: rows were trained on unevenly (%d to %d times)", policy_id, min(counts), max(counts))
-        metrics = {
-            "mean_loss": mean_loss,
-            "steps": float(steps),
-            "train_seconds": seconds,
-            "completion_tokens": float(tokens),
-            "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
-            "n_dropped_too_long": float(n_long),
-            **diagnostics.as_metrics(),
-        }
-        meta = CheckpointMeta(
-            round=round_,
-            policy_id=policy_id,
-            parent=str(init_dir),
-            data_hash=data_hash,
-            n_rows=table.num_rows,
-            metrics=metrics,
-            config=_jsonable(config),
-            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        )
-        atomic_write_text(tmp / CHECKPOINT_META, json.dumps(_jsonable(meta), indent=2, sort_keys=True))
-    return TrainResult(
-        policy_id=policy_id,
-        checkpoint=out_dir,
-        parent=init_dir,
-        round=round_,
-        data_hash=data_hash,
-        n_rows=table.num_rows,
-        n_dropped_too_long=n_long,
-        steps=steps,
-        completion_tokens=tokens,
-        train_seconds=seconds,
-        tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
-        mean_loss=mean_loss,
-        min_row_visits=min(counts, default=0),
-        max_row_visits=max(counts, default=0),
-        diagnostics=diagnostics,
-        first_step_diagnostics=first_step,
-    )
-
-
-def train_policies(
-    view,
-    init_dirs: Mapping[str, str | Path],
-    out_root: str | Path,
-    config: TrainConfig = TrainConfig(),
-    *,
-    round_: int | None = None,
-) -> dict[str, TrainResult]:
-    """One `train_policy` run per policy in `init_dirs` (policy_id -> parent checkpoint), each
-    written to `<out_root>/<policy_id>`: one shared model ("shared") or one per agent."""
-    return {
-        pid: train_policy(view, pid, init, Path(out_root) / pid, config, round_=round_) for pid, init in init_dirs.items()
-    }
+        visits = visit_range(table.column("step_id").to_pylist(), run.rows_seen)
+        if visits[0] != visits[1]:
+            log.warning("policy %s: rows were trained on unevenly (%d to %d times)", policy_id, *visits)
+        meta = checkpoint_meta(policy_id, init_dir, rows, config, checkpoint_metrics(run, rows.n_dropped_too_long))
+        save_checkpoint(tmp, run.model, tokenizer, meta, merge_lora=config.lora is not None)
+    return train_result(policy_id, init_dir, out_dir, rows, run, visits)
 
 
 def train_from_files(
