@@ -1,13 +1,14 @@
 """Rollout engines: verbatim completion ids, logprobs of the distribution actually sampled
 (cross-checked against the transformers model under teacher forcing), seeds, finish reasons,
-weight swaps. One vLLM engine serves the whole session (`vllm_sampler` in conftest.py)."""
+weight swaps, the argument check both engines share. One vLLM engine serves the whole session
+(`vllm_sampler` in conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pipeline.engines import EngineConfig, make_sampler
+from pipeline.engines import EngineConfig, check_generate_args, make_sampler
 from pipeline.errors import ConfigError
 from pipeline.models import encode_prompt, load_model, load_tokenizer, weights_hash
 from pipeline.tasks import ArithmeticTask
@@ -76,6 +77,62 @@ def reencoding_differs(tok, samples) -> bool:
         if tok(s.text, add_special_tokens=False)["input_ids"] != body:
             return True
     return False
+
+
+# -- the argument check both engines share ---------------------------------------------------
+GOOD = dict(n=2, temperature=1.0, max_tokens=4)
+BAD_CALLS = {
+    "n": (dict(GOOD, n=0), "n and max_tokens must be >= 1, got n=0, max_tokens=4"),
+    "max_tokens": (dict(GOOD, max_tokens=0), "n and max_tokens must be >= 1, got n=2, max_tokens=0"),
+    "temperature": (dict(GOOD, temperature=-0.1), "temperature must be >= 0, got -0.1"),
+    "empty_prompt": (dict(GOOD, prompt=1), "prompt_ids[1] is empty; every prompt needs at least one token"),
+}
+
+
+def bad_call(prompts, case):
+    """(prompt_ids, n, temperature, max_tokens) of the bad call `case`, on real prompts."""
+    args = dict(BAD_CALLS[case][0])
+    ids = [list(p) for p in prompts[:3]]
+    if "prompt" in args:
+        ids[args.pop("prompt")] = []
+    return ids, args
+
+
+def test_check_generate_args_returns_int_lists():
+    import numpy as np
+
+    assert check_generate_args([(3, 4), np.array([5], dtype=np.int64)], n=1, temperature=0.0, max_tokens=1) == [[3, 4], [5]]
+    out = check_generate_args([np.array([5], dtype=np.int64)], n=1, temperature=0.0, max_tokens=1)
+    assert type(out[0][0]) is int
+    assert check_generate_args([], n=1, temperature=1.0, max_tokens=1) == []
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_check_generate_args_rejects(case, prompts):
+    ids, args = bad_call(prompts, case)
+    with pytest.raises(ConfigError) as err:
+        check_generate_args(ids, **args)
+    assert str(err.value) == BAD_CALLS[case][1]
+
+
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_engines_raise_the_same_config_error(engine, case, prompts, request):
+    """A bad `generate` call raises the shared check's ConfigError, word for word, whichever
+    engine runs it."""
+    sampler = request.getfixturevalue(f"{engine}_sampler")
+    ids, args = bad_call(prompts, case)
+    with pytest.raises(ConfigError) as err:
+        sampler.generate(ids, seed=0, **args)
+    assert str(err.value) == BAD_CALLS[case][1]
+
+
+def test_hf_accepts_tuples_and_numpy_ids_like_lists(hf_sampler, prompts):
+    import numpy as np
+
+    as_lists = hf_sampler.generate(prompts[:2], n=2, temperature=1.0, max_tokens=6, seed=2)
+    mixed = [tuple(prompts[0]), np.array(prompts[1], dtype=np.int64)]
+    assert hf_sampler.generate(mixed, n=2, temperature=1.0, max_tokens=6, seed=2) == as_lists
 
 
 # -- transformers ---------------------------------------------------------------------------

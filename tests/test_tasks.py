@@ -1,4 +1,5 @@
-"""Tasks: problems, splits, prompts, rewards, verdicts, the local-file loader."""
+"""Tasks: problems, splits, prompts, rewards, verdicts, the local-file loader, and the
+`MathTask` base class both tasks share."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.strategies import PromptAug
-from pipeline.tasks import ArithmeticTask, Task, extract_answer, load_task_file, make_task
+from pipeline.tasks import ArithmeticTask, FileTask, MathTask, Task, extract_answer, load_task_file, make_task, number_reward
+from pipeline.tasks.base import RIGHT_FEEDBACK, WRONG_FEEDBACK
 from pipeline.types import Problem
 
 GSM8K_SAMPLE = Path(__file__).parent / "data" / "gsm8k" / "train_sample.jsonl"
@@ -139,3 +141,100 @@ def test_file_task_from_parquet_with_custom_columns_and_splits(tmp_path):
     assert t.reward(no_ref, "9") is None
     with pytest.raises(ConfigError, match="column 'question'"):
         load_task_file(path)
+
+
+# -- the MathTask base class ------------------------------------------------------------------
+SHARED = ("solver_messages", "verifier_messages", "feedback_message", "parse_verdict")
+
+
+@pytest.mark.parametrize(
+    "completion,expected",
+    [("42", 1.0), ("so it is 42.", 1.0), ("#### 42 (not 43)", 1.0), ("42.0000000001", 1.0), ("1,042", 0.0),
+     ("41", 0.0), ("42 or 43", 0.0), ("", 0.0), ("forty-two", 0.0)],
+)
+def test_number_reward(completion, expected):
+    assert number_reward(42.0, completion) == expected
+
+
+def test_number_reward_reads_thousands_separators():
+    assert number_reward(1234.0, "The answer is 1,234.") == 1.0
+
+
+@pytest.mark.parametrize("make", [lambda: make_task("arithmetic"), lambda: load_task_file(GSM8K_SAMPLE)], ids=["arithmetic", "file"])
+def test_both_tasks_share_the_math_task_behaviour(make):
+    """Both tasks take their prompts, feedback and verdicts from `MathTask`, and those follow each
+    task's own reward: one right and one wrong attempt per problem."""
+    t = make()
+    assert isinstance(t, MathTask) and isinstance(t, Task)
+    for method in SHARED:
+        assert getattr(type(t), method) is getattr(MathTask, method), method
+    for p in t.problems("train", 3, 0):
+        assert t.solver_messages(p) == [{"role": "user", "content": p.question}]
+        assert t.verifier_messages(p, " 7 ") == [
+            {"role": "user", "content": f"{p.question}\nProposed answer: 7\nIs it right? Answer yes or no."}
+        ]
+        right, wrong = p.answer, str(int(p.answer) + 1)
+        assert t.reward(p, right) == 1.0 and t.reward(p, wrong) == 0.0
+        assert t.feedback_message(p, right) == {"role": "user", "content": RIGHT_FEEDBACK}
+        assert t.feedback_message(p, wrong) == {"role": "user", "content": WRONG_FEEDBACK}
+    assert (t.parse_verdict("Yes."), t.parse_verdict("no"), t.parse_verdict("maybe")) == (True, False, None)
+
+
+def test_file_task_feedback_follows_its_text_reward(tmp_path):
+    """A non-numeric answer: the feedback turn follows the file task's last-line string match,
+    and an unscorable attempt (no reference answer) gets the wrong-answer feedback."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"question": "capital of France?", "answer": "Paris"}) + "\n"
+                    + json.dumps({"question": "capital of Spain?", "answer": ""}) + "\n")
+    t = make_task(str(path))
+    assert isinstance(t, FileTask)
+    by_q = {p.question: p for p in t.problems("train", 2, 0) + t.problems("heldout", 2, 0)}
+    paris, blank = by_q["capital of France?"], by_q["capital of Spain?"]
+    assert t.feedback_message(paris, "I think\n paris ")["content"] == RIGHT_FEEDBACK
+    assert t.feedback_message(paris, "paris?")["content"] == WRONG_FEEDBACK
+    assert t.reward(blank, "Madrid") is None and t.feedback_message(blank, "Madrid")["content"] == WRONG_FEEDBACK
+
+
+class _ParityTask(MathTask):
+    """A task written as a user would: a name, its problems and its reward, nothing else."""
+
+    name = "parity"
+
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        return [Problem(uid=f"parity:{seed}:{i}", question=f"Is {seed + i} even or odd?", answer="even" if (seed + i) % 2 == 0 else "odd",
+                        split=split) for i in range(n)]
+
+    def reward(self, problem: Problem, completion_text: str) -> float | None:
+        words = completion_text.lower().split()
+        return 1.0 if words and words[-1] == problem.answer else 0.0
+
+
+def test_a_subclass_overriding_only_problems_and_reward_is_a_full_task():
+    t = _ParityTask()
+    assert isinstance(t, Task)
+    p, q = t.problems("train", 2, seed=4)
+    assert (p.question, p.answer, q.answer) == ("Is 4 even or odd?", "even", "odd")
+    assert t.solver_messages(p) == [{"role": "user", "content": "Is 4 even or odd?"}]
+    assert t.verifier_messages(p, "even")[0]["content"].startswith("Is 4 even or odd?\nProposed answer: even\n")
+    # the shared feedback turn follows the subclass's reward, not a numeric check
+    assert t.feedback_message(p, "it is even")["content"] == RIGHT_FEEDBACK
+    assert t.feedback_message(q, "it is even")["content"] == WRONG_FEEDBACK
+    assert t.parse_verdict("YES") is True
+
+
+def test_a_subclass_without_problems_or_reward_cannot_be_built():
+    class NoReward(MathTask):
+        name = "no-reward"
+
+        def problems(self, split, n, seed):
+            return []
+
+    class NoProblems(MathTask):
+        name = "no-problems"
+
+        def reward(self, problem, completion_text):
+            return 0.0
+
+    for cls in (NoReward, NoProblems, MathTask):
+        with pytest.raises(TypeError, match="abstract"):
+            cls()

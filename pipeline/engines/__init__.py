@@ -5,6 +5,9 @@ only module importing vllm) or transformers `generate` (`engines/hf.py`).
     groups = sampler.generate(prompt_ids, n=8, temperature=1.0, max_tokens=8, seed=0)
     groups[i][j].token_ids, groups[i][j].logprobs       # verbatim ids, log q of each sampled token
     sampler.load_checkpoint(next_round_dir)            # between rounds
+
+Both engines check a call's arguments with `check_generate_args` (`engines/config.py`), so a bad
+call raises the same `ConfigError` whichever engine runs.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from pathlib import Path
 from pipeline.errors import ConfigError
 from pipeline.types import Sample, Sampler
 
-from .config import EngineConfig
+from .config import EngineConfig, check_generate_args
 
-__all__ = ["EngineConfig", "Sampler", "Sample", "make_sampler", "vllm_available", "ENGINES"]
+__all__ = ["EngineConfig", "Sampler", "Sample", "make_sampler", "check_generate_args", "vllm_available", "ENGINES"]
 
 ENGINES = ("auto", "vllm", "hf")
 

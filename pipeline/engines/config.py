@@ -1,13 +1,14 @@
-"""Settings of the rollout engines."""
+"""Settings of the rollout engines, and the check of a `generate` call's arguments both
+engines run before sampling."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 from pipeline.errors import ConfigError
 
-__all__ = ["EngineConfig"]
+__all__ = ["EngineConfig", "check_generate_args"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -72,3 +73,19 @@ class EngineConfig:
         import torch
 
         return getattr(torch, self.dtype)
+
+
+def check_generate_args(prompt_ids: Sequence[Sequence[int]], n: int, temperature: float, max_tokens: int) -> list[list[int]]:
+    """The arguments of `Sampler.generate` checked the same way for every engine; returns the
+    prompts as lists of ints. Raises `ConfigError` when n or max_tokens is below 1, the
+    temperature is negative (0 is greedy) or a prompt is empty. Any int seed is valid (each
+    engine maps it to its own generators), so the seed is not checked here."""
+    if n < 1 or max_tokens < 1:
+        raise ConfigError(f"n and max_tokens must be >= 1, got n={n}, max_tokens={max_tokens}")
+    if temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    prompts = [[int(t) for t in p] for p in prompt_ids]
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise ConfigError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
+    return prompts

@@ -14,10 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.errors import ConfigError
 from pipeline.types import Sample
 
-from .config import EngineConfig
+from .config import EngineConfig, check_generate_args
 
 __all__ = ["HFSampler"]
 
@@ -71,13 +70,8 @@ class HFSampler:
         """n samples per prompt; all prompts x n run as left-padded batches of `config.max_batch`
         sequences. The same (prompts, n, temperature, max_tokens, seed) gives the same samples."""
         torch = self._torch
-        if n < 1 or max_tokens < 1:
-            raise ConfigError(f"n and max_tokens must be >= 1, got n={n}, max_tokens={max_tokens}")
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {temperature}")
-        rows = [list(map(int, p)) for p in prompt_ids for _ in range(n)]
-        if any(not r for r in rows):
-            raise ConfigError("every prompt needs at least one token")
+        prompts = check_generate_args(prompt_ids, n, temperature, max_tokens)
+        rows = [list(p) for p in prompts for _ in range(n)]
         results: list[Sample] = []
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
             torch.manual_seed(seed)

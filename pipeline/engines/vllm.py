@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.errors import ConfigError
 from pipeline.types import Sample
 
-from .config import EngineConfig
+from .config import EngineConfig, check_generate_args
 from .env import configure_vllm_env
 
 __all__ = ["VLLMSampler"]
@@ -112,17 +111,10 @@ class VLLMSampler:
         max_tokens: int,
         seed: int,
     ) -> list[list[Sample]]:
-        if n < 1 or max_tokens < 1:
-            raise ConfigError(f"n and max_tokens must be >= 1, got n={n}, max_tokens={max_tokens}")
-        if temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {temperature}")
-        prompts, params = [], []
-        for i, p in enumerate(prompt_ids):
-            ids = [int(t) for t in p]
-            if not ids:
-                raise ConfigError(f"prompt {i} is empty")
+        requests, params = [], []
+        for i, ids in enumerate(check_generate_args(prompt_ids, n, temperature, max_tokens)):
             for j in range(n):
-                prompts.append(TokensPrompt(prompt_token_ids=ids))
+                requests.append(TokensPrompt(prompt_token_ids=ids))
                 params.append(
                     SamplingParams(
                         n=1,
@@ -138,7 +130,7 @@ class VLLMSampler:
                         skip_special_tokens=True,
                     )
                 )
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         flat: list[tuple[list[int], list[float], str]] = []
         for out in outputs:
             comp = out.outputs[0]

@@ -1,4 +1,6 @@
-"""Tasks: problems with a verifiable answer, each with its reward beside it.
+"""Tasks: problems with a verifiable answer, each with its reward beside it. Both subclass
+`MathTask` (`pipeline.tasks.base`: the shared prompts, feedback turn and verdict parsing) and
+keep only their problems and reward; the `Task` protocol is the contract the pipeline relies on.
 
 - `arithmetic` (default): synthetic 2-3 digit addition/subtraction, no download
   (`pipeline.tasks.arithmetic`).
@@ -13,11 +15,12 @@ from pathlib import Path
 from pipeline.errors import ConfigError
 
 from .arithmetic import ArithmeticConfig, ArithmeticTask
-from .base import Task, parse_verdict
+from .base import MathTask, Task, number_reward, parse_verdict
 from .files import FileTask, FileTaskConfig, extract_answer, load_task_file
 
 __all__ = [
     "Task",
+    "MathTask",
     "ArithmeticTask",
     "ArithmeticConfig",
     "FileTask",
@@ -25,6 +28,7 @@ __all__ = [
     "load_task_file",
     "extract_answer",
     "parse_verdict",
+    "number_reward",
     "make_task",
     "TASK_NAMES",
 ]

@@ -28,18 +28,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipeline.errors import ConfigError
-from pipeline.types import Message, Problem
+from pipeline.types import Problem
 
-from .base import (
-    RIGHT_FEEDBACK,
-    WRONG_FEEDBACK,
-    last_number,
-    numbers_equal,
-    parse_number,
-    parse_verdict,
-    split_of,
-    verifier_prompt,
-)
+from .base import MathTask, number_reward, parse_number, split_of
 
 __all__ = ["ArithmeticConfig", "ArithmeticTask", "make_hint"]
 
@@ -89,8 +80,9 @@ def make_hint(answer: int, kind: str) -> str | None:
     raise ConfigError(f"unknown hint kind {kind!r}")
 
 
-class ArithmeticTask:
-    """Synthetic addition/subtraction; see the module docstring for formats and rewards."""
+class ArithmeticTask(MathTask):
+    """Synthetic addition/subtraction; see the module docstring for formats and rewards. Prompts,
+    feedback and verdicts are `MathTask`'s."""
 
     name = "arithmetic"
 
@@ -146,17 +138,6 @@ class ArithmeticTask:
             out.append(self.make_problem(*key))
         return out
 
-    # -- prompts ----------------------------------------------------------------------------
-    def solver_messages(self, problem: Problem) -> list[Message]:
-        return [Message(role="user", content=problem.question)]
-
-    def verifier_messages(self, problem: Problem, solver_text: str) -> list[Message]:
-        return [Message(role="user", content=verifier_prompt(problem.question, solver_text))]
-
-    def feedback_message(self, problem: Problem, attempt_text: str) -> Message:
-        right = self.reward(problem, attempt_text) == 1.0
-        return Message(role="user", content=RIGHT_FEEDBACK if right else WRONG_FEEDBACK)
-
     # -- scoring ----------------------------------------------------------------------------
     def reward(self, problem: Problem, completion_text: str) -> float | None:
         """1.0 if the last number of the completion equals the answer; 0.0 if it differs or
@@ -164,8 +145,4 @@ class ArithmeticTask:
         ref = parse_number(problem.answer)
         if ref is None or ref != int(ref):
             return None
-        got = last_number(completion_text)
-        return 1.0 if got is not None and numbers_equal(got, ref) else 0.0
-
-    def parse_verdict(self, text: str) -> bool | None:
-        return parse_verdict(text)
+        return number_reward(ref, completion_text)

@@ -1,5 +1,6 @@
 """The `Task` protocol and the pieces every task shares: answer parsing, the Verifier's prompt
-and verdict parsing, the split rule.
+and verdict parsing, the split rule, and `MathTask`, the base class of the tasks whose answer
+is checked by a parser (the prompts, feedback turn and verdict parsing they all use).
 
 A task is a set of problems with a verifiable answer and its reward beside it. Rewards return
 `float | None`; None means "could not score" (the reference itself is unusable), and such rows
@@ -10,15 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import re
+from abc import ABC, abstractmethod
 from typing import Protocol, runtime_checkable
 
 from pipeline.types import Message, Problem
 
 __all__ = [
     "Task",
+    "MathTask",
     "parse_number",
     "last_number",
     "numbers_equal",
+    "number_reward",
     "parse_verdict",
     "verifier_prompt",
     "split_of",
@@ -91,6 +95,13 @@ def numbers_equal(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
 
 
+def number_reward(reference: float, completion_text: str) -> float:
+    """1.0 if the completion's answer (its "#### x", else its last number) equals `reference`,
+    0.0 if it is another number or the completion holds none (unparsable is wrong, not unscored)."""
+    got = last_number(completion_text)
+    return 1.0 if got is not None and numbers_equal(got, reference) else 0.0
+
+
 def parse_verdict(text: str) -> bool | None:
     """"yes..." -> True, "no..." -> False (case and surrounding spaces/punctuation ignored), else None."""
     words = re.findall(r"[a-z]+", text.lower())
@@ -112,3 +123,39 @@ def split_of(key: str, heldout_fraction: float, salt: str = "") -> str:
     """"heldout" or "train", decided by a hash of `key` alone, so one problem can never be in both."""
     h = int.from_bytes(hashlib.blake2b(f"{salt}{key}".encode(), digest_size=8).digest(), "big")
     return "heldout" if (h / 2**64) < heldout_fraction else "train"
+
+
+class MathTask(ABC):
+    """Base class of the tasks in this package: the Solver sees the bare question, the Verifier
+    `verifier_prompt`, the feedback turn follows the task's own reward, verdicts are read by
+    `parse_verdict`. A subclass gives `name`, `problems` and `reward` (usually on top of
+    `number_reward`); it satisfies the `Task` protocol, which stays the contract."""
+
+    name: str
+    """The task's name (written with every problem's `meta`)."""
+
+    @abstractmethod
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """`n` problems of `split` ("train" | "heldout"), deterministic in `seed`."""
+
+    @abstractmethod
+    def reward(self, problem: Problem, completion_text: str) -> float | None:
+        """Solver reward: 1.0 right, 0.0 wrong or unparsable, None if the reference is unusable."""
+
+    def solver_messages(self, problem: Problem) -> list[Message]:
+        """One user message holding the question."""
+        return [Message(role="user", content=problem.question)]
+
+    def verifier_messages(self, problem: Problem, solver_text: str) -> list[Message]:
+        """One user message: the question, the proposed answer and the yes/no request."""
+        return [Message(role="user", content=verifier_prompt(problem.question, solver_text))]
+
+    def feedback_message(self, problem: Problem, attempt_text: str) -> Message:
+        """`RIGHT_FEEDBACK` when the attempt's reward is 1.0, else `WRONG_FEEDBACK` (an attempt
+        the task cannot score counts as wrong)."""
+        right = self.reward(problem, attempt_text) == 1.0
+        return Message(role="user", content=RIGHT_FEEDBACK if right else WRONG_FEEDBACK)
+
+    def parse_verdict(self, text: str) -> bool | None:
+        """Verifier output -> approves? None = unparsable (see the module's `parse_verdict`)."""
+        return parse_verdict(text)

@@ -24,18 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.types import Message, Problem
+from pipeline.types import Problem
 
-from .base import (
-    RIGHT_FEEDBACK,
-    WRONG_FEEDBACK,
-    last_number,
-    numbers_equal,
-    parse_number,
-    parse_verdict,
-    split_of,
-    verifier_prompt,
-)
+from .base import MathTask, number_reward, parse_number, split_of
 
 __all__ = ["FileTaskConfig", "FileTask", "load_task_file", "extract_answer"]
 
@@ -109,8 +100,9 @@ def extract_answer(cell: object, answer_format: str = "auto") -> str | None:
     return out
 
 
-class FileTask:
-    """Problems from a local file; see the module docstring."""
+class FileTask(MathTask):
+    """Problems from a local file; see the module docstring. Prompts, feedback and verdicts are
+    `MathTask`'s."""
 
     def __init__(self, config: FileTaskConfig) -> None:
         import datasets
@@ -161,30 +153,18 @@ class FileTask:
         random.Random(f"{self.name}:{split}:{seed}").shuffle(pool)
         return pool[:n]
 
-    def solver_messages(self, problem: Problem) -> list[Message]:
-        return [Message(role="user", content=problem.question)]
-
-    def verifier_messages(self, problem: Problem, solver_text: str) -> list[Message]:
-        return [Message(role="user", content=verifier_prompt(problem.question, solver_text))]
-
-    def feedback_message(self, problem: Problem, attempt_text: str) -> Message:
-        right = self.reward(problem, attempt_text) == 1.0
-        return Message(role="user", content=RIGHT_FEEDBACK if right else WRONG_FEEDBACK)
-
     def reward(self, problem: Problem, completion_text: str) -> float | None:
+        """Numeric answers: `number_reward`; other answers: 1.0 if the completion's last line
+        equals the answer (trimmed, case-folded), else 0.0; None without a reference answer."""
         if not problem.answer:
             return None
         ref = parse_number(problem.answer)
         if ref is not None:
-            got = last_number(completion_text)
-            return 1.0 if got is not None and numbers_equal(got, ref) else 0.0
+            return number_reward(ref, completion_text)
         lines = [ln for ln in completion_text.strip().splitlines() if ln.strip()]
         if not lines:
             return 0.0
         return 1.0 if lines[-1].strip().casefold() == problem.answer.strip().casefold() else 0.0
-
-    def parse_verdict(self, text: str) -> bool | None:
-        return parse_verdict(text)
 
 
 def load_task_file(
