@@ -477,6 +477,37 @@ def test_completion_logps_equal_log_softmax_and_gather_at_the_temperature():
         assert (ours[batch["completion_mask"] == 0] == 0).all()
 
 
+def test_chunked_vocabulary_projection_gives_the_same_logprobs_and_gradients(init_dir):
+    """Above the logits budget the completion positions are projected a few rows at a time under
+    activation checkpointing: the same logprobs and parameter gradients as one projection."""
+    model = AutoModelForCausalLM.from_pretrained(init_dir)
+    rng = random.Random(5)
+    rows = [
+        dict(
+            step_id=f"s{i}", train_prompt_ids=[rng.randint(3, 200) for _ in range(p)], completion_ids=[rng.randint(3, 200) for _ in range(c)],
+            sampling_logprobs=[-1.0] * c, advantage=1.0, sample_weight=1.0, reward=1.0, strategy="iid", agent_id="solver",
+        )
+        for i, (p, c) in enumerate([(5, 4), (9, 2), (3, 6), (7, 5), (4, 1)])
+    ]
+    batch = collate(rows, 0)
+    c_len = batch["completion_ids"].size(1)
+    vocab = model.config.vocab_size
+    results = []
+    for budget in (None, 2 * c_len * vocab):  # one projection; two rows per chunk (3 chunks)
+        model.zero_grad()
+        logp = completion_logps(model, batch, T, budget)
+        (logp * torch.arange(1.0, c_len + 1)).sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain, g_plain), (chunked, g_chunked) = results
+    assert torch.allclose(plain, chunked, atol=1e-6, rtol=1e-6)
+    for name in g_plain:
+        assert torch.allclose(g_plain[name], g_chunked[name], atol=1e-6, rtol=1e-5), name
+    with torch.no_grad():
+        assert torch.allclose(completion_logps(model, batch, T, 1), plain, atol=1e-6, rtol=1e-6)  # one row per chunk, no grad
+    with pytest.raises(ConfigError, match="logits_chunk_mb"):
+        TrainConfig(logits_chunk_mb=-1)
+
+
 def _view_rows(tok, spec, **overrides) -> pa.Table:
     """A training view of rows (step_id, policy_id, completion length) sampled at T."""
     msgs = [{"role": "user", "content": "1+2="}]

@@ -212,35 +212,77 @@ def collate(rows: Sequence[Mapping[str, Any]], pad_token_id: int = 0) -> dict[st
     }
 
 
-def completion_logps(model, batch: Mapping[str, Any], temperature: float) -> torch.Tensor:
+def logit_elements(mb: float) -> int | None:
+    """`TrainConfig.logits_chunk_mb` as a count of float32 logits (None: no budget)."""
+    return int(mb * 2**20 / 4) if mb > 0 else None
+
+
+def _head_logps(head, hidden: torch.Tensor, completion_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    return selective_log_softmax(head(hidden).float(), completion_ids, temperature)
+
+
+def _plain_head(model) -> bool:
+    """True when the logits are the output projection of the last hidden state and nothing more
+    (no logit scaling or soft-capping), so projecting a slice of it is exact."""
+    cfg = model.config
+    return not any(getattr(cfg, name, None) for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+
+
+def completion_logps(model, batch: Mapping[str, Any], temperature: float, max_logit_elements: int | None = None) -> torch.Tensor:
     """(B, C) log p(completion token | training prompt, earlier completion tokens) at `temperature`
-    (0 on padding). Only the last C+1 positions are projected to the vocabulary, and the
-    log-softmax is taken at the completion tokens only (TRL's `selective_log_softmax`)."""
+    (0 on padding). Only the C positions that predict completion tokens are projected to the
+    vocabulary, and the log-softmax is taken at the completion tokens only (TRL's
+    `selective_log_softmax`). When B x C x vocabulary exceeds `max_logit_elements`, the projection
+    runs a few rows at a time, each chunk under activation checkpointing (its logits are
+    recomputed in the backward pass instead of kept), so peak memory holds one chunk's logits."""
     prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"].to(batch["prompt_mask"].dtype)], dim=1)
     # positions count real tokens only, so a left-padded row sees the positions it had unpadded
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    c = completion_ids.size(1)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=c + 1, use_cache=False
-    ).logits
-    # position t predicts completion token t; TRL's selective_log_softmax divides by the temperature
-    # and takes logit - logsumexp at the chosen token, one row at a time (float32: its logsumexp path)
-    logps = selective_log_softmax(logits[:, :-1, :].float(), completion_ids, temperature)
-    return logps * batch["completion_mask"]
+    b, c = completion_ids.shape
+    if max_logit_elements is None or not _plain_head(model) or b * c * int(model.config.vocab_size) <= max_logit_elements:
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=c + 1, use_cache=False
+        ).logits
+        # position t predicts completion token t; TRL's selective_log_softmax divides by the
+        # temperature and takes logit - logsumexp at the chosen token, one row at a time
+        logps = selective_log_softmax(logits[:, :-1, :].float(), completion_ids, temperature)
+        return logps * batch["completion_mask"]
+    hidden = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state[:, -(c + 1) : -1, :]
+    head = model.get_output_embeddings()
+    rows = max(1, max_logit_elements // (c * int(model.config.vocab_size)))
+    parts = []
+    for i in range(0, b, rows):
+        args = (head, hidden[i : i + rows], completion_ids[i : i + rows], temperature)
+        if torch.is_grad_enabled():
+            parts.append(torch.utils.checkpoint.checkpoint(_head_logps, *args, use_reentrant=False))
+        else:
+            parts.append(_head_logps(*args))
+    return torch.cat(parts) * batch["completion_mask"]
 
 
-def batch_loss(model, batch: Mapping[str, Any], loss_config: LossConfig, temperature: float, ref_model=None, denominator: float | None = None):
+def batch_loss(
+    model,
+    batch: Mapping[str, Any],
+    loss_config: LossConfig,
+    temperature: float,
+    ref_model=None,
+    denominator: float | None = None,
+    max_logit_elements: int | None = None,
+):
     """The loss.py loss of one collated batch under `model` (a `LossOutput`). `denominator`: the
-    aggregation count of the whole minibatch the batch belongs to (`minibatch_count`)."""
-    logp = completion_logps(model, batch, temperature)
+    aggregation count of the whole minibatch the batch belongs to (`minibatch_count`);
+    `max_logit_elements`: see `completion_logps`."""
+    logp = completion_logps(model, batch, temperature, max_logit_elements)
     ref_logp = None
     if loss_config.beta > 0:
         if ref_model is None:
             raise ValueError("LossConfig.beta > 0 needs a reference model")
         with torch.no_grad():
-            ref_logp = completion_logps(ref_model, batch, temperature)
+            ref_logp = completion_logps(ref_model, batch, temperature, max_logit_elements)
     return compute_loss(
         LossBatch(
             logp=logp,
@@ -284,9 +326,10 @@ class MaxitTrainer(Trainer):
     # loss is its share of one token mean, so the Trainer must not divide by the accumulation steps
     loss_is_scaled_for_ga = True
 
-    def __init__(self, *args, loss_config: LossConfig, temperature: float, ref_model=None, **kwargs):
+    def __init__(self, *args, loss_config: LossConfig, temperature: float, ref_model=None, max_logit_elements: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.loss_config = loss_config
+        self.max_logit_elements = max_logit_elements
         self.temperature = temperature
         self.ref_model = ref_model
         self.run_diagnostics = LossDiagnostics()
@@ -302,7 +345,9 @@ class MaxitTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         denominator = None if num_items_in_batch is None else float(num_items_in_batch)
-        out = batch_loss(model, inputs, self.loss_config, self.temperature, self.ref_model, denominator=denominator)
+        out = batch_loss(
+            model, inputs, self.loss_config, self.temperature, self.ref_model, denominator=denominator, max_logit_elements=self.max_logit_elements
+        )
         if model.training:
             if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
                 self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
@@ -460,7 +505,7 @@ def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) 
             for i in range(0, len(rows), config.micro_batch_size):
                 chunk = rows[i : i + config.micro_batch_size]
                 batch = collate(chunk, pad_id)
-                logp = completion_logps(model, batch, config.temperature)
+                logp = completion_logps(model, batch, config.temperature, logit_elements(config.logits_chunk_mb))
                 out.extend(logp[j, : len(r["completion_ids"])].tolist() for j, r in enumerate(chunk))
     finally:
         model.train(was_training)
@@ -488,6 +533,7 @@ def training_arguments(config: TrainConfig, output_dir: str | Path, *, use_cuda:
         use_cpu=not use_cuda,
         bf16=config.bf16 if config.bf16 is not None else use_cuda,
         remove_unused_columns=False,
+        gradient_checkpointing=config.gradient_checkpointing,
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
@@ -534,10 +580,11 @@ def run_trainer(
     pad_id: int,
     ref_model=None,
     callbacks: Sequence[Any] = (),
+    max_logit_elements: int | None = None,
 ) -> TrainerRun:
     """Train `model` on the rows of `table` with a `MaxitTrainer` under `args`, the loss of
     `loss_config` at `temperature` (and `ref_model` for its KL term); `callbacks` are
-    `transformers.TrainerCallback`s added to the run."""
+    `transformers.TrainerCallback`s added to the run; `max_logit_elements`: see `completion_logps`."""
     if ref_model is not None and not args.use_cpu:
         ref_model = ref_model.to(args.device)
     trainer = MaxitTrainer(
@@ -550,6 +597,7 @@ def run_trainer(
         loss_config=loss_config,
         temperature=temperature,
         ref_model=ref_model,
+        max_logit_elements=max_logit_elements,
     )
     trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
     # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
@@ -677,7 +725,8 @@ def train_policy(
         if table.num_rows:
             args = training_arguments(config, tmp / "logs", use_cuda=torch.cuda.is_available())
             run = run_trainer(
-                model, tokenizer, table, args, config.loss, config.temperature, pad_id=pad_id, ref_model=ref_model, callbacks=callbacks
+                model, tokenizer, table, args, config.loss, config.temperature, pad_id=pad_id, ref_model=ref_model, callbacks=callbacks,
+                max_logit_elements=logit_elements(config.logits_chunk_mb),
             )
         visits = visit_range(table.column("step_id").to_pylist(), run.rows_seen)
         if visits[0] != visits[1]:
