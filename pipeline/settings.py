@@ -128,6 +128,11 @@ class Settings:
     minibatch_size: int = _s(256, "rows per optimizer step", group="training")
     micro_batch_size: int = _s(64, "rows per forward/backward pass", group="training")
     balance_verdicts: bool = _s(True, "equal total weight for the Verifier's yes and no training rows each round", group="training")
+    relabel_verdicts: bool = _s(
+        False,
+        "rs loss: train every Verifier row on the right verdict (a wrong verdict's row gets the other verdict) instead of only the rows it got right",
+        group="training",
+    )
     strategy_weights: tuple[str, ...] = _s(
         (),
         "stratified mixture weights STRATEGY=W, counted per policy over its training rows (none: every row weighs 1)",
@@ -185,6 +190,7 @@ class Settings:
             min_reward=self.loss_config().rs_threshold if rs else None,
             reward_is_local=rs,
             balance_verdicts=self.balance_verdicts,
+            relabel_verdicts=self.relabel_verdicts and rs,
             strategy_weights=parse_weights(self.strategy_weights) if self.strategy_weights else None,
             drop_strategies=("prompt_aug",) if self.hinted_rows == "drop" else (),
         )
@@ -226,6 +232,11 @@ class Settings:
                 f"loss 'rs' trains the rows whose own action was right, judged by the reward; with alpha={alpha} and "
                 f"local_weight={local_weight} the reward is not the row's own correctness (a wrong first attempt of a "
                 "trajectory that later succeeds would be fine-tuned on): leave alpha and local_weight unset with --loss rs"
+            )
+        if self.relabel_verdicts and self.loss != "rs":
+            raise ConfigError(
+                f"relabel_verdicts trains Verifier rows on a verdict they did not sample, which has no sampling logprob "
+                f"for the importance ratio of loss {self.loss!r}: use it with --loss rs"
             )
 
     def run_config(self):

@@ -36,6 +36,7 @@ __all__ = [
     "to_dataset",
     "check_view",
     "balance_weights",
+    "relabel_verdicts",
 ]
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,15 @@ class ViewConfig:
     retry after a rejection and retries are mostly wrong, so its correct verdicts are mostly "no"
     (about 2:1 in round 0 of the default run) while the answers it judges at test time are mostly
     right: unbalanced, it learns to say "no"."""
+    relabel_verdicts: bool = False
+    """Train every parsable Verifier row on the right verdict: a row whose verdict was wrong
+    (local reward 0) gets the completion of the other verdict (the most common completion of the
+    round's right verdicts of that kind, e.g. "no" for a wrong "yes") and reward 1, instead of
+    being left out. The reward says which verdict was right, so this is the expert's label for
+    each judged answer; rejection sampling alone keeps only the verdicts the Verifier already got
+    right, which teaches it little it does not already know. The new completion's logprobs are
+    not q of that context, so only the "rs" loss (no ratio) may use it (`reward_is_local` and
+    `min_reward` set)."""
 
     def __post_init__(self) -> None:
         if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
@@ -127,6 +137,11 @@ class ViewConfig:
                 if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
                     raise ConfigError(f"ViewConfig.strategy_weights[{name!r}] must be a finite number > 0, got {w!r}")
             object.__setattr__(self, "strategy_weights", FrozenMapping(weights))
+        if self.relabel_verdicts and (not self.reward_is_local or self.min_reward is None):
+            raise ConfigError(
+                "ViewConfig.relabel_verdicts needs the rs loss's view (reward_is_local and min_reward set): "
+                "a relabelled completion has no sampling logprobs in its context for an importance ratio"
+            )
 
 
 @dataclass(frozen=True)
@@ -157,6 +172,8 @@ class ViewStats:
     """Rows of the view whose training prompt differs from the sampling prompt."""
     n_rerendered: int = 0
     """Rows whose training context was rendered anew (the others reuse `prompt_ids`)."""
+    n_relabeled: int = 0
+    """Verifier rows trained on the right verdict instead of their wrong one (`relabel_verdicts`)."""
     by_strategy: Mapping[str, int] = field(default_factory=dict)
     """Rows of the view per strategy."""
 
@@ -238,14 +255,19 @@ def build_training_view(
     metadata (key `maxit.view_stats`)."""
     table = to_arrow(advantages)
     validate(table, VIEW_INPUT)
-    if config.balance_verdicts and "verdict" not in table.column_names:
-        raise DataError("balance_verdicts needs the 'verdict' column (the Verifier's parsed verdicts, written by the rollouts)")
+    use_verdict = config.balance_verdicts or config.relabel_verdicts
+    if use_verdict and "verdict" not in table.column_names:
+        what = "balance_verdicts" if config.balance_verdicts else "relabel_verdicts"
+        raise DataError(f"{what} needs the 'verdict' column (the Verifier's parsed verdicts, written by the rollouts)")
     if config.reward_is_local:
         _check_reward_is_local(table)
-    columns = list(INPUT_COLUMNS) + (["verdict"] if config.balance_verdicts else [])
+    columns = list(INPUT_COLUMNS) + (["verdict"] if use_verdict else [])
     table = table.select(columns).combine_chunks()
     n = table.num_rows
     _check_lengths(table, "completion_ids", "completion_logprobs")
+    n_relabeled = 0
+    if config.relabel_verdicts:
+        table, n_relabeled = relabel_verdicts(table)
     for col in ("advantage", "sample_weight", "reward"):
         _check_finite(table, col)
 
@@ -361,6 +383,7 @@ def build_training_view(
         n_too_long=int(too_long.sum()),
         n_context_swapped=int(sum(swapped)),
         n_rerendered=n_rerendered,
+        n_relabeled=n_relabeled,
         by_strategy=by_strategy,
         **counts,
     )
@@ -369,6 +392,41 @@ def build_training_view(
     validate(view, TRAINING_VIEW)
     log.info("training view: %s", stats)
     return view, stats
+
+
+def relabel_verdicts(table: pa.Table) -> tuple[pa.Table, int]:
+    """`table` with every Verifier row whose parsable verdict was wrong (reward 0) turned into a
+    row of the right verdict: completion ids and logprobs of the most common completion among the
+    rows whose verdict of that kind was right, reward 1, verdict flipped. A kind no row got right
+    this round has no completion to take and its wrong rows stay as they are. Returns the table
+    and the number of rows relabelled (see `ViewConfig.relabel_verdicts`)."""
+    agents = table.column("agent_id").to_pylist()
+    verdicts = table.column("verdict").to_pylist()
+    rewards = table.column("reward").to_pylist()
+    completions = table.column("completion_ids").to_pylist()
+    logprobs = table.column("completion_logprobs").to_pylist()
+    counts: dict[bool, dict[tuple, int]] = {True: {}, False: {}}
+    first: dict[tuple, int] = {}
+    for i, (a, v, r) in enumerate(zip(agents, verdicts, rewards)):
+        if a == "verifier" and v is not None and r is not None and r >= 1.0:
+            key = tuple(completions[i])
+            counts[v][key] = counts[v].get(key, 0) + 1
+            first.setdefault(key, i)
+    canonical = {v: first[max(c, key=lambda k: (c[k], -first[k]))] for v, c in counts.items() if c}
+    changed = [
+        i for i, (a, v, r) in enumerate(zip(agents, verdicts, rewards))
+        if a == "verifier" and v is not None and r is not None and r < 1.0 and (not v) in canonical
+    ]
+    if not changed:
+        return table, 0
+    for i in changed:
+        src = canonical[not verdicts[i]]
+        completions[i], logprobs[i] = completions[src], logprobs[src]
+        verdicts[i], rewards[i] = not verdicts[i], 1.0
+    for name, values in (("completion_ids", completions), ("completion_logprobs", logprobs), ("verdict", verdicts), ("reward", rewards)):
+        idx = table.schema.get_field_index(name)
+        table = table.set_column(idx, table.schema.field(idx), pa.array(values, type=table.schema.field(idx).type))
+    return table, len(changed)
 
 
 def balance_weights(view: pa.Table, labels) -> tuple[pa.Table, dict]:

@@ -132,3 +132,9 @@ def test_every_ablation_variant_is_a_valid_run():
     for name, flags in ablation.VARIANTS.items():
         config = cli_settings(*flags).run_config()
         assert config.problems == 128, name
+
+
+def test_relabel_verdicts_is_an_rs_setting():
+    assert Settings(relabel_verdicts=True).view_config().relabel_verdicts
+    with pytest.raises(ConfigError, match="relabel_verdicts.*--loss rs"):
+        Settings(relabel_verdicts=True, loss="ppo").run_config()

@@ -277,6 +277,39 @@ def test_verdicts_are_balanced_from_the_verdict_column(tok):
         build_training_view(advantages_table(rows).drop_columns(["verdict"]), {"iid": IID()}, tok, config)
 
 
+def test_relabel_verdicts_trains_wrong_verdicts_on_the_right_one(tok):
+    """rs + relabel_verdicts: a Verifier row whose verdict was wrong is trained on the most common
+    right completion of the other verdict (reward 1, verdict flipped, counted); without a right
+    row of that kind it stays out; Solver rows are untouched; ratio losses cannot use it."""
+    def v(step_id, verdict, right, ids):
+        r = 1.0 if right else 0.0
+        return advantage_row(step_id, agent_id="verifier", turn=1, verdict=verdict, completion_ids=ids,
+                             completion_logprobs=[-0.1 * len(ids)] * len(ids), global_reward=r, local_reward=r, reward=r)
+    rows = [
+        v("no-right-a", False, True, [20, 1]), v("no-right-b", False, True, [20, 1]), v("no-right-c", False, True, [21, 22, 1]),
+        v("yes-right", True, True, [30, 1]),
+        v("yes-wrong", True, False, [30, 1]),     # said yes to a wrong answer -> trained as "no" ([20, 1], the most common)
+        v("no-wrong", False, False, [20, 1]),     # said no to a right answer -> trained as "yes" ([30, 1])
+        v("unparsable", None, False, [40, 1]),    # no verdict: nothing to relabel, stays out
+        advantage_row("solver-wrong", local_reward=0.0, global_reward=0.0, reward=0.0),
+    ]
+    config = ViewConfig(drop_zero_advantage=False, min_reward=1.0, reward_is_local=True, relabel_verdicts=True)
+    view, stats = build_training_view(advantages_table(rows), {"iid": IID()}, tok, config)
+    got = dict(zip(view.column("step_id").to_pylist(), view.column("completion_ids").to_pylist()))
+    assert set(got) == {"no-right-a", "no-right-b", "no-right-c", "yes-right", "yes-wrong", "no-wrong"}
+    assert got["yes-wrong"] == [20, 1] and got["no-wrong"] == [30, 1] and got["no-right-c"] == [21, 22, 1]
+    lp = dict(zip(view.column("step_id").to_pylist(), view.column("sampling_logprobs").to_pylist()))
+    assert len(lp["yes-wrong"]) == 2 and stats.n_relabeled == 2
+    plain, plain_stats = build_training_view(advantages_table(rows), {"iid": IID()}, tok, dataclasses.replace(config, relabel_verdicts=False))
+    assert "yes-wrong" not in plain.column("step_id").to_pylist() and plain_stats.n_relabeled == 0
+    # no right "yes" this round: a wrong "no" has nothing to become and stays out
+    only_no = [r for r in rows if r["step_id"] != "yes-right"]
+    view, stats = build_training_view(advantages_table(only_no), {"iid": IID()}, tok, config)
+    assert "no-wrong" not in view.column("step_id").to_pylist() and stats.n_relabeled == 1
+    with pytest.raises(ConfigError, match="relabel_verdicts needs the rs loss"):
+        ViewConfig(relabel_verdicts=True)
+
+
 def test_rs_view_refuses_a_reward_that_is_not_the_rows_own(tok):
     """With alpha > 0 a wrong first attempt (local 0) in a trajectory that later succeeds
     (global 1) has reward 1: the rs view would fine-tune on it. It is an error instead."""
