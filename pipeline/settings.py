@@ -40,12 +40,14 @@ LOSS_KINDS = ("rs", "ppo", "is")
 LOSS_PRESETS: Mapping[str, Mapping[str, float]] = {
     # rejection-sampling expert iteration: a row is trained when its own action was right (the
     # Solver's answer, the Verifier's verdict), so the reward is the local reward alone
-    "rs": {"alpha": 0.0, "local_weight": 1.0},
-    # policy gradient: AT-GRPO's mixed reward alpha * global + local
-    "ppo": {"alpha": 1.0, "local_weight": 1.0},
-    "is": {"alpha": 1.0, "local_weight": 1.0},
+    "rs": {"alpha": 0.0, "local_weight": 1.0, "lr": 5e-4},
+    # policy gradient: AT-GRPO's mixed reward alpha * global + local, at a lower learning rate
+    # (at 5e-4 the PG update drifts off the sampling policy within a round and collapses by
+    # round 2 on the default task; see the README's diagnosis)
+    "ppo": {"alpha": 1.0, "local_weight": 1.0, "lr": 2e-4},
+    "is": {"alpha": 1.0, "local_weight": 1.0, "lr": 2e-4},
 }
-"""Defaults of the reward mix per loss, used where `alpha` / `local_weight` are None."""
+"""Defaults per loss, used where `alpha` / `local_weight` / `lr` are None."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class Settings:
         group="training",
         choices=("mask", "truncate", "none", "drop"),
     )
-    lr: float = _s(5e-4, "AdamW learning rate", group="training")
+    lr: float | None = _s(None, "AdamW learning rate; None = the loss's preset (rs 5e-4, ppo/is 2e-4)", group="training")
     epochs: int = _s(2, "passes over each round's training rows", group="training")
     minibatch_size: int = _s(256, "rows per optimizer step", group="training")
     micro_batch_size: int = _s(64, "rows per forward/backward pass", group="training")
@@ -167,6 +169,10 @@ class Settings:
         local = preset["local_weight"] if self.local_weight is None else float(self.local_weight)
         return alpha, local
 
+    def learning_rate(self) -> float:
+        """The `lr` setting, or the loss's preset where it is None."""
+        return float(LOSS_PRESETS[self.loss]["lr"]) if self.lr is None else float(self.lr)
+
     def advantage_config(self):
         from pipeline.config import AdvantageConfig
 
@@ -207,7 +213,7 @@ class Settings:
         from pipeline.training.config import TrainConfig
 
         return TrainConfig(
-            lr=self.lr,
+            lr=self.learning_rate(),
             epochs=self.epochs,
             minibatch_size=self.minibatch_size,
             micro_batch_size=self.micro_batch_size,
@@ -321,7 +327,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | N
         g = arg_groups.get(meta["group"]) or arg_groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
-        default_text = "the loss's preset" if f.default is None and f.name in ("alpha", "local_weight") else f.default
+        default_text = "the loss's preset" if f.default is None and f.name in ("alpha", "local_weight", "lr") else f.default
         help_text = f"{meta['help']} (default: {' '.join(default_text) if isinstance(default_text, tuple) else default_text})"
         if hint is bool:
             if meta["negative_flag"]:

@@ -71,6 +71,8 @@ def test_group_by_none_is_plain_grpo():
 def test_presets_follow_the_loss():
     ppo = Settings(loss="ppo").run_config()
     assert (ppo.advantage.alpha, ppo.advantage.local_weight) == (1.0, 1.0)
+    assert ppo.train.lr == LOSS_PRESETS["ppo"]["lr"] == 2e-4 and RunConfig().train.lr == LOSS_PRESETS["rs"]["lr"] == 5e-4
+    assert Settings(loss="ppo", lr=1e-3).run_config().train.lr == 1e-3
     assert ppo.view.drop_zero_advantage and not ppo.view.reward_is_local
 
 
