@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import MaxitError, SchemaError
-from pipeline.settings import add_setting_flags, parse_weights
+from pipeline.settings import LOSS_KINDS, add_setting_flags, parse_weights, setting_default
 
 __all__ = ["main", "build_parser"]
 
@@ -25,40 +25,22 @@ def _print_frame(df, title: str | None = None) -> None:
 
 
 def add_advantage_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("advantages (AdvantageConfig)")
-    g.add_argument(
-        "--group-by",
-        nargs="*",
-        default=None,
-        metavar="COL",
-        help="columns added to uid+strategy to form a group (agent_id turn; default both; none = plain GRPO per strategy)",
-    )
-    g.add_argument("--normalize", choices=["std", "center"], default="std")
-    g.add_argument("--trajectory-mean", action="store_true", help="group statistics over trajectory means (one member per trajectory)")
-    g.add_argument(
-        "--trajectory-score", choices=["own", "mean"], default="own",
-        help="with --trajectory-mean: score each row by its own reward (default) or by its trajectory's mean",
-    )
-    g.add_argument("--singleton", choices=["zero", "raw"], default="zero")
-    g.add_argument("--eps", type=float, default=1e-6)
-    g.add_argument("--alpha", type=float, default=1.0, help="reward = alpha*global_reward + local_weight*local_reward (default 1)")
-    g.add_argument("--local-weight", type=float, default=1.0, help="weight of the local reward (default 1; DrMAS's team reward: 0)")
+    """The settings of the "rewards and advantages" group (the same flags as `maxit run`'s), the
+    loss whose reward preset applies, and the two numerics that only this command exposes."""
+    p.add_argument("--loss", choices=LOSS_KINDS, default=None, help="the loss the advantages are for; its reward preset applies where --alpha/--local-weight are not given (default: rs, as maxit run)")
+    add_setting_flags(p, groups=("rewards and advantages",))
+    g = p.add_argument_group("advantage numerics")
+    g.add_argument("--singleton", choices=["zero", "raw"], default="zero", help="advantage of a one-member group: 0, or verl's raw reward")
+    g.add_argument("--eps", type=float, default=1e-6, help="added to the group std before dividing")
 
 
 def advantage_config_from_args(args):
-    from pipeline.config import AdvantageConfig
-    from pipeline.settings import parse_group_by
+    import dataclasses
 
-    return AdvantageConfig(
-        group_by=parse_group_by(args.group_by),
-        normalize=args.normalize,
-        trajectory_mean=args.trajectory_mean,
-        trajectory_score=args.trajectory_score,
-        singleton=args.singleton,
-        eps=args.eps,
-        alpha=args.alpha,
-        local_weight=args.local_weight,
-    )
+    from pipeline.settings import settings_from_args
+
+    config = settings_from_args(args).advantage_config()
+    return dataclasses.replace(config, singleton=args.singleton, eps=args.eps)
 
 
 def cmd_advantages(args) -> int:
@@ -116,7 +98,7 @@ def cmd_run(args) -> int:
     settings = settings_from_args(args)
     settings.run_config()  # validate every flag before anything starts
     t0 = time.perf_counter()
-    summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose)
+    summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     _print_frame(summary, f"maxit run: {args.rounds} round(s) in {time.perf_counter() - t0:.0f}s, peak memory {peak:.0f} MB, store {args.store}")
     return 0
@@ -126,6 +108,25 @@ def cmd_ui(args) -> int:
     from assets.launch import ui
 
     return ui(host=args.host, port=args.port, store=args.store, engine=args.engine)
+
+
+def cmd_runs(args) -> int:
+    from pipeline.report import experiments_table
+
+    table = experiments_table(args.root or ["runs"])
+    if table.is_empty():
+        print(f"no stores under {', '.join(args.root or ['runs'])}")
+        return 0
+    _print_frame(table, f"{table.height} experiment(s)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from pipeline.report import build_report
+
+    out = build_report(args.store, args.out)
+    print(f"report of {len(args.store)} store(s) -> {out}")
+    return 0
 
 
 def cmd_rollout(args) -> int:
@@ -195,7 +196,10 @@ def cmd_train(args) -> int:
         raise MaxitError("--store and --round go together: give both to register the checkpoint as that round's, or neither")
     # without --temperature: the view's own sampling temperature (1.0 for a view without one)
     temperature = 1.0 if args.temperature is None else args.temperature
-    config = TrainConfig(lr=args.lr, epochs=args.epochs, temperature=temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
+    from pipeline.settings import Settings
+
+    lr = Settings(loss=args.loss, lr=args.lr).learning_rate()
+    config = TrainConfig(lr=lr, epochs=args.epochs, temperature=temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
     res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round, temperature_from_view=args.temperature is None)
     print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     if args.store is not None:
@@ -230,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run N expert-iteration rounds in-process (Dagster), resuming complete rounds")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--restart", action="store_true", help="re-run rounds that are already complete")
-    p.add_argument("--verbose", action="store_true", help="show Dagster's own log lines")
+    p.add_argument("--verbose", action="store_true", help="print engine and library output (vLLM, Dagster, warnings) too; it always goes to STORE/maxit.log")
     p.add_argument("--store", default="runs/default", help="folder of the run's tables and checkpoints")
     add_setting_flags(p)
     p.set_defaults(func=cmd_run)
@@ -238,9 +242,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ui", help="the Dagster UI (dagster dev) on 127.0.0.1; Ctrl-C stops it cleanly")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
-    p.add_argument("--store", default=None, help="store the UI's runs write to (default runs/default)")
+    p.add_argument("--store", default=None, help="the store (experiment) whose rounds the UI shows and whose runs it starts write to; its Dagster instance is STORE/.dagster (default runs/default)")
     p.add_argument("--engine", choices=["auto", "vllm", "hf"], default=None)
     p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("runs", help="list the experiments (stores) under folders: settings, complete rounds, last accuracies")
+    p.add_argument("--root", action="append", metavar="DIR", help="folder holding stores, or a store (repeat; default runs)")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("report", help="a self-contained HTML report of one or more stores (accuracies, success, ratios, speed, time per stage)")
+    p.add_argument("--store", action="append", required=True, metavar="DIR", help="a store to draw (repeat to compare; one colour each)")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rollout", help="one round's problems and rollouts (what `maxit run` samples) -> DIR/round=R/steps.parquet")
     p.add_argument("--store", required=True, help="the run's folder (its policy registry gives the checkpoint round R samples with)")
@@ -252,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advantages", required=True, help="advantages Parquet file (maxit advantages --out)")
     p.add_argument("--out", required=True, help="training_view Parquet file to write (atomically)")
     p.add_argument("--model-dir", default=None, help="model whose tokenizer and chat template render the contexts (default: the embedded tiny model)")
-    p.add_argument("--loss", choices=["rs", "ppo", "is"], default="ppo", help="ppo, is: rows with a non-zero advantage; rs: rows with reward >= --min-reward")
+    p.add_argument("--loss", choices=LOSS_KINDS, default=setting_default("loss"), help="ppo, is: rows with a non-zero advantage; rs: rows with reward >= --min-reward (default: rs, as maxit run)")
     p.add_argument("--min-reward", type=float, default=None, help="leave out rows whose reward is below this (rs: default 1.0)")
     p.add_argument("--max-length", type=int, default=None, help="drop (and count) rows whose training prompt + completion is longer")
     p.add_argument("--strategy-weight", action="append", metavar="S=W", help="stratified mixture weight of a strategy (repeat; counted per policy over its training rows)")
@@ -266,9 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", required=True, help="policy_id whose rows are trained (e.g. shared, solver)")
     p.add_argument("--init", default=None, help="starting checkpoint (default: the embedded tiny model)")
     p.add_argument("--out", required=True, help="checkpoint folder to write (atomically)")
-    p.add_argument("--loss", choices=["rs", "ppo", "is"], default="ppo")
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--loss", choices=LOSS_KINDS, default=setting_default("loss"), help="default: rs, as maxit run")
+    p.add_argument("--lr", type=float, default=None, help="default: the loss's preset, as maxit run (rs 5e-4, ppo/is 2e-4)")
+    p.add_argument("--epochs", type=int, default=setting_default("epochs"))
     p.add_argument("--temperature", type=float, default=None, help="temperature of p_train (default: the view's sampling temperature; it must match)")
     p.add_argument("--report-to", default="tensorboard")
     p.add_argument("--store", default=None, help="register the checkpoint in this store's policy registry (with --round)")
