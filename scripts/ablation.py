@@ -10,7 +10,8 @@ verdict accuracy in the last round, the optimizer steps and the wall time; and p
 mean and spread (min..max) of the gain over the seeds.
 Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) groups unless named):
   rs           rejection-sampling expert iteration (the default run)
-  ppo          importance-weighted PG with PPO clip (AT-GRPO's mixed reward)
+  ppo          importance-weighted PG with PPO clip (AT-GRPO's mixed reward; lr 2e-4, the ppo preset)
+  ppo-local    ppo with each call's own correctness as its reward (alpha 0: no team term)
   is           the plain importance-sampling estimator (no clip), as the expert-iteration plan writes it
   sft          step-matched SFT on the reference answers (as many rows/steps as rs trains each round)
   ppo-drmas    ppo with DrMAS's groups (uid, strategy, agent) and its team reward (local weight 0)
@@ -21,6 +22,7 @@ Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) 
   ppo-noratio  ppo, hinted rows without sequence-ratio handling
   ppo-drophint ppo, hinted rows sampled but not trained
   no-balance   rs without equal weight for the Verifier's yes/no rows
+  rs-relabel   rs with every Verifier row trained on the right verdict (relabel_verdicts)
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "rs": [],
     "ppo": ["--loss", "ppo"],
+    "ppo-local": ["--loss", "ppo", "--alpha", "0"],
     "is": ["--loss", "is"],
     "sft": ["--train-on", "ground_truth"],
     "ppo-drmas": ["--loss", "ppo", "--group-by", "agent_id", "--alpha", "1", "--local-weight", "0"],
@@ -50,6 +53,7 @@ VARIANTS = {
     "ppo-noratio": ["--loss", "ppo", "--hinted-rows", "none"],
     "ppo-drophint": ["--loss", "ppo", "--hinted-rows", "drop"],
     "no-balance": ["--no-balance-verdicts"],
+    "rs-relabel": ["--relabel-verdicts"],
 }
 
 
