@@ -1,38 +1,52 @@
 """`maxit run` (rounds materialized in-process) and `maxit ui` (the Dagster UI on 127.0.0.1).
 
-Both use the project's Dagster instance in `.dagster_home/` (created from `dagster.yaml`), so
-the runs of `maxit run` show in the UI."""
+Every store is one experiment with its own Dagster instance, `<store>/.dagster/` (its
+dagster.yaml written from the project's `dagster.yaml`): the run, event and asset storage of a
+store's rounds lives next to its tables, so two stores never share asset partitions, and
+`maxit ui --store DIR` shows exactly the rounds of DIR.
+
+By default `maxit run` prints only its own progress and round tables; the engines' and libraries'
+output (vLLM and Dagster log lines, Python warnings, C++ warnings written straight to the process's
+stderr) goes to `<store>/maxit.log`, and `--verbose` prints it as well."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO, Iterator
 
 import polars as pl
 
 from pipeline.errors import MaxitError
-from pipeline.rounds import BASE_ROUND, round_complete
-from pipeline.store import scan_table
+from pipeline.report import LOG_FILE, record_experiment
+from pipeline.rounds import BASE_ROUND, record_timing, round_complete
+from pipeline.store import scan_table, table_path
 
 log = logging.getLogger("maxit")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
+INSTANCE_DIR = ".dagster"
+"""The folder of a store's Dagster instance, inside the store."""
 
-def dagster_home(path: str | Path | None = None) -> Path:
-    """The instance folder: `$DAGSTER_HOME`, else `.dagster_home/` of the current folder, holding a
-    copy of the project's dagster.yaml (sqlite storage inside it, telemetry off, one run at a time)."""
-    home = Path(path or os.environ.get("DAGSTER_HOME") or ".dagster_home").resolve()
+
+def dagster_home(store: str | Path, path: str | Path | None = None) -> Path:
+    """The Dagster instance folder of `store`: `<store>/.dagster/` (or `path`), holding the
+    project's dagster.yaml (sqlite storage inside the folder, telemetry off, one run at a
+    time), rewritten when the project's copy changes."""
+    home = Path(path if path is not None else Path(store) / INSTANCE_DIR).resolve()
     home.mkdir(parents=True, exist_ok=True)
     target = home / "dagster.yaml"
     source = PROJECT_ROOT / "dagster.yaml"
-    if not target.exists() and source.exists():
+    if source.exists() and (not target.exists() or target.read_bytes() != source.read_bytes()):
         shutil.copyfile(source, target)
     return home
 
@@ -49,10 +63,14 @@ def _peak_rss_mb() -> float:
     return max(own, kids) / 1024.0
 
 
+STAGE_COLUMNS = {"problems": "s_prob", "rollouts": "s_roll", "advantages": "s_adv", "view": "s_view", "training": "s_train", "evaluation": "s_eval", "other": "s_other"}
+"""Column of the round table holding each stage's seconds (the store's `timings` table)."""
+
+
 def round_summary(store: Path, rounds: list[int]) -> pl.DataFrame:
     """One row per round: held-out Solver accuracy (no hints), Verifier verdict accuracy (plain and
-    balanced),
-    trajectory success by strategy, rollout tokens/s (from the steps table's timing column)."""
+    balanced), trajectory success by strategy, rollout tokens/s (completion tokens over the
+    rollouts stage's seconds) and the seconds of every stage (the `timings` table)."""
     ev = scan_table(store, "evaluation").filter(pl.col("round").is_in(rounds)).collect()
     table = (
         ev.filter(pl.col("metric").is_in(["accuracy", "accuracy_greedy", "accuracy_hint", "verdict_accuracy", "verdict_balanced_accuracy"]))
@@ -77,7 +95,77 @@ def round_summary(store: Path, rounds: list[int]) -> pl.DataFrame:
         success = success.select("round", *sorted(c for c in success.columns if c != "round"))
         success = success.rename({c: f"success_{c}" for c in success.columns if c != "round"})
         table = table.join(success, on="round", how="left")
+        if any(store.glob("round=*/timings.parquet")):
+            timings = scan_table(store, "timings").filter(pl.col("round").is_in(trained)).select("round", "stage", "seconds").collect()
+            tokens = steps.group_by("round").agg(pl.col("completion_ids").list.len().sum().alias("tokens")).collect()
+            speed = (
+                timings.filter(pl.col("stage") == "rollouts")
+                .join(tokens, on="round")
+                .select("round", (pl.col("tokens") / pl.col("seconds")).alias("rollout_tok_s"))
+            )
+            seconds = (
+                timings.filter(pl.col("stage").is_in(list(STAGE_COLUMNS)))
+                .with_columns(pl.col("stage").replace_strict(STAGE_COLUMNS), pl.col("seconds").round(0).cast(pl.Int64))
+                .pivot(on="stage", index="round", values="seconds", aggregate_function="first")
+            )
+            seconds = seconds.select("round", *[c for c in STAGE_COLUMNS.values() if c in seconds.columns])
+            table = table.join(speed, on="round", how="left").join(seconds, on="round", how="left")
     return table.sort("round")
+
+
+@contextlib.contextmanager
+def console_to_log(log_path: str | Path, verbose: bool = False) -> Iterator[tuple[IO[str], IO[str]]]:
+    """Send everything this process writes to its stdout and stderr (file descriptors 1 and 2:
+    Python's print, warnings and logging, and C/C++ libraries writing to them directly) to
+    `log_path` (appended), and, with `verbose`, to the console's stderr too. Yields
+    (stdout, stderr) streams on the console for maxit's own output. Restored on exit."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = {1: os.dup(1), 2: os.dup(2)}
+    console_out = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    console_err = os.fdopen(os.dup(saved[2]), "w", buffering=1)
+    log_file = open(log_path, "ab", buffering=0)
+    log_file.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {' '.join(sys.argv)}\n".encode())
+    tee = None
+    if verbose:
+        read_end, write_end = os.pipe()
+        target = write_end
+
+        def copy() -> None:
+            try:
+                while chunk := os.read(read_end, 65536):
+                    log_file.write(chunk)
+                    os.write(saved[2], chunk)
+            except (OSError, ValueError):  # the console or the log was closed first
+                pass
+            finally:
+                os.close(read_end)
+
+        tee = threading.Thread(target=copy, name="maxit-log-tee", daemon=True)
+        tee.start()
+    else:
+        target = log_file.fileno()
+    os.dup2(target, 1)
+    os.dup2(target, 2)
+    if verbose:
+        os.close(write_end)
+    try:
+        yield console_out, console_err
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(saved[1], 1)
+        os.dup2(saved[2], 2)
+        if tee is not None:
+            tee.join(timeout=10)  # ends when no process holds the pipe's write end any more
+        for fd in saved.values():
+            os.close(fd)
+        console_out.close()
+        console_err.close()
+        log_file.close()
 
 
 def run_rounds(
@@ -88,9 +176,29 @@ def run_rounds(
     restart: bool = False,
     home: str | Path | None = None,
     quiet_dagster: bool = True,
+    verbose: bool = False,
 ) -> pl.DataFrame:
-    """Materialize rounds 0..n_rounds-1 in-process. Complete rounds (their `evaluation` table
-    exists) are kept unless `restart`; the first incomplete round is re-run from scratch."""
+    """Materialize rounds 0..n_rounds-1 in-process, on the store's own Dagster instance
+    (`dagster_home(store)`, or `home`). Complete rounds (their `evaluation` table exists) are
+    kept unless `restart`; the first incomplete round is re-run from scratch. The console shows
+    maxit's progress and round tables; engine and library output goes to `<store>/maxit.log`
+    (and to the console too with `verbose`)."""
+    if n_rounds < 1:
+        raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
+    store = Path(store)
+    store.mkdir(parents=True, exist_ok=True)
+    log_path = store / LOG_FILE
+    from pipeline.engines import vllm_available
+
+    record_experiment(store, settings.settings(), engine if engine != "auto" else ("vllm" if vllm_available() else "hf"))
+    with console_to_log(log_path, verbose=verbose) as (out, err):
+        try:
+            return _run_rounds(n_rounds, store, settings, engine, restart, home, quiet_dagster, out, err)
+        except MaxitError as e:
+            raise MaxitError(f"{e}\n(engine and library output: {log_path})") from e
+
+
+def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_dagster, out, err) -> pl.DataFrame:
     import dagster as dg
     from tqdm.auto import tqdm
 
@@ -99,17 +207,12 @@ def run_rounds(
     from assets.partitions import rounds as rounds_def
     from assets.resources import close_engines
 
-    if n_rounds < 1:
-        raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
-    store = Path(store)
-    store.mkdir(parents=True, exist_ok=True)
-    instance = instance_at(dagster_home(home))
-    resources = make_resources(str(store), engine, settings)
+    instance = instance_at(dagster_home(store, home))
+    resources = make_resources(str(store.resolve()), engine, settings)
     run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
     t_start = time.perf_counter()
     done: list[int] = []
-    tokens_per_s: dict[int, float] = {}
-    bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=sys.stderr)
+    bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
     try:
         for r in bar:
             if round_complete(store, r) and not restart:
@@ -121,7 +224,7 @@ def run_rounds(
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
             if not instance.has_dynamic_partition(rounds_def.name, key):
                 instance.add_dynamic_partitions(rounds_def.name, [key])
-            t0 = time.perf_counter()
+            t0, started = time.perf_counter(), time.time()
             result = dg.materialize(
                 [*ROUND_ASSETS, *all_checks],
                 partition_key=key,
@@ -129,15 +232,15 @@ def run_rounds(
                 resources=resources,
                 run_config=run_config,
                 raise_on_error=False,
-                tags={"maxit/launched_by": "maxit run"},
+                tags={"maxit/launched_by": "maxit run", "maxit/store": str(store.resolve())},
             )
             if not result.success:
                 failures = []
                 for e in result.all_events:
                     if not e.is_failure:
                         continue
-                    err = getattr(e.event_specific_data, "error", None)
-                    failures.append(f"{e.message}\n    {err.to_string().strip()}" if err is not None else e.message)
+                    error = getattr(e.event_specific_data, "error", None)
+                    failures.append(f"{e.message}\n    {error.to_string().strip()}" if error is not None else e.message)
                 failed_checks = [
                     f"{ev.asset_check_key.name}: {ev.metadata}"
                     for ev in result.get_asset_check_evaluations()
@@ -145,48 +248,56 @@ def run_rounds(
                 ]
                 raise MaxitError(f"round {r} failed (run {result.run_id}):\n  " + "\n  ".join(failures + failed_checks))
             done.append(r)
-            tps = result.asset_materializations_for_node("rollouts")[0].metadata.get("tokens_per_second")
-            if tps is not None:
-                tokens_per_s[r] = float(tps.value)
+            _record_other_time(store, r, time.perf_counter() - t0, started)
             bar.set_postfix_str(f"round {r}: {time.perf_counter() - t0:.0f}s")
-            summary = _with_speed(round_summary(store, [BASE_ROUND, *done]), tokens_per_s)
-            _print_table(summary, f"after round {r} ({time.perf_counter() - t_start:.0f}s, peak memory {_peak_rss_mb():.0f} MB)")
+            summary = round_summary(store, [BASE_ROUND, *done])
+            _print_table(summary, f"after round {r} ({time.perf_counter() - t_start:.0f}s, peak memory {_peak_rss_mb():.0f} MB)", out)
     finally:
         bar.close()
         close_engines()
-    return _with_speed(round_summary(store, [BASE_ROUND, *done]), tokens_per_s)
+    return round_summary(store, [BASE_ROUND, *done])
 
 
-def _with_speed(summary: pl.DataFrame, tokens_per_s: dict[int, float]) -> pl.DataFrame:
-    """Add the rollout engine's tokens/s of the rounds run in this process."""
-    speed = pl.DataFrame({"round": list(tokens_per_s), "rollout_tok_s": list(tokens_per_s.values())}, schema={"round": pl.Int32, "rollout_tok_s": pl.Float64})
-    return summary.join(speed, on="round", how="left")
+def _record_other_time(store: Path, round_: int, wall_seconds: float, started: float) -> None:
+    """Record as "other" the part of a round's wall time its stages did not account for (the
+    starting model's evaluation, run with round 0, is recorded as round -1's, not as "other")."""
+    staged = 0.0
+    for r in (round_, BASE_ROUND):
+        path = table_path(store, r, "timings")
+        if path.exists() and (r == round_ or path.stat().st_mtime >= started):
+            staged += float(pl.read_parquet(path).filter(pl.col("stage") != "other")["seconds"].sum())
+    record_timing(store, round_, "other", max(0.0, wall_seconds - staged))
 
 
-def _print_table(df: pl.DataFrame, title: str) -> None:
-    with pl.Config(tbl_rows=100, tbl_cols=20, float_precision=3, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, tbl_width_chars=200):
-        print(f"\n{title}\n{df}", flush=True)
+def _print_table(df: pl.DataFrame, title: str, file: IO[str] | None = None) -> None:
+    with pl.Config(tbl_rows=100, tbl_cols=30, float_precision=3, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, tbl_width_chars=300):
+        print(f"\n{title}\n{df}", file=file or sys.stdout, flush=True)
 
 
 def ui(host: str = "127.0.0.1", port: int = 3000, home: str | Path | None = None, store: str | None = None, engine: str | None = None) -> int:
-    """Run `dagster dev` bound to `host`, with the project's instance, and exit cleanly on
-    Ctrl-C or SIGTERM (dagster dev started in the background ignores both otherwise)."""
+    """Run `dagster dev` bound to `host` on the store's instance (`dagster_home(store)`), its
+    runs writing to that store, and exit cleanly on Ctrl-C or SIGTERM (dagster dev started in
+    the background ignores both otherwise).
+
+    `dagster dev` starts in the instance folder: started anywhere else it warns that a
+    dagster.yaml there (the project's own, say) is not used; the code location is found by module
+    and `--working-directory`, so the folder it starts in does not matter otherwise."""
+    store_path = Path(store or "runs/default").resolve()
     env = dict(os.environ)
-    env["DAGSTER_HOME"] = str(dagster_home(home))
-    if store:
-        env["MAXIT_STORE"] = store
+    env["DAGSTER_HOME"] = str(dagster_home(store_path, home))
+    env["MAXIT_STORE"] = str(store_path)
     if engine:
         env["MAXIT_ENGINE"] = engine
     exe = Path(sys.executable).with_name("dagster")
     cmd = [str(exe), "dev", "--host", host, "--port", str(port), "-m", "assets.definitions", "--working-directory", str(PROJECT_ROOT)]
-    print(f"Dagster UI on http://{host}:{port} (instance {env['DAGSTER_HOME']}); Ctrl-C stops it", flush=True)
+    print(f"Dagster UI on http://{host}:{port} (store {store_path}, instance {env['DAGSTER_HOME']}); Ctrl-C stops it", flush=True)
     import subprocess
 
     def restore_sigint():
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.setsid()
 
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=restore_sigint)
+    proc = subprocess.Popen(cmd, env=env, cwd=env["DAGSTER_HOME"], preexec_fn=restore_sigint)
 
     def forward(signum, _frame):
         if proc.poll() is None:

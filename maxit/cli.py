@@ -117,7 +117,13 @@ def cmd_runs(args) -> int:
     if table.is_empty():
         print(f"no stores under {', '.join(args.root or ['runs'])}")
         return 0
-    _print_frame(table, f"{table.height} experiment(s)")
+    import polars as pl
+
+    with pl.Config(fmt_str_lengths=300):
+        _print_frame(table.drop("settings"), f"{table.height} experiment(s)")
+    print("\nsettings (those not at their default):")
+    for store, settings in table.select("store", "settings").iter_rows():
+        print(f"  {store}: {settings}")
     return 0
 
 

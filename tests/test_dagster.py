@@ -92,6 +92,31 @@ def test_one_round_materializes_in_process(one_round):
     mats = result.asset_materializations_for_node("rollouts")
     assert mats[0].metadata["dagster/row_count"].value == steps.height
     assert next_round(instance) == 1
+    # seconds per stage, recorded by the stages themselves (round -1: the baseline's evaluation)
+    timings = validate(pl.read_parquet(table_path(store, 0, "timings")), "timings")
+    assert timings["stage"].to_list() == ["problems", "rollouts", "advantages", "view", "training", "evaluation"]
+    assert pl.read_parquet(table_path(store, -1, "timings"))["stage"].to_list() == ["evaluation"]
+
+
+def test_evaluation_metadata_plots_accuracy_by_round(one_round):
+    """The evaluation asset's metadata: numbers the UI plots across partitions, and an inline PNG
+    of every accuracy by round with the table it draws."""
+    import base64
+    import io
+    import re
+
+    from PIL import Image
+
+    _instance, store, _settings, result = one_round
+    meta = result.asset_materializations_for_node("evaluation")[0].metadata
+    ev = pl.read_parquet(table_path(store, 0, "evaluation"))
+    assert meta["solver_accuracy"].value == ev.filter(pl.col("metric") == "accuracy")["value"][0]
+    assert meta["verifier_balanced_accuracy"].value == ev.filter(pl.col("metric") == "verdict_balanced_accuracy")["value"][0]
+    md = meta["accuracy_plot"].value
+    png = base64.b64decode(re.search(r"!\[accuracy per round\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", md).group(1))
+    img = Image.open(io.BytesIO(png))
+    assert img.size == (620, 300) and len(img.convert("RGB").getcolors(1 << 16)) > 10
+    assert "| round | accuracy | accuracy_greedy |" in md and "| -1 |" in md and "| 0 |" in md
 
 
 def test_sensor_requests_the_next_round(one_round):

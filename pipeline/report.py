@@ -1,0 +1,387 @@
+"""What stores hold, read back: the experiment record of a store, the list of experiments under
+some folders (`maxit runs`), and a self-contained HTML report comparing stores (`maxit report`).
+
+A store is one experiment: its tables (`round=<r>/*.parquet`), checkpoints, policy registry,
+Dagster instance (`.dagster/`), console log (`maxit.log`) and `experiment.json`, which records
+the settings `maxit run` last ran it with.
+
+The report is one HTML file with plotly.js inlined (it opens offline): Solver accuracy per
+round (each accuracy metric the evaluation table has), Verifier balanced verdict accuracy,
+trajectory success per strategy, importance-ratio diagnostics, rollout tokens/s and seconds per
+stage. Every figure draws each store in its own colour. plotly is imported only here, when a
+report is built.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import polars as pl
+
+from pipeline import store as st
+from pipeline.errors import ConfigError, DataError
+
+__all__ = [
+    "EXPERIMENT_FILE",
+    "LOG_FILE",
+    "record_experiment",
+    "read_experiment",
+    "is_store",
+    "find_stores",
+    "experiments_table",
+    "store_metrics",
+    "build_report",
+]
+
+EXPERIMENT_FILE = "experiment.json"
+"""The store's experiment record: settings, engine, when it was created and last run."""
+
+LOG_FILE = "maxit.log"
+"""The store's log of engine and library output (warnings, vLLM and Dagster log lines)."""
+
+SOLVER_METRICS = ("accuracy", "accuracy_greedy", "accuracy_hint")
+"""Solver accuracies drawn when the evaluation table has them: sampled at the run's
+temperature, greedy, and with the problem's hint in the prompt."""
+
+STAGE_ORDER = ("problems", "rollouts", "advantages", "view", "training", "evaluation", "other")
+
+# one colour per store (plotly's default qualitative palette, repeated past ten stores)
+PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880", "#FF97FF", "#FECB52")
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+
+# -- the experiment record --------------------------------------------------------------------
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def record_experiment(store: str | Path, settings, engine: str) -> dict:
+    """Write `<store>/experiment.json` with `settings` (a `pipeline.settings.Settings`) and the
+    engine; the creation time of the first record is kept. Returns the record. When the
+    settings differ from those recorded before, the record keeps the earlier ones under
+    `previous_settings` (the store's earlier rounds were made with them)."""
+    from pipeline.settings import Settings
+
+    if not isinstance(settings, Settings):
+        raise ConfigError(f"record_experiment: settings must be pipeline.settings.Settings, got {type(settings).__name__}")
+    root = Path(store)
+    old = read_experiment(root) or {}
+    values = st.jsonable(settings)
+    record = {
+        "store": str(root.resolve()),
+        "created": old.get("created", _now()),
+        "updated": _now(),
+        "engine": engine,
+        "settings": values,
+    }
+    if old.get("settings") not in (None, values):
+        record["previous_settings"] = old["settings"]
+    elif "previous_settings" in old:
+        record["previous_settings"] = old["previous_settings"]
+    root.mkdir(parents=True, exist_ok=True)
+    st.atomic_write_text(root / EXPERIMENT_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def read_experiment(store: str | Path) -> dict | None:
+    """The store's experiment record, or None when it has none (a store made before records, or
+    by hand)."""
+    path = Path(store) / EXPERIMENT_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from None
+
+
+def is_store(path: Path) -> bool:
+    """A folder is a store when it has an experiment record or a round folder."""
+    return path.is_dir() and ((path / EXPERIMENT_FILE).is_file() or any(path.glob("round=*")))
+
+
+def find_stores(roots: Iterable[str | Path], max_depth: int = 3) -> list[Path]:
+    """Stores under `roots` (each root itself, or folders up to `max_depth` levels below it),
+    sorted by path; a store's own sub-folders are not searched."""
+    found: list[Path] = []
+
+    def walk(path: Path, depth: int) -> None:
+        if is_store(path):
+            found.append(path)
+            return
+        if depth >= max_depth or not path.is_dir():
+            return
+        for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            walk(child, depth + 1)
+
+    for root in roots:
+        walk(Path(root), 0)
+    return sorted(set(found))
+
+
+def _changed_settings(values: Mapping) -> str:
+    """The settings that differ from `Settings()`'s defaults, as "name=value" pairs."""
+    from pipeline.settings import Settings
+
+    defaults = st.jsonable(Settings())
+    changed = [f"{f.name}={values[f.name]}" for f in fields(Settings) if f.name in values and values[f.name] != defaults.get(f.name)]
+    unknown = sorted(set(values) - set(defaults))  # settings of an older or newer maxit
+    changed += [f"{k}={values[k]}" for k in unknown]
+    return " ".join(changed) or "(defaults)"
+
+
+def _complete_rounds(store: Path) -> list[int]:
+    return sorted(
+        int(p.parent.name.split("=", 1)[1])
+        for p in store.glob("round=*/evaluation.parquet")
+        if p.parent.name.split("=", 1)[1].lstrip("-").isdigit() and int(p.parent.name.split("=", 1)[1]) >= 0
+    )
+
+
+def experiments_table(roots: Sequence[str | Path]) -> pl.DataFrame:
+    """One row per store under `roots`: its complete rounds, the last one's held-out Solver
+    accuracy and Verifier balanced accuracy, when it last ran, and its settings (those that
+    differ from the defaults)."""
+    rows = []
+    for store in find_stores(roots):
+        rec = read_experiment(store) or {}
+        done = _complete_rounds(store)
+        last = done[-1] if done else None
+        acc = bal = None
+        if last is not None:
+            ev = pl.read_parquet(st.table_path(store, last, "evaluation"))
+            get = lambda m: ev.filter(pl.col("metric") == m)["value"]  # noqa: E731
+            acc = float(get("accuracy")[0]) if get("accuracy").len() else None
+            bal = float(get("verdict_balanced_accuracy")[0]) if get("verdict_balanced_accuracy").len() else None
+        rows.append(
+            {
+                "store": str(store),
+                "rounds": len(done),
+                "last_round": last,
+                "solver_acc": acc,
+                "verifier_bal_acc": bal,
+                "updated": rec.get("updated", ""),
+                "engine": rec.get("engine", ""),
+                "settings": _changed_settings(rec["settings"]) if "settings" in rec else "(no experiment.json)",
+            }
+        )
+    schema = {"store": pl.String, "rounds": pl.Int64, "last_round": pl.Int64, "solver_acc": pl.Float64, "verifier_bal_acc": pl.Float64,
+              "updated": pl.String, "engine": pl.String, "settings": pl.String}
+    return pl.DataFrame(rows, schema=schema)
+
+
+# -- the metrics of a store -------------------------------------------------------------------
+
+
+def _scan(store: Path, table: str) -> pl.LazyFrame | None:
+    if not any(store.glob(f"round=*/{table}.parquet")):
+        return None
+    return st.scan_table(store, table)
+
+
+def store_metrics(store: str | Path) -> dict[str, pl.DataFrame]:
+    """The per-round series a report draws, from the store's tables (a table the store lacks
+    gives an empty frame):
+
+    - `evaluation`: round, metric, value (every Solver and Verifier metric; round -1 = start);
+    - `success`: round, strategy, success (mean global reward of the Solver's trajectories);
+    - `ratio`: round, policy_id and the overall importance-ratio diagnostics;
+    - `timings`: round, stage, seconds;
+    - `speed`: round, completion_tokens, rollout_seconds, tokens_per_s."""
+    store = Path(store)
+    out: dict[str, pl.DataFrame] = {}
+    ev = _scan(store, "evaluation")
+    out["evaluation"] = (
+        ev.select("round", "metric", "value").collect().group_by("round", "metric").agg(pl.col("value").first()).sort("round", "metric")
+        if ev is not None
+        else pl.DataFrame(schema={"round": pl.Int32, "metric": pl.String, "value": pl.Float64})
+    )
+    steps = _scan(store, "steps")
+    if steps is not None:
+        steps = steps.filter(pl.col("round") >= 0)
+        out["success"] = (
+            steps.filter(pl.col("agent_id") == "solver")
+            .group_by("round", "strategy", "traj_uid")
+            .agg(pl.col("global_reward").first())
+            .group_by("round", "strategy")
+            .agg(pl.col("global_reward").mean().alias("success"))
+            .sort("round", "strategy")
+            .collect()
+        )
+        tokens = steps.group_by("round").agg(pl.col("completion_ids").list.len().sum().cast(pl.Int64).alias("completion_tokens")).collect()
+    else:
+        out["success"] = pl.DataFrame(schema={"round": pl.Int32, "strategy": pl.String, "success": pl.Float64})
+        tokens = pl.DataFrame(schema={"round": pl.Int32, "completion_tokens": pl.Int64})
+    ratio = _scan(store, "ratio_diagnostics")
+    out["ratio"] = (
+        ratio.filter((pl.col("agent_id") == "*") & (pl.col("strategy") == "*"))
+        .select("round", "policy_id", "mean_log_ratio", "first_step_log_ratio", "clip_fraction", "ess_fraction", "kl")
+        .sort("round", "policy_id")
+        .collect()
+        if ratio is not None
+        else pl.DataFrame(schema={"round": pl.Int32, "policy_id": pl.String})
+    )
+    timings = _scan(store, "timings")
+    out["timings"] = (
+        timings.filter(pl.col("round") >= 0).select("round", "stage", "seconds").sort("round").collect()
+        if timings is not None
+        else pl.DataFrame(schema={"round": pl.Int32, "stage": pl.String, "seconds": pl.Float64})
+    )
+    rollout_s = out["timings"].filter(pl.col("stage") == "rollouts").select("round", pl.col("seconds").alias("rollout_seconds"))
+    out["speed"] = (
+        tokens.join(rollout_s, on="round", how="inner")
+        .with_columns((pl.col("completion_tokens") / pl.col("rollout_seconds")).alias("tokens_per_s"))
+        .sort("round")
+    )
+    return out
+
+
+# -- the HTML report --------------------------------------------------------------------------
+
+
+def _labels(stores: Sequence[Path]) -> list[str]:
+    """Short, distinct names of the stores: their folder names, or their paths where two share
+    a name."""
+    names = [s.name or str(s) for s in stores]
+    return [str(s) if names.count(n) > 1 else n for s, n in zip(stores, names)]
+
+
+def _figures(data: Sequence[tuple[str, str, dict[str, pl.DataFrame]]]) -> list[tuple[str, object]]:
+    """(title, plotly figure) of every section, the stores drawn in their colours."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    figs: list[tuple[str, object]] = []
+    layout = dict(template="plotly_white", height=420, legend=dict(orientation="h", y=-0.2), margin=dict(t=50, l=60, r=20, b=40))
+
+    # Solver accuracy: one colour per store, one dash per metric
+    fig = go.Figure()
+    for label, colour, m in data:
+        ev = m["evaluation"]
+        for j, metric in enumerate(SOLVER_METRICS):
+            s = ev.filter(pl.col("metric") == metric).sort("round")
+            if s.height:
+                fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s["value"].to_list(), mode="lines+markers", name=f"{label} · {metric}",
+                                         line=dict(color=colour, dash=DASHES[j % len(DASHES)]), legendgroup=label))
+    fig.update_layout(title="Solver held-out accuracy per round (round -1: the starting model)", xaxis_title="round", yaxis_title="accuracy", **layout)
+    figs.append(("solver_accuracy", fig))
+
+    # Verifier balanced verdict accuracy (plain verdict accuracy where a store has no balanced one)
+    fig = go.Figure()
+    for label, colour, m in data:
+        ev = m["evaluation"]
+        metric = "verdict_balanced_accuracy" if ev.filter(pl.col("metric") == "verdict_balanced_accuracy").height else "verdict_accuracy"
+        s = ev.filter(pl.col("metric") == metric).sort("round")
+        if s.height:
+            fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s["value"].to_list(), mode="lines+markers", name=f"{label} · {metric}", line=dict(color=colour)))
+    fig.update_layout(title="Verifier verdict balanced accuracy per round", xaxis_title="round", yaxis_title="balanced accuracy", **layout)
+    figs.append(("verifier_accuracy", fig))
+
+    # success per strategy: one panel per strategy
+    strategies = sorted({s for _, _, m in data for s in m["success"]["strategy"].to_list()})
+    if strategies:
+        fig = make_subplots(rows=1, cols=len(strategies), subplot_titles=strategies, shared_yaxes=True)
+        for label, colour, m in data:
+            for i, strategy in enumerate(strategies, 1):
+                s = m["success"].filter(pl.col("strategy") == strategy)
+                if s.height:
+                    fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s["success"].to_list(), mode="lines+markers", name=label, line=dict(color=colour),
+                                             legendgroup=label, showlegend=i == 1), row=1, col=i)
+        fig.update_layout(title="Trajectory success per strategy per round (mean global reward of the Solver's trajectories)", **layout)
+        figs.append(("success_by_strategy", fig))
+
+    # ratio diagnostics: one panel per statistic, one dash per policy
+    stats = ("mean_log_ratio", "first_step_log_ratio", "clip_fraction", "ess_fraction", "kl")
+    if any(m["ratio"].height for _, _, m in data):
+        fig = make_subplots(rows=1, cols=len(stats), subplot_titles=stats)
+        for label, colour, m in data:
+            r = m["ratio"]
+            for j, pid in enumerate(sorted(set(r["policy_id"].to_list())) if r.height else []):
+                s = r.filter(pl.col("policy_id") == pid)
+                for i, stat in enumerate(stats, 1):
+                    fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s[stat].to_list(), mode="lines+markers", name=f"{label} · {pid}",
+                                             line=dict(color=colour, dash=DASHES[j % len(DASHES)]), legendgroup=f"{label}/{pid}", showlegend=i == 1),
+                                  row=1, col=i)
+        fig.update_layout(title="Importance-ratio diagnostics of training (all agents and strategies of a policy)", **layout)
+        figs.append(("ratio_diagnostics", fig))
+
+    # rollout speed
+    if any(m["speed"].height for _, _, m in data):
+        fig = go.Figure()
+        for label, colour, m in data:
+            s = m["speed"]
+            if s.height:
+                fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s["tokens_per_s"].to_list(), mode="lines+markers", name=label, line=dict(color=colour)))
+        fig.update_layout(title="Rollout tokens/s per round (completion tokens / seconds of the rollouts stage)", xaxis_title="round", yaxis_title="tokens/s", **layout)
+        figs.append(("rollout_speed", fig))
+
+    # seconds per stage: one panel per store, stacked by stage
+    timed = [(label, m) for label, _, m in data if m["timings"].height]
+    if timed:
+        fig = make_subplots(rows=1, cols=len(timed), subplot_titles=[label for label, _ in timed], shared_yaxes=True)
+        stage_colours = dict(zip(STAGE_ORDER, PALETTE[::-1]))
+        for i, (label, m) in enumerate(timed, 1):
+            t = m["timings"]
+            for stage in STAGE_ORDER:
+                s = t.filter(pl.col("stage") == stage).sort("round")
+                if s.height:
+                    fig.add_trace(go.Bar(x=s["round"].to_list(), y=s["seconds"].to_list(), name=stage, marker_color=stage_colours[stage],
+                                         legendgroup=stage, showlegend=i == 1), row=1, col=i)
+        fig.update_layout(barmode="stack", title="Seconds per stage per round", **layout)
+        figs.append(("time_per_stage", fig))
+    return figs
+
+
+def _settings_table(labels: Sequence[str], stores: Sequence[Path]) -> str:
+    rows = []
+    for label, colour, store in zip(labels, PALETTE * (len(stores) // len(PALETTE) + 1), stores):
+        rec = read_experiment(store) or {}
+        settings = _changed_settings(rec["settings"]) if "settings" in rec else "(no experiment.json)"
+        done = _complete_rounds(store)
+        rows.append(
+            f"<tr><td><span style='color:{colour}'>&#9632;</span> {html.escape(label)}</td><td>{html.escape(str(store))}</td>"
+            f"<td>{len(done)}</td><td>{html.escape(rec.get('engine', ''))}</td><td>{html.escape(settings)}</td></tr>"
+        )
+    head = "<tr><th>store</th><th>path</th><th>complete rounds</th><th>engine</th><th>settings (non-default)</th></tr>"
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def build_report(stores: Sequence[str | Path], out: str | Path, title: str = "maxit report") -> Path:
+    """Write the HTML report of `stores` (one colour each) to `out`; returns its path. The page
+    holds plotly.js itself, so it opens without a network."""
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise ConfigError("maxit report needs plotly (a dependency of maxit: run scripts/setup.sh)") from None
+    if not stores:
+        raise ConfigError("build_report: give at least one store")
+    paths = [Path(s) for s in stores]
+    missing = [str(p) for p in paths if not is_store(p)]
+    if missing:
+        raise ConfigError(f"build_report: not a store (no round folders, no {EXPERIMENT_FILE}): {missing}")
+    labels = _labels(paths)
+    colours = [PALETTE[i % len(PALETTE)] for i in range(len(paths))]
+    data = [(label, colour, store_metrics(p)) for label, colour, p in zip(labels, colours, paths)]
+    parts = []
+    for i, (name, fig) in enumerate(_figures(data)):
+        fig.update_xaxes(dtick=1)  # rounds are whole numbers
+        parts.append(f"<section id='{name}'>" + fig.to_html(full_html=False, include_plotlyjs=i == 0, div_id=f"fig-{name}") + "</section>")
+    if not parts:
+        raise DataError(f"build_report: the stores hold no tables to draw: {[str(p) for p in paths]}")
+    style = ("body{font-family:sans-serif;margin:24px;max-width:1400px} table{border-collapse:collapse;font-size:13px}"
+             " td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top} section{margin-top:24px}")
+    page = (
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>Generated {html.escape(_now())}.</p>{_settings_table(labels, paths)}{''.join(parts)}</body></html>\n"
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    st.atomic_write_text(out, page)
+    return out
