@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.errors import MaxitError, SchemaError
+from pipeline.errors import DataError, MaxitError, SchemaError, one_line
 from pipeline.settings import LOSS_KINDS, add_setting_flags, parse_weights, setting_default
 
 __all__ = ["main", "build_parser"]
@@ -44,12 +44,11 @@ def advantage_config_from_args(args):
 
 
 def cmd_advantages(args) -> int:
-    import polars as pl
-
     from pipeline import store
     from pipeline.advantages import advantage_metrics, compute_advantages
 
     config = advantage_config_from_args(args)
+    store.check_writable(args.out, "--out")
     if args.demo:
         from pipeline.synthetic import synthetic_steps
 
@@ -64,10 +63,14 @@ def cmd_advantages(args) -> int:
         missing = [str(p) for p in paths if not p.exists()]
         if not paths or missing:
             raise MaxitError(f"--steps: no such file: {missing[0] if missing else args.steps}")
-        steps = pl.scan_parquet([str(p) for p in paths], hive_partitioning="round=" in args.steps)
+        # every file is checked (readable Parquet, the steps contract's columns) before rows are read
+        steps = store.read_tables(paths, "steps", "--steps", hive_partitioning="round=" in args.steps)
         source = ", ".join(map(str, paths))
     t0 = time.perf_counter()
-    out = compute_advantages(steps, config)
+    try:
+        out = compute_advantages(steps, config)
+    except DataError as err:  # bad rows: name the file(s) they came from
+        raise (err if args.demo else DataError(f"--steps {source}: {err}")) from None
     dt = time.perf_counter() - t0
     store.write_table(out, args.out)
     print(f"advantages of {source}")
@@ -82,7 +85,10 @@ def cmd_advantages(args) -> int:
 
 def cmd_sql(args) -> int:
     from pipeline.analysis import run_sql
+    from pipeline.store import check_table_file
 
+    for path in sorted(Path(args.store).glob("round=*/*.parquet")):
+        check_table_file(path)  # a corrupt or truncated file is named, not a DuckDB traceback
     df = run_sql(args.query, args.store)
     _print_frame(df)
     return 0
@@ -93,10 +99,18 @@ def cmd_run(args) -> int:
 
     from assets.config import RunSettings
     from assets.launch import run_rounds
+    from pipeline.models.chat import check_model_dir
     from pipeline.settings import settings_from_args
+    from pipeline.store import check_writable
 
     settings = settings_from_args(args)
     settings.run_config()  # validate every flag before anything starts
+    from pipeline.tasks import build_task
+
+    build_task(settings.task, settings.task_file, settings.prompt_file)  # a bad task or prompt file is named before anything is written
+    check_writable(args.store, "--store", "folder")
+    if settings.model_dir:
+        check_model_dir(settings.model_dir, "--model-dir")
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
@@ -138,13 +152,20 @@ def cmd_report(args) -> int:
 def cmd_rollout(args) -> int:
     import polars as pl
 
+    from pipeline.models.chat import check_model_dir
     from pipeline.rounds import RoundContext, stage_problems, stage_rollouts
     from pipeline.settings import settings_from_args
-    from pipeline.store import table_path
+    from pipeline.store import check_writable, table_path
 
     config = settings_from_args(args).run_config()
     if args.round < 0:
         raise MaxitError(f"--round must be >= 0, got {args.round}")
+    from pipeline.tasks import build_task
+
+    build_task(config.task, config.task_file, config.prompt_file)  # a bad task or prompt file is named before anything is written
+    check_writable(args.store, "--store", "folder")
+    if config.model_dir:
+        check_model_dir(config.model_dir, "--model-dir")
     ctx = RoundContext(Path(args.store), config)
     try:
         stage_rollouts(ctx, args.round, stage_problems(ctx, args.round))
@@ -160,17 +181,19 @@ def cmd_rollout(args) -> int:
 
 
 def cmd_view(args) -> int:
-    import polars as pl
-
     from pipeline import store
     from pipeline.models import default_model, load_tokenizer
+    from pipeline.models.chat import check_model_dir
     from pipeline.strategies import STRATEGY_IDS, make_strategy
     from pipeline.views import ViewConfig, build_training_view
 
     path = Path(args.advantages)
     if not path.exists():
         raise MaxitError(f"--advantages: no such file: {path}")
-    adv = pl.read_parquet(path)
+    store.check_writable(args.out, "--out")
+    if args.model_dir:
+        check_model_dir(args.model_dir, "--model-dir")
+    adv = store.read_table(path, "advantages", flag="--advantages")  # the contract: columns, nulls, unique step_ids
     # the view validates the table (missing columns, unknown strategy ids named with their step_ids)
     options = {"feedback": {"train_context": args.feedback_train_context, "first_attempt": args.feedback_first_attempt}}
     strategies = {s: make_strategy(s, **options.get(s, {})) for s in STRATEGY_IDS}
@@ -190,10 +213,18 @@ def cmd_view(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from pipeline import store
+    from pipeline.models.chat import check_model_dir
     from pipeline.training.config import LossConfig, TrainConfig
     from pipeline.training.trainer import train_from_files
 
     init = args.init
+    if init is not None:
+        check_model_dir(init, "--init")
+    store.check_writable(args.out, "--out", "atomic folder")
+    if args.store is not None:
+        store.check_writable(args.store, "--store", "folder")
+    store.check_table_file(args.view, "training_view", "--view")
     if init is None:
         from pipeline.models import default_model
 
@@ -217,6 +248,16 @@ def cmd_train(args) -> int:
 
 
 def cmd_model(args) -> int:
+    if args.action == "import":
+        from pipeline.models.importer import import_gguf
+
+        if args.file is None or args.out is None:
+            raise MaxitError("maxit model import needs FILE.gguf and --out DIR")
+        res = import_gguf(args.file, args.out, chat_template=args.chat_template, force=args.force)
+        print(f"imported {args.file}: {res.architecture}, {res.parameters / 1e6:.1f}M parameters, float32, chat template from {res.chat_template_source} -> {res.model_dir}")
+        return 0
+    if args.file is not None or args.out is not None or args.chat_template is not None:
+        raise MaxitError("FILE, --out and --chat-template belong to `maxit model import FILE.gguf --out DIR`")
     from pipeline.models import build_default_model
 
     path = build_default_model(seed=args.seed, force=args.force)
@@ -294,9 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--round", type=int, default=None, help="the round the checkpoint is registered as (with --store)")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("model", help="build (or find) the embedded default model and print its folder")
+    p = sub.add_parser("model", help="build (or find) the embedded default model and print its folder; `model import FILE.gguf --out DIR`: a GGUF file as an HF model folder")
+    p.add_argument("action", nargs="?", choices=["import"], help="import: turn FILE.gguf into a float32 HF model folder (--out)")
+    p.add_argument("file", nargs="?", metavar="FILE.gguf", help="the GGUF file to import")
+    p.add_argument("--out", default=None, metavar="DIR", help="import: the model folder to write")
+    p.add_argument("--chat-template", default=None, metavar="FILE", help="import: a Jinja chat template used instead of the GGUF's own")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--force", action="store_true")
+    p.add_argument("--force", action="store_true", help="rebuild the default model; import: replace a non-empty --out")
     p.set_defaults(func=cmd_model)
 
     p = sub.add_parser("sql", help="SQL over every round's tables (DuckDB)")
@@ -312,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (MaxitError, SchemaError, FileNotFoundError) as err:
-        print(f"maxit {args.command}: error: {err}", file=sys.stderr)
+        print(f"maxit {args.command}: error: {one_line(err)}", file=sys.stderr)
         return 2
 
 

@@ -19,7 +19,8 @@ Semantics (docs/ALGORITHMS.md; AdvantageConfig documents each switch):
 - groups of one member: A = 0, or verl's mean 0 / std 1 (`singleton="raw"`);
   groups whose members all have the same value: A = 0 exactly;
 - inactive rows and rows with a null reward: out of the statistics, A = 0, weight 0;
-- NaN or infinite rewards, and null keys, are errors naming the offending step_ids;
+- NaN or infinite rewards, null keys and duplicated step_ids are errors naming the offending
+  step_ids;
 - sample_weight is the membership weight: 1.0 for rows in the statistics, 0.0 otherwise.
   Stratified strategy weights are applied by the training view, over the rows each policy
   actually trains on (`ViewConfig.strategy_weights`), which this stage cannot know;
@@ -33,6 +34,7 @@ import polars as pl
 
 from pipeline.config import AdvantageConfig
 from pipeline.errors import DataError, SchemaError
+from schemas import duplicates_problem
 
 __all__ = ["compute_advantages", "advantage_metrics", "required_columns", "ADVANTAGE_COLUMNS"]
 
@@ -121,6 +123,11 @@ def compute_advantages(steps: pl.DataFrame | pl.LazyFrame, config: AdvantageConf
     df = steps.collect() if isinstance(steps, pl.LazyFrame) else steps
     schema = df.schema
     _check_input(schema, config)
+    # a repeated row would count twice in its group's statistics (a table of several rounds
+    # read through a round=* glob: step_ids are unique per round)
+    duplicated = duplicates_problem(df, "step_id", within="round" if "round" in schema else None)
+    if duplicated:
+        raise DataError(f"cannot compute advantages: {duplicated}")
     # The plan reads only the columns it needs and yields only the new ones; the input's other
     # columns are joined back without a copy (materializing pass-through string columns in the
     # plan would cost more than the windows themselves).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schemas import SchemaError
 
-__all__ = ["MaxitError", "ConfigError", "DataError", "SchemaError"]
+__all__ = ["MaxitError", "ConfigError", "DataError", "SchemaError", "one_line"]
 
 
 class MaxitError(Exception):
@@ -17,3 +17,15 @@ class ConfigError(MaxitError, ValueError):
 
 class DataError(MaxitError, ValueError):
     """Table contents are unusable (NaN rewards, empty groups...); the message names the rows."""
+
+
+def one_line(err: BaseException) -> str:
+    """`err`'s message on one line, for the command line: a heading line followed by one line
+    per finding ("  - a", "  - b") becomes "heading: a; b"."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    head, rest = lines[0], [line.removeprefix("- ") for line in lines[1:]]
+    if not rest:
+        return head
+    return head + (" " if head.endswith(":") else ": ") + "; ".join(rest)

@@ -19,7 +19,7 @@ gives an unscored answer, counted wrong) and with the one correctness rule `is_c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import polars as pl
@@ -27,6 +27,7 @@ import polars as pl
 from pipeline.errors import ConfigError
 from pipeline.models.chat import encode_prompt
 from pipeline.rewards import is_correct, parse_verdicts, score_attempts
+from pipeline.tasks.base import budget_of
 from pipeline.types import Problem, Sampler
 from schemas import EVALUATION, validate
 
@@ -43,8 +44,9 @@ class EvalConfig:
     """Solver samples per problem at `temperature` (standard error ~2.5 points at 200 x 2 near 50%)."""
     temperature: float = 1.0
     """Sampling temperature (the rollouts' temperature, so the number reads as what training sees)."""
-    max_tokens: int = 16
-    """Completion budget of the Solver and of the Verifier."""
+    max_tokens: int | None = None
+    """Completion budget of the Solver and of the Verifier; None = the task's
+    (`default_eval_max_tokens`: arithmetic 16, file tasks 512)."""
     seed: int = 20_261_122
     """Seed of the held-out problem draw and of the sampling."""
     hint: bool = True
@@ -57,6 +59,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         for name in ("problems", "samples", "max_tokens"):
             v = getattr(self, name)
+            if name == "max_tokens" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"EvalConfig.{name} must be an integer >= 1, got {v!r}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
@@ -94,6 +98,7 @@ def evaluate_team(
     if solver is None:
         raise ConfigError("evaluate_team needs an agent with role 'solver'")
     problems = list(problems) if problems is not None else task.problems("heldout", config.problems, config.seed)
+    config = replace(config, max_tokens=budget_of(task, config.max_tokens, "eval"))
     rows: list[dict] = []
 
     def add(agent, metric: str, value: float, n: int) -> None:

@@ -79,6 +79,8 @@ class RunConfig:
     """Task name (`pipeline.tasks.make_task`), used when `task_file` is None."""
     task_file: str | None = setting_default("task_file")
     """A local JSONL/Parquet file of problems (`pipeline.tasks.load_task_file`) instead of `task`."""
+    prompt_file: str | None = setting_default("prompt_file")
+    """A TOML/JSON prompt file over the task's own prompts (`pipeline.tasks.prompts`), or None."""
     model_dir: str | None = setting_default("model_dir")
     """Starting checkpoint of every policy (a local HF model directory with a chat template);
     None = the embedded default model (built and warm-started on first use)."""
@@ -98,8 +100,8 @@ class RunConfig:
     """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}})."""
     temperature: float = setting_default("temperature")
     """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
-    max_tokens: int = setting_default("max_tokens")
-    """Completion budget of each agent call."""
+    max_tokens: int | None = setting_default("max_tokens")
+    """Completion budget of each agent call; None = the task's (`pipeline.tasks.budget_of`)."""
     max_loop_num: int = setting_default("max_loop_num")
     """Solver/Verifier loops per sample (DrMAS's `max_loop_num`)."""
     seed: int = setting_default("seed")
@@ -122,6 +124,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         for name in ("problems", "samples", "max_tokens", "max_loop_num"):
             v = getattr(self, name)
+            if name == "max_tokens" and v is None:  # the task's default
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
         if self.engine not in ("auto", "vllm", "hf"):
@@ -201,11 +205,9 @@ class RoundContext:
 
     # -- the team ---------------------------------------------------------------------------
     def task(self):
-        from pipeline.tasks import load_task_file, make_task
+        from pipeline.tasks import build_task
 
-        if self.config.task_file:
-            return load_task_file(self.config.task_file)
-        return make_task(self.config.task)
+        return build_task(self.config.task, self.config.task_file, self.config.prompt_file)
 
     def agents(self):
         from pipeline.agents import default_agents
@@ -336,6 +338,7 @@ def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa
     """Sample the team on round r's problems under every strategy -> the `steps` table."""
     from pipeline.agents import MathOrchestra
     from pipeline.rollouts import RolloutConfig, run_rollouts, write_steps
+    from pipeline.tasks import budget_of
 
     c = ctx.config
     task = ctx.task()
@@ -343,7 +346,7 @@ def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa
     config = RolloutConfig(
         round=round_,
         temperature=c.temperature,
-        max_tokens=c.max_tokens,
+        max_tokens=budget_of(task, c.max_tokens),
         max_loop_num=c.max_loop_num,
         alpha=c.advantage.alpha,
         local_weight=c.advantage.local_weight,
@@ -450,7 +453,7 @@ def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
     samplers = ctx.samplers(checkpoints)
     tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
     c = ctx.config
-    cfg = replace(c.evaluation, temperature=c.temperature, max_tokens=c.max_tokens)
+    cfg = replace(c.evaluation, temperature=c.temperature)  # its budget: eval_max_tokens, else the task's
     df = evaluate_team(ctx.task(), ctx.agents(), samplers, tokenizers, cfg, round_)
     st.write_table(df, st.table_path(ctx.store, round_, "evaluation"), EVALUATION)
     return df

@@ -58,6 +58,12 @@ class Settings:
     # --- the team and the task ------------------------------------------------------------
     task: str = _s("arithmetic", "task name (pipeline.tasks); ignored with task_file", group="team and task")
     task_file: str | None = _s(None, "local JSONL/Parquet problems file (question/answer columns) instead of the task", group="team and task")
+    prompt_file: str | None = _s(
+        None,
+        "TOML/JSON file of prompt settings (user, system, answer_format, verifier_user, verdict...) over the task's own prompts; None = the task's",
+        group="team and task",
+        metavar="FILE",
+    )
     model_dir: str | None = _s(None, "starting checkpoint, a local HF model folder; None = the embedded tiny model", group="team and task")
     shared_policy: bool = _s(
         True,
@@ -74,7 +80,7 @@ class Settings:
         ("iid", "prompt_aug", "feedback", "tree"), "search strategies interleaved in each round", group="sampling", metavar="STRATEGY"
     )
     temperature: float = _s(1.0, "sampling temperature (training computes p_train at the same temperature)", group="sampling")
-    max_tokens: int = _s(16, "completion budget of each agent call in rollouts", group="sampling")
+    max_tokens: int | None = _s(None, "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling")
     max_loop_num: int = _s(2, "Solver/Verifier loops per sample (DrMAS's max_loop_num)", group="sampling")
     seed: int = _s(0, "seed of the problem draws and of sampling (each round derives its own)", group="sampling")
     feedback_train_context: str = _s(
@@ -148,6 +154,9 @@ class Settings:
     # --- evaluation -------------------------------------------------------------------------
     eval_problems: int = _s(200, "held-out problems evaluated after every round (the same ones each round)", group="evaluation")
     eval_samples: int = _s(2, "Solver samples per held-out problem", group="evaluation")
+    eval_max_tokens: int | None = _s(
+        None, "completion budget of the evaluation's Solver and Verifier calls; None = the task's default (arithmetic 16, task file 512)", group="evaluation"
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -225,7 +234,7 @@ class Settings:
     def eval_config(self):
         from pipeline.evaluation import EvalConfig
 
-        return EvalConfig(problems=self.eval_problems, samples=self.eval_samples)
+        return EvalConfig(problems=self.eval_problems, samples=self.eval_samples, max_tokens=self.eval_max_tokens)
 
     def strategy_options(self) -> dict[str, dict[str, Any]]:
         return {"feedback": {"train_context": self.feedback_train_context, "first_attempt": self.feedback_first_attempt}}
@@ -253,6 +262,7 @@ class Settings:
         return RunConfig(
             task=self.task,
             task_file=self.task_file,
+            prompt_file=self.prompt_file,
             model_dir=self.model_dir,
             shared_policy=self.shared_policy,
             engine=self.engine,

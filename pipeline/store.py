@@ -22,13 +22,17 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas import TableSchema, validate
+from pipeline.errors import ConfigError, DataError
+from schemas import SchemaError, TableSchema, validate, validate_columns
 
 __all__ = [
     "round_dir",
     "table_path",
     "write_table",
     "read_table",
+    "read_tables",
+    "check_table_file",
+    "check_writable",
     "scan_table",
     "atomic_dir",
     "atomic_write_text",
@@ -94,15 +98,99 @@ def write_table(
     return path
 
 
-def read_table(path: str | Path, schema: TableSchema | str | None = None) -> pl.DataFrame:
-    """Read a Parquet table into Polars, validating it when a schema is given."""
+# what Polars, pyarrow and the OS raise on a file that is not (or no longer) a Parquet file
+_READ_ERRORS = (pl.exceptions.PolarsError, pa.ArrowException, OSError)
+
+
+def _label(flag: str | None, path: Path) -> str:
+    return f"{flag} {path}" if flag else str(path)
+
+
+def _unreadable(path: Path, flag: str | None, err: BaseException) -> DataError:
+    reason = " ".join(str(err).split()) or type(err).__name__
+    return DataError(f"{_label(flag, path)}: not a readable Parquet file (corrupt or truncated?): {reason}")
+
+
+def check_table_file(path: str | Path, schema: TableSchema | str | None = None, flag: str | None = None) -> pa.Schema:
+    """The Arrow schema of the Parquet file at `path`, read from its footer only (no rows).
+
+    A missing file is a `FileNotFoundError`, a file that is not Parquet (or was cut short: its
+    footer is at the end) a `DataError`, and with `schema` a missing or mistyped contract column
+    a `SchemaError`; every message names the file (and `flag`, the option that gave it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{_label(flag, path)}: no such file" + (" (it is a folder)" if path.is_dir() else ""))
+    try:
+        arrow_schema = pq.read_schema(path)
+    except _READ_ERRORS as err:
+        raise _unreadable(path, flag, err) from None
+    if schema is not None:
+        validate_columns(arrow_schema, schema, source=_label(flag, path))
+    return arrow_schema
+
+
+def read_table(path: str | Path, schema: TableSchema | str | None = None, flag: str | None = None) -> pl.DataFrame:
+    """Read a Parquet table into Polars, validating it when a schema is given. An unreadable
+    file is a `DataError` and a table that breaks the contract a `SchemaError`, both naming the
+    file (and `flag`, the option that gave it)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no table at {path}")
-    df = pl.read_parquet(path)
+        raise FileNotFoundError(f"no table at {path}" if flag is None else f"{flag} {path}: no such file")
+    try:
+        df = pl.read_parquet(path)
+    except _READ_ERRORS as err:
+        raise _unreadable(path, flag, err) from None
     if schema is not None:
-        validate(df, schema)
+        try:
+            validate(df, schema)
+        except SchemaError as err:
+            raise err.with_source(_label(flag, path)) from None
     return df
+
+
+def read_tables(
+    paths: list[str | Path], schema: TableSchema | str | None = None, flag: str | None = None, hive_partitioning: bool = False
+) -> pl.DataFrame:
+    """Several Parquet files as one Polars frame (e.g. every round's steps). Each file's footer
+    is checked first (`check_table_file`: readable, and with `schema` the contract's columns and
+    types), so a bad file is named before any rows are read; a file whose rows turn out
+    unreadable is named too. Values (nulls, duplicate ids) are the caller's to check."""
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        check_table_file(path, schema, flag)
+    try:
+        return pl.scan_parquet([str(p) for p in paths], hive_partitioning=hive_partitioning).collect()
+    except _READ_ERRORS as err:
+        for path in paths:  # which file? (only on this error path: each is read on its own)
+            try:
+                pl.read_parquet(path)
+            except _READ_ERRORS as file_err:
+                raise _unreadable(path, flag, file_err) from None
+        raise DataError(f"{flag or 'tables'} {', '.join(map(str, paths))}: cannot be read together: {' '.join(str(err).split())}") from None
+
+
+def check_writable(path: str | Path, flag: str, kind: str = "file") -> Path:
+    """Check, before any work, that `path` can be written, without writing anything. `kind`:
+    "file" (a table or report written atomically beside it), "folder" (a store: entries are
+    added inside it) or "atomic folder" (a checkpoint: built beside it and renamed into place).
+    `path` must not be the other kind of entry, and the folder the new entries go in (or its
+    nearest existing ancestor, when it is still to be created) must be a writable folder.
+    Raises `ConfigError` naming `flag` and the path."""
+    path = Path(path)
+    if kind not in ("file", "folder", "atomic folder"):
+        raise ValueError(f"kind must be 'file', 'folder' or 'atomic folder', got {kind!r}")
+    if kind == "file" and path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a folder; give the path of a file")
+    if kind != "file" and path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path}: is an existing file, not a folder")
+    parent = path if kind == "folder" and path.exists() else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {path}: cannot be created, {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: cannot be written, folder {parent} is not writable")
+    return path
 
 
 def scan_table(store: str | Path, table: str) -> pl.LazyFrame:

@@ -28,6 +28,8 @@ __all__ = [
     "TableSchema",
     "SchemaError",
     "validate",
+    "validate_columns",
+    "duplicates_problem",
     "to_arrow",
 ]
 
@@ -194,12 +196,19 @@ SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (PROBLEMS, STEPS, ADVANTAG
 
 
 class SchemaError(ValueError):
-    """A table does not meet its contract. `problems` lists every finding, one line each."""
+    """A table does not meet its contract. `problems` lists every finding, one line each;
+    `source` names where the table came from (its file), when known."""
 
-    def __init__(self, table: str, problems: list[str]):
+    def __init__(self, table: str, problems: list[str], source: str | None = None):
         self.table = table
         self.problems = problems
-        super().__init__(f"table {table!r} does not match its schema:\n  - " + "\n  - ".join(problems))
+        self.source = source
+        where = f" ({source})" if source else ""
+        super().__init__(f"table {table!r}{where} does not match its schema:\n  - " + "\n  - ".join(problems))
+
+    def with_source(self, source: str) -> "SchemaError":
+        """The same findings, naming `source` (e.g. the file the table was read from)."""
+        return SchemaError(self.table, self.problems, source)
 
 
 def _canonical(t: pa.DataType) -> pa.DataType:
@@ -306,6 +315,59 @@ def _nested_null_problems(table: pa.Table, field: pa.Field, row_id: str | None) 
     return [f"{where} holds a null in {_row_ids(table, pa.array(mask), row_id)}" for where, mask in found.items() if mask.any()]
 
 
+def duplicates_problem(data, column: str, within: str | None = None, limit: int = 10) -> str | None:
+    """None if `column` of `data` (a pyarrow Table or a Polars DataFrame) holds no value twice
+    (with `within`, e.g. "round": twice for one value of that column), else a line naming the
+    column and the first `limit` duplicated values. Cheap when there are none (the common case):
+    one pass counting distinct 64-bit hashes; only when two hashes are equal are the values
+    themselves compared."""
+    import polars as pl
+
+    cols = [column] + ([within] if within else [])
+    frame = data.select(cols) if isinstance(data, pl.DataFrame) else pl.from_arrow(to_arrow(data).select(cols))
+    hashes = frame[column].hash(seed=0x5EED)
+    if within:
+        hashes = hashes ^ frame[within].hash(seed=0x5EED2)
+    if hashes.n_unique() == frame.height:
+        return None
+    dup = frame.filter(frame.is_duplicated()).unique(maintain_order=True)
+    if dup.height == 0:  # different values shared a hash
+        return None
+    shown = ", ".join(repr(r[0]) + (f" ({within} {r[1]})" if within else "") for r in dup.head(limit).iter_rows())
+    more = f" and {dup.height - limit} more" if dup.height > limit else ""
+    return f"column {column!r} must be unique{f' per {within}' if within else ''}; duplicated: {shown}{more}"
+
+
+def _schema_of(schema: TableSchema | str) -> TableSchema:
+    if isinstance(schema, str):
+        if schema not in SCHEMAS:
+            raise KeyError(f"unknown table {schema!r}; known: {sorted(SCHEMAS)}")
+        schema = SCHEMAS[schema]
+    return schema
+
+
+def _column_problems(actual: pa.Schema, schema: TableSchema) -> list[str]:
+    problems: list[str] = []
+    for field in schema.schema:
+        if field.name not in actual.names:
+            problems.append(f"missing column {field.name!r} ({field.type})")
+        elif not _same_type(actual.field(field.name).type, field.type):
+            problems.append(f"column {field.name!r} has type {actual.field(field.name).type}, expected {field.type}")
+    return problems
+
+
+def validate_columns(actual: pa.Schema, schema: TableSchema | str, source: str | None = None) -> pa.Schema:
+    """Return `actual` if it has every column of `schema` with its type, else raise `SchemaError`
+    naming each missing or mistyped column (and `source`). Only the columns are checked, not
+    the values: a Parquet file's schema (its footer) can be checked this way before its rows are
+    read."""
+    schema = _schema_of(schema)
+    problems = _column_problems(actual, schema)
+    if problems:
+        raise SchemaError(schema.name, problems, source)
+    return actual
+
+
 def validate(data: T, schema: TableSchema | str) -> T:
     """Return `data` unchanged if it meets `schema`, else raise `SchemaError` listing every
     missing column, every column of the wrong type, every null in a non-nullable column or
@@ -314,32 +376,23 @@ def validate(data: T, schema: TableSchema | str) -> T:
 
     `data` is a pyarrow Table or a Polars DataFrame/LazyFrame (a LazyFrame is collected to be
     checked, and returned as it was given)."""
-    if isinstance(schema, str):
-        if schema not in SCHEMAS:
-            raise KeyError(f"unknown table {schema!r}; known: {sorted(SCHEMAS)}")
-        schema = SCHEMAS[schema]
+    schema = _schema_of(schema)
     import pyarrow.compute as pc
 
     table = to_arrow(data)
-    problems: list[str] = []
+    problems = _column_problems(table.schema, schema)
     for field in schema.schema:
-        if field.name not in table.column_names:
-            problems.append(f"missing column {field.name!r} ({field.type})")
+        if field.name not in table.column_names or not _same_type(table.schema.field(field.name).type, field.type):
             continue
         col = table.column(field.name)
-        if not _same_type(col.type, field.type):
-            problems.append(f"column {field.name!r} has type {col.type}, expected {field.type}")
-            continue
         if not field.nullable and col.null_count:
             problems.append(f"column {field.name!r} is null in {_row_ids(table, pc.is_null(col), schema.row_id)}")
         problems.extend(_nested_null_problems(table, field, schema.row_id))
     for key in schema.unique:
         if key in table.column_names and table.num_rows:
-            counts = pc.value_counts(table.column(key))
-            dup = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1)).to_pylist()
-            if dup:
-                shown = ", ".join(repr(d) for d in dup[:10])
-                problems.append(f"column {key!r} must be unique; duplicated: {shown}" + (f" and {len(dup) - 10} more" if len(dup) > 10 else ""))
+            problem = duplicates_problem(table, key)
+            if problem:
+                problems.append(problem)
     if problems:
         raise SchemaError(schema.name, problems)
     return data

@@ -143,3 +143,31 @@ def test_row_reward_mixes_and_propagates_nulls():
     r = row_reward(2.0, Outcome(None, "E1"), Outcome(None, "E2"))
     assert r.reward_error == "global_reward: E1; local_reward: E2"
     assert not math.isnan(row_reward(1.0, Outcome(0.0), Outcome(0.0)).reward)
+
+
+def test_a_hanging_or_raising_file_task_reward_is_null_with_a_named_error(tmp_path, monkeypatch):
+    """The file task's answer check (math-verify) runs under the rollouts' guard: a check that
+    hangs past the timeout or raises gives a null reward and a `reward_error`, the rest go on."""
+    import json
+
+    from pipeline.tasks import files, load_task_file
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"question": "Half of one?", "answer": "\\frac{1}{2}"}) + "\n")
+    task = load_task_file(path)
+    [p] = task.problems("train", 1, 0) or task.problems("heldout", 1, 0)
+
+    def check(reference, text):
+        if text == "hang":
+            time.sleep(3)
+        if text == "boom":
+            raise RecursionError("sympy went too deep")
+        return text == "1/2"
+
+    monkeypatch.setattr(files, "math_verify_equal", check)
+    t0 = time.monotonic()
+    out = score_attempts(task, [(p, "hang"), (p, "boom"), (p, "1/2"), (p, "3")], timeout=0.3)
+    assert time.monotonic() - t0 < 2.5
+    assert [o.value for o in out] == [None, None, 1.0, 0.0]
+    assert out[0].error == "reward timed out after 0.3s"
+    assert out[1].error == "RecursionError: sympy went too deep"

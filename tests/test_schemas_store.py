@@ -6,11 +6,12 @@ import os
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline import store
 from pipeline.synthetic import synthetic_steps
-from schemas import STEPS, SchemaError, validate
+from schemas import STEPS, SchemaError, duplicates_problem, validate, validate_columns
 
 
 @pytest.fixture
@@ -64,6 +65,27 @@ def test_large_string_and_list_variants_are_accepted(steps):
     table = steps.to_arrow()  # polars writes large_string / large_list
     assert pa.types.is_large_string(table.schema.field("uid").type) or pa.types.is_string_view(table.schema.field("uid").type)
     validate(table, STEPS)
+
+
+def test_a_parquet_footer_is_checked_against_the_contract_without_its_rows(tmp_path, steps):
+    path = tmp_path / "steps.parquet"
+    steps.drop("traj_uid").with_columns(pl.col("turn").cast(pl.Int64)).write_parquet(path)
+    with pytest.raises(SchemaError) as err:
+        validate_columns(pq.read_schema(path), "steps", source=str(path))
+    assert err.value.problems == ["missing column 'traj_uid' (string)", "column 'turn' has type int64, expected int32"]
+    assert f"table 'steps' ({path}) does not match" in str(err.value)
+    with pytest.raises(SchemaError, match=f"--steps {path}"):
+        store.check_table_file(path, STEPS, flag="--steps")
+    steps.write_parquet(path)
+    assert store.check_table_file(path, STEPS).names == steps.columns
+
+
+def test_duplicates_are_named_over_chunks_and_nulls():
+    table = pa.table({"step_id": pa.chunked_array([["a", "b", None], ["c", "a", None]]), "round": pa.chunked_array([[0, 0, 0], [0, 1, 0]])})
+    assert duplicates_problem(table, "step_id") == "column 'step_id' must be unique; duplicated: 'a', None"
+    assert duplicates_problem(table, "step_id", within="round") == "column 'step_id' must be unique per round; duplicated: None (round 0)"
+    assert duplicates_problem(pl.DataFrame({"step_id": [f"s{i}" for i in range(15)] * 2}), "step_id", limit=3).endswith("'s0', 's1', 's2' and 12 more")
+    assert duplicates_problem(pl.DataFrame({"step_id": ["a", "b"]}), "step_id") is None
 
 
 def test_write_table_is_atomic_and_validated(tmp_path, steps):

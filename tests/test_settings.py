@@ -54,6 +54,7 @@ def test_every_setting_is_a_flag_and_a_dagster_field():
         (["--loss", "ppo", "--alpha", "0.5", "--local-weight", "0"], {"loss": "ppo", "alpha": 0.5, "local_weight": 0.0}),
         (["--feedback-first-attempt", "skip", "--max-tokens", "8"], {"feedback_first_attempt": "skip", "max_tokens": 8}),
         (["--strategy-weights", "iid=3", "tree=1", "--loss", "is", "--anchor", "proximal"], {"strategy_weights": ("iid=3", "tree=1"), "loss": "is", "anchor": "proximal"}),
+        (["--eval-max-tokens", "64", "--prompt-file", "p.toml"], {"eval_max_tokens": 64, "prompt_file": "p.toml"}),
     ],
 )
 def test_flags_give_the_same_run_as_the_settings(argv, values):
@@ -140,3 +141,107 @@ def test_relabel_verdicts_is_an_rs_setting():
     assert Settings(relabel_verdicts=True).view_config().relabel_verdicts
     with pytest.raises(ConfigError, match="relabel_verdicts.*--loss rs"):
         Settings(relabel_verdicts=True, loss="ppo").run_config()
+
+
+# -- completion budgets and prompt files ------------------------------------------------------
+GSM8K_SAMPLE = "tests/data/gsm8k/train_sample.jsonl"
+
+
+@dataclasses.dataclass
+class _BudgetSampler:
+    """Answers "7" to everything and records the budget of every call."""
+
+    budgets: list = dataclasses.field(default_factory=list)
+    prompts: list = dataclasses.field(default_factory=list)
+    engine: str = "fake"
+    model_dir: object = None
+    model_version: str = "fake-v0"
+
+    def __post_init__(self):
+        from tests.fakes import FakeTokenizer
+
+        self.tokenizer = FakeTokenizer()
+
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
+        from pipeline.types import Sample
+
+        self.budgets.append(max_tokens)
+        self.prompts.extend(self.tokenizer.decode(p) for p in prompt_ids)
+        return [[Sample(token_ids=[ord("7"), 0], logprobs=[-0.5, -0.1], text="7", finish_reason="stop") for _ in range(n)] for _ in prompt_ids]
+
+    def load_checkpoint(self, model_dir):
+        self.model_dir = model_dir
+
+    def close(self):
+        pass
+
+
+def _context(tmp_path, model_dir, **settings):
+    from pipeline.rounds import EnginePool, RoundContext
+
+    sampler = _BudgetSampler()
+
+    class Pool(EnginePool):
+        def get(self, policy_id, path):
+            return sampler
+
+    values = dict(problems=2, samples=2, strategies=("iid",), eval_problems=2, eval_samples=1, model_dir=str(model_dir))
+    values.update(settings)
+    return RoundContext(tmp_path, Settings(**values).run_config(), Pool("hf")), sampler
+
+
+def test_budgets_are_the_tasks_unless_set():
+    from pipeline.tasks import budget_of, load_task_file, make_task
+
+    assert Settings().max_tokens is None and Settings().eval_max_tokens is None and RunConfig().max_tokens is None
+    arithmetic, gsm8k = make_task("arithmetic"), load_task_file(GSM8K_SAMPLE)
+    assert (budget_of(arithmetic, None), budget_of(arithmetic, None, "eval")) == (16, 16)
+    assert (budget_of(gsm8k, None), budget_of(gsm8k, None, "eval")) == (512, 512)
+    assert budget_of(gsm8k, 40) == budget_of(arithmetic, 40, "eval") == 40
+    with pytest.raises(ConfigError, match="max_tokens"):
+        Settings(max_tokens=0).run_config()
+    with pytest.raises(ConfigError, match="max_tokens"):
+        Settings(eval_max_tokens=0).run_config()
+
+
+@pytest.mark.parametrize(
+    "settings, rollout_budget, eval_budget",
+    [({}, 16, 16), ({"task_file": GSM8K_SAMPLE}, 512, 512), ({"max_tokens": 24}, 24, 16), ({"task_file": GSM8K_SAMPLE, "eval_max_tokens": 300}, 512, 300)],
+    ids=["arithmetic", "file", "max_tokens", "eval_max_tokens"],
+)
+def test_budgets_reach_the_rollout_and_evaluation_stages(tmp_path, tiny_model_dir, settings, rollout_budget, eval_budget):
+    from pipeline.rounds import BASE_ROUND, stage_evaluation, stage_problems, stage_rollouts
+
+    ctx, sampler = _context(tmp_path, tiny_model_dir, **settings)
+    stage_rollouts(ctx, 0, stage_problems(ctx, 0))
+    assert set(sampler.budgets) == {rollout_budget}
+    sampler.budgets.clear()
+    stage_evaluation(ctx, BASE_ROUND)
+    assert set(sampler.budgets) == {eval_budget}
+
+
+def test_prompt_file_reaches_the_stages_and_the_cli(tmp_path, tiny_model_dir):
+    from pipeline.rounds import stage_problems, stage_rollouts
+
+    prompt = tmp_path / "prompts.toml"
+    prompt.write_text('user = "Q: {question}\\nThink, then answer."\n')
+    ctx, sampler = _context(tmp_path / "store", tiny_model_dir, prompt_file=str(prompt))
+    assert ctx.config.prompt_file == str(prompt)
+    problems = stage_problems(ctx, 0)
+    stage_rollouts(ctx, 0, problems)
+    question = problems["question"][0]
+    assert any(f"Q: {question}\nThink, then answer." in p for p in sampler.prompts)
+    assert dagster_settings(Settings(prompt_file=str(prompt))).run_config().prompt_file == str(prompt)
+    args = build_parser().parse_args(["rollout", "--store", "x", "--prompt-file", str(prompt), "--max-tokens", "9"])
+    assert settings_from_args(args).run_config().prompt_file == str(prompt) and settings_from_args(args).max_tokens == 9
+
+
+def test_a_bad_prompt_file_stops_run_and_rollout_before_anything_is_written(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('usr = "{question}"\n')
+    for argv in (["run", "--rounds", "1"], ["rollout"]):
+        store = tmp_path / argv[0]
+        assert main([*argv, "--store", str(store), "--prompt-file", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert "prompt_file" in err and "bad.toml" in err and "'usr'" in err
+        assert not store.exists()

@@ -132,12 +132,12 @@ def test_file_task_from_parquet_with_custom_columns_and_splits(tmp_path):
     import pyarrow.parquet as pq
 
     path = tmp_path / "p.parquet"
-    pq.write_table(pa.table({"q": ["2+2?", "capital of France?", "3*3?"], "a": ["4", "Paris", None], "s": ["train", "test", "train"]}), path)
+    pq.write_table(pa.table({"q": ["2+2?", "capital of France?", "3*3?"], "a": ["4", "Paris", "####"], "s": ["train", "test", "train"]}), path)
     t = make_task("file", path=str(path), question_col="q", answer_col="a", split_col="s")
     train, held = t.problems("train", 10, 0), t.problems("heldout", 10, 0)
     assert sorted(p.question for p in train) == ["2+2?", "3*3?"] and [p.question for p in held] == ["capital of France?"]
     assert t.reward(held[0], "It is paris") == 0.0 and t.reward(held[0], "paris") == 1.0
-    no_ref = next(p for p in train if p.question == "3*3?")
+    no_ref = next(p for p in train if p.question == "3*3?")  # "####" with nothing after: no answer extracted
     assert t.reward(no_ref, "9") is None
     with pytest.raises(ConfigError, match="column 'question'"):
         load_task_file(path)
@@ -169,14 +169,12 @@ def test_both_tasks_share_the_math_task_behaviour(make):
     for method in SHARED:
         assert getattr(type(t), method) is getattr(MathTask, method), method
     for p in t.problems("train", 3, 0):
-        assert t.solver_messages(p) == [{"role": "user", "content": p.question}]
-        assert t.verifier_messages(p, " 7 ") == [
-            {"role": "user", "content": f"{p.question}\nProposed answer: 7\nIs it right? Answer yes or no."}
-        ]
+        assert t.solver_messages(p) == t.prompts.solver_messages(p.question)
+        assert t.verifier_messages(p, " 7 ") == t.prompts.verifier_messages(p.question, "7")
         right, wrong = p.answer, str(int(p.answer) + 1)
         assert t.reward(p, right) == 1.0 and t.reward(p, wrong) == 0.0
-        assert t.feedback_message(p, right) == {"role": "user", "content": RIGHT_FEEDBACK}
-        assert t.feedback_message(p, wrong) == {"role": "user", "content": WRONG_FEEDBACK}
+        assert t.feedback_message(p, right) == {"role": "user", "content": t.prompts.fill(t.prompts.right_feedback)}
+        assert t.feedback_message(p, wrong) == {"role": "user", "content": t.prompts.fill(t.prompts.wrong_feedback)}
     assert (t.parse_verdict("Yes."), t.parse_verdict("no"), t.parse_verdict("maybe")) == (True, False, None)
 
 
@@ -185,14 +183,16 @@ def test_file_task_feedback_follows_its_text_reward(tmp_path):
     and an unscorable attempt (no reference answer) gets the wrong-answer feedback."""
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"question": "capital of France?", "answer": "Paris"}) + "\n"
-                    + json.dumps({"question": "capital of Spain?", "answer": ""}) + "\n")
+                    + json.dumps({"question": "capital of Spain?", "answer": "####"}) + "\n")
     t = make_task(str(path))
     assert isinstance(t, FileTask)
     by_q = {p.question: p for p in t.problems("train", 2, 0) + t.problems("heldout", 2, 0)}
     paris, blank = by_q["capital of France?"], by_q["capital of Spain?"]
-    assert t.feedback_message(paris, "I think\n paris ")["content"] == RIGHT_FEEDBACK
-    assert t.feedback_message(paris, "paris?")["content"] == WRONG_FEEDBACK
-    assert t.reward(blank, "Madrid") is None and t.feedback_message(blank, "Madrid")["content"] == WRONG_FEEDBACK
+    right, wrong = (t.prompts.fill(x) for x in (t.prompts.right_feedback, t.prompts.wrong_feedback))
+    assert right.startswith("That is right.") and wrong.startswith("That is wrong.")
+    assert t.feedback_message(paris, "I think\n paris ")["content"] == right
+    assert t.feedback_message(paris, "paris?")["content"] == wrong
+    assert t.reward(blank, "Madrid") is None and t.feedback_message(blank, "Madrid")["content"] == wrong
 
 
 class _ParityTask(MathTask):
@@ -238,3 +238,194 @@ def test_a_subclass_without_problems_or_reward_cannot_be_built():
     for cls in (NoReward, NoProblems, MathTask):
         with pytest.raises(TypeError, match="abstract"):
             cls()
+
+
+# -- prompts ------------------------------------------------------------------------------------
+from pipeline.errors import DataError  # noqa: E402
+from pipeline.tasks import ARITHMETIC_PROMPTS, CHAIN_OF_THOUGHT_PROMPTS, PromptTemplate, load_prompt_file, parse_marked_verdict  # noqa: E402
+from pipeline.tasks.files import math_answer_reward  # noqa: E402
+
+
+def test_arithmetic_prompts_are_the_ones_the_default_model_knows(task):
+    """The exact texts the embedded model is warm-started on, and its first-word verdicts."""
+    p = task.make_problem(123, "+", 45)
+    assert task.prompts is ARITHMETIC_PROMPTS
+    assert task.solver_messages(p) == [{"role": "user", "content": "123+45="}]
+    assert task.verifier_messages(p, " 168 \n") == [{"role": "user", "content": "123+45=\nProposed answer: 168\nIs it right? Answer yes or no."}]
+    assert task.feedback_message(p, "168") == {"role": "user", "content": "That is right. Say it again."}
+    assert [task.parse_verdict(t) for t in ("yes", "No!", "Verdict: yes", "well yes", "")] == [True, False, None, None, None]
+
+
+def test_file_task_prompts_are_chain_of_thought():
+    t = load_task_file(GSM8K_SAMPLE)
+    p = t.problems("train", 1, 0)[0]
+    [solver] = t.solver_messages(p)
+    assert solver["role"] == "user" and solver["content"].startswith(p.question) and "step by step" in solver["content"]
+    assert '"#### <number>"' in solver["content"]
+    solution = "First, 48/2 = 24.\nThen 48 + 24 = 72.\n#### 72"
+    [verifier] = t.verifier_messages(p, solution + "\n")
+    assert p.question in verifier["content"] and solution in verifier["content"] and '"Verdict: yes"' in verifier["content"]
+    assert "####" in t.feedback_message(p, "#### 1")["content"]
+    assert t.parse_verdict("The steps hold.\nVerdict: yes") is True and t.parse_verdict("Verdict: no") is False
+
+
+@pytest.mark.parametrize(
+    "text, verdict",
+    [("Step 1 is right.\nVerdict: yes", True), ("**Verdict:** No", False), ("verdict - YES.", True), ("yes", True), ("No.", False),
+     ("Verdict: no. On second thought, Verdict: yes", True), ("I checked every step.\nYes", True), ("I checked.\nno.", False),
+     ("maybe", None), ("", None), ("The answer is not correct", None), ("Verdict: unsure", None)],
+)
+def test_marked_verdicts(text, verdict):
+    assert parse_marked_verdict(text) is verdict
+
+
+def test_placeholders_are_filled_once():
+    t = PromptTemplate(user="Q: {question} ({answer_format})", answer_format="end with #### n", verifier_user="{question} -> {solution}")
+    assert t.solver_messages("what is {solution}?") == [{"role": "user", "content": "Q: what is {solution}? (end with #### n)"}]
+    assert t.verifier_messages("q", " {question} ") == [{"role": "user", "content": "q -> {question}"}]
+    assert PromptTemplate(user="{question}", system="Be brief. {answer_format}", answer_format="A").solver_messages("q") == [
+        {"role": "system", "content": "Be brief. A"}, {"role": "user", "content": "q"}]
+
+
+def test_prompt_files_override_the_tasks_prompts(tmp_path):
+    toml = tmp_path / "p.toml"
+    toml.write_text('system = "You are a careful solver."\nuser = """Problem: {question}\n\\\\boxed{{}} your answer."""\nverdict = "marked"\n')
+    t = make_task("arithmetic", prompt_file=toml)
+    p = t.make_problem(12, "+", 30)
+    assert t.solver_messages(p) == [{"role": "system", "content": "You are a careful solver."},
+                                    {"role": "user", "content": "Problem: 12+30=\n\\boxed{{}} your answer."}]
+    assert t.verifier_messages(p, "42") == ARITHMETIC_PROMPTS.verifier_messages("12+30=", "42")  # keys left out keep the task's
+    assert t.parse_verdict("hm.\nVerdict: yes") is True
+    js = tmp_path / "p.json"
+    js.write_text(json.dumps({"verifier_user": "Solution: {solution}\nOK?", "verifier_system": None}))
+    f = load_task_file(GSM8K_SAMPLE, prompt_file=js)
+    q = f.problems("train", 1, 0)[0]
+    assert f.verifier_messages(q, "x") == [{"role": "user", "content": "Solution: x\nOK?"}]
+    assert f.solver_messages(q) == CHAIN_OF_THOUGHT_PROMPTS.solver_messages(q.question)
+    assert make_task(str(GSM8K_SAMPLE), prompt_file=js).prompts == f.prompts
+
+
+@pytest.mark.parametrize(
+    "name, content, match",
+    [("a.toml", 'usr = "{question}"', r"unknown key\(s\) \['usr'\]"),
+     ("b.toml", 'user = "no placeholder"', r"user must hold the placeholder \{question\}"),
+     ("c.json", '{"verifier_user": "{question}"}', r"verifier_user must hold the placeholder \{solution\}"),
+     ("d.toml", 'verdict = "last_word"', "verdict must be one of"),
+     ("e.toml", "user = [1, 2]", "user must be a string"),
+     ("f.toml", "user = ", "is not valid TOML"),
+     ("g.json", "[1]", "must hold a table"),
+     ("h.yaml", "user: x", r"must end in \.toml or \.json")],
+)
+def test_bad_prompt_files_name_the_file_and_key(tmp_path, name, content, match):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=match) as info:
+        load_prompt_file(path, ARITHMETIC_PROMPTS)
+    assert name in str(info.value)
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_prompt_file(tmp_path / "missing.toml", ARITHMETIC_PROMPTS)
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes('user = "caf\xe9 {question}"'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="latin.toml is not UTF-8"):
+        load_prompt_file(latin, ARITHMETIC_PROMPTS)
+
+
+# -- answer checking (math-verify with the exact match) -------------------------------------------
+@pytest.mark.parametrize(
+    "reference, completion, reward",
+    [("72", "24 + 48 = 72\n#### 72", 1.0), ("72", "#### 72.00", 1.0), ("72", "#### 73", 0.0), ("72", "so 48.", 0.0),
+     ("0.5", "So x = \\frac{1}{2}.", 1.0), ("1/2", "The answer is $\\boxed{0.5}$", 1.0), ("\\frac{3}{4}", "#### 3/4", 1.0),
+     ("\\sqrt{2}", "\\boxed{\\sqrt 2}", 1.0), ("\\sqrt{2}", "\\boxed{2}", 0.0), ("Paris", "it is\nparis", 1.0), ("Paris", "Rome", 0.0),
+     ("1234", "The total is 1,234.", 1.0), ("72", "", 0.0)],
+)
+def test_math_answer_reward(reference, completion, reward):
+    assert math_answer_reward(reference, completion) == reward
+
+
+def test_file_task_rewards_latex_answers_on_a_worker_thread(tmp_path):
+    """The rollouts score rewards on a thread (the time-limit guard): math-verify's signal-based
+    limits must be off there, or every LaTeX answer would be scored wrong."""
+    from pipeline.rewards import score_attempts
+
+    path = tmp_path / "frac.jsonl"
+    path.write_text(json.dumps({"question": "Half of one?", "answer": "\\frac{1}{2}"}) + "\n")
+    t = load_task_file(path, split_col=None, heldout_fraction=0.5)
+    [p] = t.problems("train", 1, 0) or t.problems("heldout", 1, 0)
+    out = score_attempts(t, [(p, "It is $0.5$"), (p, "\\boxed{\\frac{2}{4}}"), (p, "#### 2")], timeout=30.0)
+    assert [(o.value, o.error) for o in out] == [(1.0, None), (1.0, None), (0.0, None)]
+
+
+# -- bad task files ---------------------------------------------------------------------------------
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("content", [b"", b"\n \n"])
+def test_an_empty_task_file_is_named(tmp_path, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match="empty.jsonl is empty"):
+        load_task_file(path)
+
+
+def test_a_parquet_task_file_without_rows_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "none.parquet"
+    pq.write_table(pa.table({"question": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), path)
+    with pytest.raises(DataError, match="none.parquet has no rows"):
+        load_task_file(path)
+
+
+@pytest.mark.parametrize("missing, setting", [("question", "question_col"), ("answer", "answer_col")])
+def test_a_missing_column_is_named_with_its_setting(tmp_path, missing, setting):
+    row = {"question": "1+1?", "answer": "2"}
+    del row[missing]
+    path = _write(tmp_path / "cols.jsonl", [row])
+    with pytest.raises(ConfigError, match=rf"column '{missing}' not in .*cols.jsonl \({setting}; the file's columns"):
+        load_task_file(path)
+
+
+def test_empty_answers_name_their_rows(tmp_path):
+    rows = [{"question": f"{i}+1?", "answer": str(i + 1)} for i in range(14)]
+    rows[3]["answer"] = ""
+    path = _write(tmp_path / "one.jsonl", rows)
+    with pytest.raises(DataError, match=r"one.jsonl: row 3 has an empty 'answer' \(answer_col\)"):
+        load_task_file(path)
+    for i in (1, 5, 6, 7, 8, 9, 10, 11, 12, 13):
+        rows[i]["answer"] = None if i % 2 else "  "
+    path = _write(tmp_path / "many.jsonl", rows)
+    with pytest.raises(DataError, match=r"many.jsonl: rows 1, 3, 5, 6, 7, 8, 9, 10, 11, 12 and 1 more \(11 in all\) have an empty 'answer'"):
+        load_task_file(path)
+    rows = [{"question": "", "answer": "1"}, {"question": "2?", "answer": "2"}]
+    with pytest.raises(DataError, match=r"row 0 has an empty 'question' \(question_col\)"):
+        load_task_file(_write(tmp_path / "q.jsonl", rows))
+
+
+def test_a_task_file_that_is_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps({"question": "1+1?", "answer": "2"}).encode() + b"\n" + '{"question": "caf\xe9?", "answer": "3"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.jsonl is not UTF-8 text: line 2 \(byte"):
+        load_task_file(path)
+
+
+def test_a_malformed_json_line_is_named(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "2"}\n{"question": \n')
+    with pytest.raises(DataError, match="broken.jsonl cannot be read as JSON lines"):
+        load_task_file(path)
+
+
+@pytest.mark.parametrize("command", ["run", "rollout"])
+def test_bad_task_files_stop_the_cli_with_exit_2_before_anything_is_written(tmp_path, capsys, command):
+    from maxit.cli import main
+
+    path = _write(tmp_path / "bad.jsonl", [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": ""}])
+    store = tmp_path / "store"
+    argv = [command, "--store", str(store), "--task-file", str(path)] + (["--rounds", "1"] if command == "run" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"maxit {command}: error:" in err and "bad.jsonl: row 1 has an empty 'answer'" in err
+    assert not store.exists()

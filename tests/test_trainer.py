@@ -599,3 +599,17 @@ def test_jsonable_gives_strict_json_values(tmp_path):
     assert out == {"inner": {"path": str(tmp_path / "a"), "values": [1.0, None]}, "table": {"1": None, "x": [None, 2]}}
     json.dumps(out, allow_nan=False)
     assert jsonable(_Outer) is _Outer  # a class is not an instance
+
+
+def test_a_view_with_corrupt_data_pages_is_a_named_data_error(tmp_path, init_dir):
+    """An intact footer over corrupt pages passes a footer check; reading the rows names the file."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "view.parquet"
+    pq.write_table(pa.table({"policy_id": ["shared"] * 200, "x": list(range(200))}), path)
+    data = bytearray(path.read_bytes())
+    data[8:60] = b"\xab" * 52  # the first page header and data, after the "PAR1" magic
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"--view .*view\.parquet: not a readable Parquet file"):
+        train_from_files(path, "shared", init_dir, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

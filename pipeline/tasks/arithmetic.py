@@ -12,6 +12,9 @@ Formats (what the default model is warm-started on, see `pipeline.models.warmsta
   the last ("16_"), a stronger hint that leaves little to learn from; `hint="none"` gives none.
 - Feedback: after a wrong attempt "That is wrong. Try again.", after a right one
   "That is right. Say it again.".
+These are `pipeline.tasks.prompts.ARITHMETIC_PROMPTS`; a prompt file (`prompts=`) replaces them,
+but the default model only knows these. Budgets: 16 tokens per agent call, in rollouts and in
+the evaluation (the answers are a few digits).
 
 Reward: 1.0 when the completion's number equals the answer, 0.0 when it is another number or
 no number at all (unparsable answers are wrong answers, so they are scored, not dropped); None
@@ -31,6 +34,7 @@ from pipeline.errors import ConfigError
 from pipeline.types import Problem
 
 from .base import MathTask, number_reward, parse_number, split_of
+from .prompts import PromptTemplate
 
 __all__ = ["ArithmeticConfig", "ArithmeticTask", "make_hint"]
 
@@ -86,10 +90,12 @@ class ArithmeticTask(MathTask):
 
     name = "arithmetic"
 
-    def __init__(self, config: ArithmeticConfig | None = None, **options) -> None:
+    def __init__(self, config: ArithmeticConfig | None = None, prompts: PromptTemplate | None = None, **options) -> None:
         if config is not None and options:
             raise ConfigError("pass either an ArithmeticConfig or keyword options, not both")
         self.config = config if config is not None else ArithmeticConfig(**options)
+        if prompts is not None:  # else the class's ARITHMETIC_PROMPTS (what the default model knows)
+            self.prompts = prompts
 
     # -- problems ---------------------------------------------------------------------------
     def split_of(self, a: int, op: str, b: int) -> str:

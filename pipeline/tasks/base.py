@@ -16,7 +16,10 @@ from typing import Protocol, runtime_checkable
 
 from pipeline.types import Message, Problem
 
+from .prompts import ARITHMETIC_PROMPTS, PromptTemplate
+
 __all__ = [
+    "budget_of",
     "Task",
     "MathTask",
     "parse_number",
@@ -30,9 +33,9 @@ __all__ = [
     "RIGHT_FEEDBACK",
 ]
 
-WRONG_FEEDBACK = "That is wrong. Try again."
-"""Feedback turn after an attempt the reward scores below 1."""
-RIGHT_FEEDBACK = "That is right. Say it again."
+WRONG_FEEDBACK = ARITHMETIC_PROMPTS.wrong_feedback
+"""Feedback turn after an attempt the reward scores below 1 (the arithmetic task's)."""
+RIGHT_FEEDBACK = ARITHMETIC_PROMPTS.right_feedback
 """Feedback turn after a right attempt (the second attempt should repeat it)."""
 
 
@@ -125,14 +128,31 @@ def split_of(key: str, heldout_fraction: float, salt: str = "") -> str:
     return "heldout" if (h / 2**64) < heldout_fraction else "train"
 
 
+def budget_of(task, setting: int | None, kind: str = "rollout") -> int:
+    """A completion budget: `setting` when given, else the task's default for `kind`
+    ("rollout": `default_max_tokens`, "eval": `default_eval_max_tokens`; 16 for a task that
+    declares none, the arithmetic task's budget)."""
+    if setting is not None:
+        return int(setting)
+    attr = {"rollout": "default_max_tokens", "eval": "default_eval_max_tokens"}[kind]
+    return int(getattr(task, attr, 16))
+
+
 class MathTask(ABC):
-    """Base class of the tasks in this package: the Solver sees the bare question, the Verifier
-    `verifier_prompt`, the feedback turn follows the task's own reward, verdicts are read by
-    `parse_verdict`. A subclass gives `name`, `problems` and `reward` (usually on top of
+    """Base class of the tasks in this package: the Solver and the Verifier see the task's
+    `prompts` (a `PromptTemplate`; by default the arithmetic task's: the bare question, and
+    `verifier_prompt`), the feedback turn follows the task's own reward, verdicts are read as the
+    template says. A subclass gives `name`, `problems` and `reward` (usually on top of
     `number_reward`); it satisfies the `Task` protocol, which stays the contract."""
 
     name: str
     """The task's name (written with every problem's `meta`)."""
+    prompts: PromptTemplate = ARITHMETIC_PROMPTS
+    """The prompt template (instances may carry their own, e.g. from a prompt file)."""
+    default_max_tokens: int = 16
+    """Completion budget of an agent call in rollouts when the `max_tokens` setting is None."""
+    default_eval_max_tokens: int = 16
+    """Completion budget of the held-out evaluation when the `eval_max_tokens` setting is None."""
 
     @abstractmethod
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
@@ -143,19 +163,21 @@ class MathTask(ABC):
         """Solver reward: 1.0 right, 0.0 wrong or unparsable, None if the reference is unusable."""
 
     def solver_messages(self, problem: Problem) -> list[Message]:
-        """One user message holding the question."""
-        return [Message(role="user", content=problem.question)]
+        """The template's Solver messages (arithmetic: one user message holding the question)."""
+        return self.prompts.solver_messages(problem.question)
 
     def verifier_messages(self, problem: Problem, solver_text: str) -> list[Message]:
-        """One user message: the question, the proposed answer and the yes/no request."""
-        return [Message(role="user", content=verifier_prompt(problem.question, solver_text))]
+        """The template's Verifier messages (arithmetic: one user message, `verifier_prompt`)."""
+        return self.prompts.verifier_messages(problem.question, solver_text)
 
     def feedback_message(self, problem: Problem, attempt_text: str) -> Message:
-        """`RIGHT_FEEDBACK` when the attempt's reward is 1.0, else `WRONG_FEEDBACK` (an attempt
-        the task cannot score counts as wrong)."""
+        """The template's right feedback when the attempt's reward is 1.0, else its wrong
+        feedback (an attempt the task cannot score counts as wrong)."""
         right = self.reward(problem, attempt_text) == 1.0
-        return Message(role="user", content=RIGHT_FEEDBACK if right else WRONG_FEEDBACK)
+        text = self.prompts.right_feedback if right else self.prompts.wrong_feedback
+        return Message(role="user", content=self.prompts.fill(text, problem.question))
 
     def parse_verdict(self, text: str) -> bool | None:
-        """Verifier output -> approves? None = unparsable (see the module's `parse_verdict`)."""
-        return parse_verdict(text)
+        """Verifier output -> approves? None = unparsable (by the template's `verdict` style;
+        arithmetic: the module's `parse_verdict`)."""
+        return self.prompts.parse_verdict(text)

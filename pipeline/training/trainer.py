@@ -754,7 +754,11 @@ def train_from_files(
     view_path = Path(view_path)
     if not view_path.exists():
         raise FileNotFoundError(f"no training view at {view_path}")
-    view = pq.read_table(view_path)
+    try:
+        view = pq.read_table(view_path)
+    except (pa.ArrowException, OSError) as err:  # e.g. a corrupt data page behind an intact footer
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise DataError(f"--view {view_path}: not a readable Parquet file (corrupt or truncated?): {reason}") from None
     present = sorted(set(view.column("policy_id").to_pylist())) if "policy_id" in view.column_names else []
     if policy_id not in present:
         raise ConfigError(f"--policy {policy_id!r}: the view {view_path} has no rows of that policy; its policies: {present}")

@@ -1,0 +1,190 @@
+"""A task's prompts: what the Solver and the Verifier are shown, and how the Verifier's reply is read.
+
+`PromptTemplate` holds them as text with placeholders, replaced literally (no `str.format`, so
+LaTeX braces such as `\\boxed{}` need no escaping):
+- `{question}`: the problem's question (Solver and Verifier templates);
+- `{answer_format}`: the template's `answer_format` text (the instruction of how to write the
+  final answer, e.g. GSM8K's "#### <number>" line);
+- `{solution}`: the Solver's whole reply, stripped (Verifier templates only).
+
+Two templates ship:
+- `ARITHMETIC_PROMPTS`, the arithmetic task's: the bare question for the Solver, and
+  "<question>\\nProposed answer: <reply>\\nIs it right? Answer yes or no." for the Verifier, read
+  by its first word. The embedded default model is warm-started on exactly these texts.
+- `CHAIN_OF_THOUGHT_PROMPTS`, the file tasks' (GSM8K-style word problems): the Solver is asked
+  to reason step by step and end with "#### <number>"; the Verifier sees the whole solution, is
+  asked to check it and to end with a line "Verdict: yes" or "Verdict: no".
+
+Verdicts (`verdict`): "first_word" reads a reply whose first word is yes/no (`parse_verdict`);
+"marked" reads the last "Verdict: yes|no" marker anywhere in the reply, else a reply whose first
+word or last line is a bare yes/no (`parse_marked_verdict`).
+
+`load_prompt_file(path, base)` reads a TOML or JSON file whose keys are `PromptTemplate` fields;
+keys it leaves out keep `base`'s value (the task's own template). `maxit run --prompt-file FILE`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from pipeline.errors import ConfigError
+from pipeline.types import Message
+
+__all__ = [
+    "PromptTemplate",
+    "ARITHMETIC_PROMPTS",
+    "CHAIN_OF_THOUGHT_PROMPTS",
+    "GSM8K_ANSWER_FORMAT",
+    "load_prompt_file",
+    "parse_marked_verdict",
+    "VERDICT_STYLES",
+]
+
+VERDICT_STYLES = ("first_word", "marked")
+_PLACEHOLDER = re.compile(r"\{(question|solution|answer_format)\}")
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """The prompts of a task (see the module docstring for the placeholders)."""
+
+    user: str = "{question}"
+    """The Solver's user message; must hold `{question}`."""
+    system: str | None = None
+    """The Solver's system message, or None for none."""
+    answer_format: str = ""
+    """How the final answer is to be written; replaces `{answer_format}` in the templates."""
+    verifier_user: str = "{question}\nProposed answer: {solution}\nIs it right? Answer yes or no."
+    """The Verifier's user message; must hold `{solution}` (the Solver's whole reply, stripped)."""
+    verifier_system: str | None = None
+    """The Verifier's system message, or None for none."""
+    verdict: str = "first_word"
+    """How the Verifier's reply is read: "first_word" or "marked" (see the module docstring)."""
+    wrong_feedback: str = "That is wrong. Try again."
+    """The feedback turn after an attempt the reward scores below 1 (feedback strategy)."""
+    right_feedback: str = "That is right. Say it again."
+    """The feedback turn after a right attempt."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            optional = f.name in ("system", "verifier_system")
+            if value is None and optional:
+                continue
+            if not isinstance(value, str):
+                raise ConfigError(f"prompt template: {f.name} must be a string{' or absent' if optional else ''}, got {type(value).__name__}")
+        if "{question}" not in self.user:
+            raise ConfigError(f"prompt template: user must hold the placeholder {{question}}, got {self.user!r}")
+        if "{solution}" not in self.verifier_user:
+            raise ConfigError(f"prompt template: verifier_user must hold the placeholder {{solution}}, got {self.verifier_user!r}")
+        if self.verdict not in VERDICT_STYLES:
+            raise ConfigError(f"prompt template: verdict must be one of {list(VERDICT_STYLES)}, got {self.verdict!r}")
+        for name in ("wrong_feedback", "right_feedback"):
+            if not getattr(self, name).strip():
+                raise ConfigError(f"prompt template: {name} must not be empty")
+
+    def fill(self, text: str, question: str = "", solution: str | None = None) -> str:
+        """`text` with its placeholders replaced in one pass (a question or solution that itself
+        holds "{question}" is left as written)."""
+        values = {"question": question, "answer_format": self.answer_format}
+        if solution is not None:
+            values["solution"] = solution
+        return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+
+    def solver_messages(self, question: str) -> list[Message]:
+        """The Solver's first-turn messages: the system message (if any) and the user message."""
+        msgs = [] if self.system is None else [Message(role="system", content=self.fill(self.system, question))]
+        return msgs + [Message(role="user", content=self.fill(self.user, question))]
+
+    def verifier_messages(self, question: str, solution: str) -> list[Message]:
+        """The Verifier's messages: its system message (if any) and the user message holding the
+        question and the Solver's whole reply."""
+        solution = solution.strip()
+        msgs = [] if self.verifier_system is None else [Message(role="system", content=self.fill(self.verifier_system, question, solution))]
+        return msgs + [Message(role="user", content=self.fill(self.verifier_user, question, solution))]
+
+    def parse_verdict(self, text: str) -> bool | None:
+        """The Verifier's reply -> approves? None = unparsable (by the `verdict` style)."""
+        from .base import parse_verdict
+
+        return parse_verdict(text) if self.verdict == "first_word" else parse_marked_verdict(text)
+
+
+ARITHMETIC_PROMPTS = PromptTemplate()
+"""The arithmetic task's prompts (what the default model is warm-started on; never change them)."""
+
+GSM8K_ANSWER_FORMAT = 'Write the final answer as a number on the last line, in the form "#### <number>".'
+"""GSM8K's answer convention: the final answer after "#### "."""
+
+CHAIN_OF_THOUGHT_PROMPTS = PromptTemplate(
+    user="{question}\n\nSolve the problem step by step. {answer_format}",
+    answer_format=GSM8K_ANSWER_FORMAT,
+    verifier_user=(
+        "Check a proposed solution to a math problem.\n\n"
+        "Problem: {question}\n\n"
+        "Proposed solution:\n{solution}\n\n"
+        "Check the reasoning and the final answer step by step. Then end your reply with one line, "
+        '"Verdict: yes" if the final answer is correct or "Verdict: no" if it is not.'
+    ),
+    verdict="marked",
+    wrong_feedback="That is wrong. Check your work and solve the problem again. {answer_format}",
+    right_feedback="That is right. Write the solution again. {answer_format}",
+)
+"""The file tasks' default prompts: chain of thought ending in "#### <number>", a Verifier that
+checks the whole solution and ends with "Verdict: yes|no"."""
+
+_MARKER = re.compile(r"verdict[\W_]{0,6}(yes|no)\b", re.IGNORECASE)
+
+
+def parse_marked_verdict(text: str) -> bool | None:
+    """The last "Verdict: yes|no" in `text` (case, markdown stars and the colon are free:
+    "**Verdict:** No", "verdict - yes"); without one, a bare yes/no: the reply's first word, else
+    its last non-empty line when that line is only "yes"/"no" (punctuation aside); else None."""
+    from .base import parse_verdict
+
+    found = _MARKER.findall(text)
+    if found:
+        return found[-1].lower() == "yes"
+    first = parse_verdict(text)
+    if first is not None:
+        return first
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if lines:
+        words = re.findall(r"[a-z]+", lines[-1].lower())
+        if words in (["yes"], ["no"]):
+            return words[0] == "yes"
+    return None
+
+
+def load_prompt_file(path: str | Path, base: PromptTemplate) -> PromptTemplate:
+    """The template of a TOML (.toml) or JSON (.json) file: its keys are `PromptTemplate` fields
+    and replace `base`'s; an unknown key, a bad value or an unreadable file is a `ConfigError`
+    naming the file (`prompt_file`) and the key."""
+    import tomllib
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"prompt_file {str(p)!r} is not a file")
+    suffix = p.suffix.lower()
+    if suffix not in (".toml", ".json"):
+        raise ConfigError(f"prompt_file {p} must end in .toml or .json")
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"prompt_file {p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"prompt_file {p} is not valid {suffix[1:].upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"prompt_file {p} must hold a table of settings, got {type(data).__name__}")
+    known = {f.name for f in fields(PromptTemplate)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"prompt_file {p}: unknown key(s) {unknown}; the keys are {sorted(known)}")
+    try:
+        return replace(base, **data)
+    except ConfigError as exc:
+        raise ConfigError(f"prompt_file {p}: {exc}") from None
