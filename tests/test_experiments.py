@@ -106,7 +106,10 @@ def test_console_is_quiet_and_the_log_has_library_output(two_stores):
         log = (store / LOG_FILE).read_text()
         assert " ".join(["run", "--rounds", "1"]) in log  # the run's header
         if engine == "vllm":
-            assert "WARNING" in log and "vllm" in log.lower()
+            # vLLM's own output (its loader's progress; its warnings vary with the environment)
+            # is in the log and not on the console
+            assert "Loading safetensors checkpoint shards" in log
+            assert not any("Loading safetensors checkpoint shards" in line for line in console)
 
 
 def test_console_to_log_sends_library_output_to_the_log(tmp_path):
