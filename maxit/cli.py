@@ -94,23 +94,29 @@ def cmd_sql(args) -> int:
     return 0
 
 
+def check_run_inputs(settings, store_dir: str) -> None:
+    """Before any work of `maxit run` / `maxit rollout`: the task (and prompt) file, the store
+    and the model folder of `settings` (a `Settings` or a `RunConfig`), each a named error."""
+    from pipeline.models.chat import check_model_dir
+    from pipeline.store import check_writable
+    from pipeline.tasks import build_task
+
+    build_task(settings.task, settings.task_file, settings.prompt_file)
+    check_writable(store_dir, "--store", "folder")
+    if settings.model_dir:
+        check_model_dir(settings.model_dir, "--model-dir")
+
+
 def cmd_run(args) -> int:
     import resource
 
     from assets.config import RunSettings
     from assets.launch import run_rounds
-    from pipeline.models.chat import check_model_dir
     from pipeline.settings import settings_from_args
-    from pipeline.store import check_writable
 
     settings = settings_from_args(args)
     settings.run_config()  # validate every flag before anything starts
-    from pipeline.tasks import build_task
-
-    build_task(settings.task, settings.task_file, settings.prompt_file)  # a bad task or prompt file is named before anything is written
-    check_writable(args.store, "--store", "folder")
-    if settings.model_dir:
-        check_model_dir(settings.model_dir, "--model-dir")
+    check_run_inputs(settings, args.store)
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
@@ -143,7 +149,9 @@ def cmd_runs(args) -> int:
 
 def cmd_report(args) -> int:
     from pipeline.report import build_report
+    from pipeline.store import check_writable
 
+    check_writable(args.out, "--out")
     out = build_report(args.store, args.out)
     print(f"report of {len(args.store)} store(s) -> {out}")
     return 0
@@ -152,20 +160,14 @@ def cmd_report(args) -> int:
 def cmd_rollout(args) -> int:
     import polars as pl
 
-    from pipeline.models.chat import check_model_dir
     from pipeline.rounds import RoundContext, stage_problems, stage_rollouts
     from pipeline.settings import settings_from_args
-    from pipeline.store import check_writable, table_path
+    from pipeline.store import table_path
 
     config = settings_from_args(args).run_config()
     if args.round < 0:
         raise MaxitError(f"--round must be >= 0, got {args.round}")
-    from pipeline.tasks import build_task
-
-    build_task(config.task, config.task_file, config.prompt_file)  # a bad task or prompt file is named before anything is written
-    check_writable(args.store, "--store", "folder")
-    if config.model_dir:
-        check_model_dir(config.model_dir, "--model-dir")
+    check_run_inputs(config, args.store)
     ctx = RoundContext(Path(args.store), config)
     try:
         stage_rollouts(ctx, args.round, stage_problems(ctx, args.round))

@@ -103,6 +103,9 @@ def test_report_command_and_bad_input(stores, tmp_path):
     bad = subprocess.run([MAXIT, "report", "--store", str(empty), "--out", str(tmp_path / "x.html")], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "not a store" in bad.stderr
     assert not (tmp_path / "x.html").exists()
+    # an --out that is a folder is named before the stores are read
+    folder = subprocess.run([MAXIT, "report", "--store", str(stores[0]), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert folder.returncode == 2 and f"--out {tmp_path}: is a folder" in folder.stderr
 
 
 def chromium() -> str:
