@@ -6,7 +6,7 @@ from pathlib import Path
 import dagster as dg
 
 from pipeline.registry import PolicyRegistry
-from pipeline.rounds import EnginePool
+from pipeline.engines.pool import EnginePool
 
 # One engine pool per (engine, process): in-process runs of consecutive rounds reuse the loaded
 # vLLM engine and only swap weights.

@@ -7,7 +7,13 @@ Measures completion tokens per second at 64 prompts x 8 samples (T=1) on
 Each engine gets one untimed warm-up call (vLLM compiles a kernel on first use), then the best
 of `--repeats` timed calls. Prints a markdown table with the vLLM/HF ratio.
 
+With `--model-dir DIR --task-file FILE` it measures a real model instead (e.g. SmolLM2-135M
+imported by `maxit model import`, on GSM8K questions rendered with the file task's
+chain-of-thought prompt), at `--max-tokens-real` tokens per completion:
+
     python benchmarks/engines.py [--large-layers 6 --large-width 768]
+    python benchmarks/engines.py --model-dir models/smollm2-135m-instruct \
+        --task-file ../shared/data/gsm8k/train.jsonl --prompts 16 --samples 4 --repeats 1
 """
 
 from __future__ import annotations
@@ -47,7 +53,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--model-dir", help="measure this local HF model folder (with --task-file) instead of the default and large models")
+    ap.add_argument("--task-file", help="problems file whose questions are the prompts (with --model-dir)")
+    ap.add_argument("--max-tokens-real", type=int, default=64, help="completion budget with --model-dir")
     args = ap.parse_args(argv)
+    if bool(args.model_dir) != bool(args.task_file):
+        ap.error("--model-dir and --task-file go together")
 
     import torch
 
@@ -57,13 +68,21 @@ def main(argv=None) -> int:
     from pipeline.models.build import ModelConfig, build_untrained_model
     from pipeline.tasks import ArithmeticTask
 
-    default_dir = default_model()
-    tok = load_tokenizer(default_dir)
-    task = ArithmeticTask()
-    prompts = [encode_prompt(tok, task.solver_messages(p)) for p in task.problems("heldout", args.prompts, seed=0)]
-    models = [("default", default_dir, args.max_tokens)]
     tmp = tempfile.TemporaryDirectory(prefix="maxit-bench-")
-    if not args.skip_large:
+    if args.model_dir:
+        from pipeline.tasks import build_task
+
+        tok = load_tokenizer(args.model_dir)
+        task = build_task(task_file=args.task_file)
+        prompts = [encode_prompt(tok, task.solver_messages(p)) for p in task.problems("heldout", args.prompts, seed=0)]
+        models = [(Path(args.model_dir).name, Path(args.model_dir), args.max_tokens_real)]
+    else:
+        default_dir = default_model()
+        tok = load_tokenizer(default_dir)
+        task = ArithmeticTask()
+        prompts = [encode_prompt(tok, task.solver_messages(p)) for p in task.problems("heldout", args.prompts, seed=0)]
+        models = [("default", default_dir, args.max_tokens)]
+    if not args.skip_large and not args.model_dir:
         cfg = ModelConfig(num_layers=args.large_layers, hidden_size=args.large_width,
                           num_heads=args.large_width // 64, intermediate_size=(8 * args.large_width) // 3 // 64 * 64)
         models.append(("large (random)", build_untrained_model(cfg, tok, Path(tmp.name) / "large"), args.max_tokens_large))

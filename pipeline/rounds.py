@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from pipeline import store as st
 from pipeline.config import AdvantageConfig, FrozenMapping
+from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError, DataError
 from pipeline.evaluation import EvalConfig
 from pipeline.registry import PolicyRegistry
@@ -157,33 +158,6 @@ class RunConfig:
     @property
     def policy_ids(self) -> tuple[str, ...]:
         return ("shared",) if self.shared_policy else ("solver", "verifier")
-
-
-class EnginePool:
-    """One sampler per policy, kept alive across stages and rounds of a process and pointed at
-    the checkpoint a stage asks for (`Sampler.load_checkpoint` swaps weights in place)."""
-
-    def __init__(self, engine: str = "auto", options: Mapping | None = None):
-        self.engine = engine
-        self.options = dict(options or {})
-        self._samplers: dict[str, Sampler] = {}
-
-    def get(self, policy_id: str, model_dir: str | Path) -> Sampler:
-        from pipeline.engines import make_sampler
-
-        model_dir = Path(model_dir)
-        sampler = self._samplers.get(policy_id)
-        if sampler is None:
-            sampler = make_sampler(self.engine, model_dir, **self.options)
-            self._samplers[policy_id] = sampler
-        elif Path(sampler.model_dir).resolve() != model_dir.resolve():
-            sampler.load_checkpoint(model_dir)
-        return sampler
-
-    def close(self) -> None:
-        for s in self._samplers.values():
-            s.close()
-        self._samplers.clear()
 
 
 @dataclass

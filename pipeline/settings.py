@@ -147,6 +147,25 @@ class Settings:
         group="training",
         metavar="S=W",
     )
+    lora: bool = _s(
+        False,
+        "train LoRA adapters (peft) instead of all weights: a checkpoint is an adapter on the starting model; with separate policies each agent is "
+        "its own adapter on one shared base, served by one vLLM engine with LoRA requests",
+        group="training",
+    )
+    lora_rank: int = _s(16, "LoRA rank r (with --lora)", group="training")
+    lora_alpha: float = _s(32.0, "LoRA scaling alpha (with --lora; the update is scaled by alpha / r)", group="training")
+    gradient_checkpointing: str = _s(
+        "auto",
+        "recompute activations in the backward pass (less memory, ~30% more time); auto = on for models above 50M parameters",
+        group="training",
+        choices=("auto", "on", "off"),
+    )
+    micro_batch_tokens: int | None = _s(
+        8192,
+        "token budget of a micro-batch (rows x longest row): long rows get fewer rows per forward pass, same optimizer step; None = always micro_batch_size rows",
+        group="training",
+    )
     train_on: str = _s(
         "rollouts", "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=("rollouts", "ground_truth")
     )
@@ -228,8 +247,16 @@ class Settings:
             micro_batch_size=self.micro_batch_size,
             temperature=self.temperature,
             loss=self.loss_config(),
+            lora=self.lora_settings(),
+            gradient_checkpointing={"auto": None, "on": True, "off": False}[self.gradient_checkpointing],
+            micro_batch_tokens=self.micro_batch_tokens,
             report_to="none",
         )
+
+    def lora_settings(self):
+        from pipeline.training.config import LoraSettings
+
+        return LoraSettings(r=self.lora_rank, alpha=self.lora_alpha) if self.lora else None
 
     def eval_config(self):
         from pipeline.evaluation import EvalConfig

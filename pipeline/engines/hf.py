@@ -16,7 +16,7 @@ from typing import Sequence
 
 from pipeline.types import Sample
 
-from .config import EngineConfig, check_generate_args
+from .config import EngineConfig, check_generate_args, sample_seeds
 
 __all__ = ["HFSampler"]
 
@@ -65,18 +65,26 @@ class HFSampler:
         n: int,
         temperature: float,
         max_tokens: int,
-        seed: int,
+        seed: int | Sequence[int],
     ) -> list[list[Sample]]:
         """n samples per prompt; all prompts x n run as left-padded batches of `config.max_batch`
-        sequences. The same (prompts, n, temperature, max_tokens, seed) gives the same samples."""
+        sequences. The same (prompts, n, temperature, max_tokens, seed) gives the same samples.
+        With one seed per prompt, each prompt's n samples are drawn as their own batch under
+        their own seed, so they do not depend on the other prompts of the call (slower: one
+        `generate` per prompt)."""
         torch = self._torch
         prompts = check_generate_args(prompt_ids, n, temperature, max_tokens)
-        rows = [list(p) for p in prompts for _ in range(n)]
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            groups = [(seed, [list(p) for p in prompts for _ in range(n)])]
+        else:
+            seeds = sample_seeds(seed, len(prompts), 1)
+            groups = [(s[0], [list(p)] * n) for s, p in zip(seeds, prompts)]
         results: list[Sample] = []
         with torch.random.fork_rng(devices=[]), torch.inference_mode():
-            torch.manual_seed(seed)
-            for start in range(0, len(rows), self.config.max_batch):
-                results += self._generate_batch(rows[start : start + self.config.max_batch], temperature, max_tokens)
+            for group_seed, rows in groups:
+                torch.manual_seed(group_seed)
+                for start in range(0, len(rows), self.config.max_batch):
+                    results += self._generate_batch(rows[start : start + self.config.max_batch], temperature, max_tokens)
         return [results[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
 
     def _generate_batch(self, rows: list[list[int]], temperature: float, max_tokens: int) -> list[Sample]:

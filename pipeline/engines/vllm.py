@@ -11,8 +11,9 @@ token was actually sampled from (temperature applied) — by default vLLM return
 temperature-free logprobs. tests/test_engines.py checks them against the transformers model's
 log_softmax(logits / T) under teacher forcing.
 
-Seeds: sample j of prompt i is drawn with its own seed (seed * 1_000_003 + i * n + j), so
-results do not depend on how vLLM schedules the batch.
+Seeds: sample j of prompt i is drawn with its own seed (`config.sample_seeds`: from the call's
+seed and the prompt's position, or from the prompt's own seed when the caller gives one per
+prompt), so results do not depend on how vLLM schedules the batch.
 
 Weight swap: `load_checkpoint` reloads the new weights into the running engine when the
 architecture is unchanged (`swap="reload"`; the prefix cache is reset), else builds a new engine.
@@ -26,16 +27,20 @@ from typing import Sequence
 
 from pipeline.types import Sample
 
-from .config import EngineConfig, check_generate_args
+from .config import EngineConfig, check_generate_args, sample_seeds
 from .env import configure_vllm_env
 
-__all__ = ["VLLMSampler"]
+__all__ = ["VLLMSampler", "AdapterView"]
 
 configure_vllm_env()
 
 import vllm  # noqa: E402  (the environment above must be set first)
 from vllm import SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
+
+
+_OWN = object()  # `generate`'s default: the sampler's own checkpoint
 
 
 class VLLMSampler:
@@ -46,20 +51,24 @@ class VLLMSampler:
     def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         self.llm = None
+        self._lora_ids: dict[str, int] = {}
         self.build_seconds = 0.0
         self.swap_seconds = 0.0
         self._build(Path(model_dir))
 
     def _build(self, model_dir: Path) -> None:
-        from pipeline.models import load_tokenizer, weights_hash
+        from pipeline.models import adapter_base, load_tokenizer
 
         c = self.config
         t0 = time.perf_counter()
         self.close()
+        base = adapter_base(model_dir)
+        self.base_dir = base or model_dir
+        self.lora = c.enable_lora or base is not None
         self.tokenizer = load_tokenizer(model_dir)
         kwargs = dict(
-            model=str(model_dir),
-            tokenizer=str(model_dir),
+            model=str(self.base_dir),
+            tokenizer=str(self.base_dir),
             dtype=c.dtype,
             enforce_eager=c.enforce_eager,
             seed=0,
@@ -76,29 +85,75 @@ class VLLMSampler:
 
         if not current_platform.is_cpu():
             kwargs["gpu_memory_utilization"] = c.gpu_memory_utilization
+        if c.tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = c.tensor_parallel_size
+        if c.data_parallel_size > 1:
+            kwargs["data_parallel_size"] = c.data_parallel_size
+        self._rank = _lora_rank_slot(max(c.max_lora_rank, _adapter_rank(model_dir)))
+        if self.lora:
+            kwargs.update(enable_lora=True, max_loras=c.max_loras, max_lora_rank=self._rank)
         self.llm = vllm.LLM(**kwargs)
+        self._arch = _architecture(self.base_dir)
+        self.eos_ids = _eos_ids(self.base_dir, self.tokenizer)
+        self._point_at(model_dir)
+        self.build_seconds = time.perf_counter() - t0
+
+    def _point_at(self, model_dir: Path) -> None:
+        """Sample from `model_dir` from now on: the engine's base model itself, or an adapter on it."""
+        from pipeline.models import weights_hash
+
         self.model_dir = model_dir
         self._version = weights_hash(model_dir)
-        self._arch = _architecture(model_dir)
-        self.eos_ids = _eos_ids(model_dir, self.tokenizer)
-        self.build_seconds = time.perf_counter() - t0
+        self._request = self.lora_request(model_dir)
+
+    def lora_request(self, model_dir: str | Path):
+        """The `LoRARequest` that samples the adapter checkpoint `model_dir` on this engine (one id
+        per adapter folder, kept for the engine's life), or None for the base model itself."""
+        from pipeline.models import adapter_base
+
+        model_dir = Path(model_dir)
+        if adapter_base(model_dir) is None:
+            return None
+        key = str(model_dir.resolve())
+        if key not in self._lora_ids:
+            self._lora_ids[key] = len(self._lora_ids) + 1
+        return LoRARequest(lora_name=key, lora_int_id=self._lora_ids[key], lora_path=key)
+
+    def can_serve(self, model_dir: str | Path) -> bool:
+        """Whether this engine samples `model_dir` without a rebuild: an adapter on (or the model
+        itself of) this engine's base, on an engine built with LoRA."""
+        from pipeline.models import adapter_base
+
+        if self.llm is None or not self.lora:
+            return False
+        model_dir = Path(model_dir)
+        return (adapter_base(model_dir) or model_dir).resolve() == Path(self.base_dir).resolve() and _adapter_rank(model_dir) <= self._rank
+
+    def view(self, model_dir: str | Path) -> "AdapterView":
+        """A `Sampler` for checkpoint `model_dir` on this engine (`can_serve` must hold): how
+        policies that are adapters on one base share one engine."""
+        return AdapterView(self, Path(model_dir))
 
     @property
     def model_version(self) -> str:
         return self._version
 
     def load_checkpoint(self, model_dir: str | Path) -> None:
-        """Swap in the weights of `model_dir`: in place when only the weights changed, else by
-        rebuilding the engine. The time taken is kept in `swap_seconds`."""
-        from pipeline.models import weights_hash
-
+        """Swap in the weights of `model_dir`: an adapter on this engine's base is only a new
+        LoRA request; a full model is reloaded in place when only the weights changed (`swap`),
+        else the engine is rebuilt. The time taken is kept in `swap_seconds`."""
         model_dir = Path(model_dir)
         t0 = time.perf_counter()
-        if self.config.swap == "reload" and self.llm is not None and _architecture(model_dir) == self._arch:
+        if self.can_serve(model_dir):
+            self._point_at(model_dir)  # an adapter (or the base) of this engine: no rebuild, no weight copy
+        elif (
+            self.config.swap == "reload" and self.llm is not None and not self.lora
+            and (model_dir / "config.json").is_file() and _architecture(model_dir) == self._arch
+        ):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
             self.llm.reset_prefix_cache()
-            self.model_dir = model_dir
-            self._version = weights_hash(model_dir)
+            self.base_dir = model_dir
+            self._point_at(model_dir)
         else:
             self._build(model_dir)
         self.swap_seconds = time.perf_counter() - t0
@@ -109,10 +164,18 @@ class VLLMSampler:
         n: int,
         temperature: float,
         max_tokens: int,
-        seed: int,
+        seed: int | Sequence[int],
+        *,
+        lora_request=_OWN,
     ) -> list[list[Sample]]:
+        """`Sampler.generate`; `lora_request`: the adapter to sample with (None: the base model),
+        by default this sampler's own checkpoint's."""
+        if lora_request is _OWN:
+            lora_request = self._request
         requests, params = [], []
-        for i, ids in enumerate(check_generate_args(prompt_ids, n, temperature, max_tokens)):
+        prompts = check_generate_args(prompt_ids, n, temperature, max_tokens)
+        seeds = sample_seeds(seed, len(prompts), n)
+        for i, ids in enumerate(prompts):
             for j in range(n):
                 requests.append(TokensPrompt(prompt_token_ids=ids))
                 params.append(
@@ -123,14 +186,14 @@ class VLLMSampler:
                         top_k=0,
                         min_p=0.0,
                         max_tokens=max_tokens,
-                        seed=(seed * 1_000_003 + i * n + j) % (2**63),
+                        seed=seeds[i][j],
                         logprobs=0,
                         stop_token_ids=sorted(self.eos_ids),
                         detokenize=False,
                         skip_special_tokens=True,
                     )
                 )
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
         flat: list[tuple[list[int], list[float], str]] = []
         for out in outputs:
             comp = out.outputs[0]
@@ -177,3 +240,62 @@ def _eos_ids(model_dir: Path, tokenizer) -> set[int]:
             ids |= set(eos if isinstance(eos, list) else [eos])
     return ids
 
+
+
+class AdapterView:
+    """A `Sampler` for one policy's checkpoint on an engine another policy built: LoRA policies on
+    one base model share one vLLM engine, each sampling with its own adapter's LoRA request."""
+
+    engine = "vllm"
+
+    def __init__(self, shared: VLLMSampler, model_dir: Path) -> None:
+        self.shared = shared
+        self.load_checkpoint(model_dir)
+
+    @property
+    def tokenizer(self):
+        return self.shared.tokenizer
+
+    @property
+    def model_version(self) -> str:
+        return self._version
+
+    def load_checkpoint(self, model_dir: str | Path) -> None:
+        from pipeline.models import weights_hash
+
+        model_dir = Path(model_dir)
+        if not self.shared.can_serve(model_dir):
+            raise ValueError(f"checkpoint {model_dir} is not an adapter on the shared engine's base {self.shared.base_dir}")
+        self.model_dir = model_dir
+        self._version = weights_hash(model_dir)
+        self._request = self.shared.lora_request(model_dir)
+        self.swap_seconds = 0.0
+
+    def can_serve(self, model_dir: str | Path) -> bool:
+        return self.shared.can_serve(model_dir)
+
+    def view(self, model_dir: str | Path) -> "AdapterView":
+        return self.shared.view(model_dir)
+
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
+        if not self.shared.can_serve(self.model_dir):
+            raise RuntimeError(f"the shared engine now runs {self.shared.base_dir}, which is not the base of {self.model_dir}")
+        return self.shared.generate(prompt_ids, n, temperature, max_tokens, seed, lora_request=self._request)
+
+    def close(self) -> None:
+        """The shared engine is closed by its owner."""
+
+
+def _adapter_rank(model_dir: Path) -> int:
+    import json
+
+    f = Path(model_dir) / "adapter_config.json"
+    return int(json.loads(f.read_text()).get("r", 1)) if f.is_file() else 1
+
+
+def _lora_rank_slot(rank: int) -> int:
+    """The smallest rank vLLM accepts as `max_lora_rank` that holds `rank`."""
+    for slot in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= slot:
+            return slot
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank (512)")

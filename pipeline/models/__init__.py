@@ -4,7 +4,8 @@ local Hugging Face model directory with a chat template.
 - `default_model(cache_dir=None) -> Path`: build + warm-start the default model once, then reuse
   it from the cache (keyed by a hash of every build setting).
 - `build_default_model(cache_dir=None, seed=0, ...) -> Path`: the same with every knob, for the CLI.
-- `load_tokenizer(model_dir)`, `load_model(model_dir, dtype=torch.float32)`: any local model dir.
+- `load_tokenizer(model_dir)`, `load_model(model_dir, dtype=torch.float32)`: any local model dir,
+  or a LoRA checkpoint (a peft adapter folder on a local base model: `adapter_base`).
 - `python -m pipeline.models`: build (or reuse) the default model and print its held-out accuracy.
 """
 
@@ -36,6 +37,8 @@ __all__ = [
     "evaluate_solver",
     "load_tokenizer",
     "load_model",
+    "adapter_base",
+    "ADAPTER_CONFIG",
     "weights_hash",
     "count_parameters",
     "encode_prompt",
@@ -68,20 +71,51 @@ def load_tokenizer(model_dir: str | Path):
 
 
 def load_model(model_dir: str | Path, dtype=None):
-    """The causal LM of a local model dir (never downloads), in `dtype` (default float32), eval mode."""
+    """The causal LM of a local model dir (never downloads), in `dtype` (default float32), eval
+    mode. A LoRA checkpoint is loaded as its base model with the adapter merged in."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model_dir = _local_dir(model_dir)
+    base = adapter_base(model_dir)
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=dtype or torch.float32, local_files_only=True
+        str(base or model_dir), dtype=dtype or torch.float32, local_files_only=True
     )
+    if base is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(model_dir)).merge_and_unload()
     return model.eval()
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""The file that makes a folder a LoRA checkpoint (peft's adapter config)."""
+
+
+def adapter_base(model_dir: str | Path) -> Path | None:
+    """The base model folder of a LoRA checkpoint (a folder with peft's `adapter_config.json`,
+    whose `base_model_name_or_path` names a local model folder), or None for a full model."""
+    path = Path(model_dir)
+    config_file = path / ADAPTER_CONFIG
+    if not config_file.is_file():
+        return None
+    try:
+        base = json.loads(config_file.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"LoRA checkpoint {path}: {ADAPTER_CONFIG} is not readable JSON ({err})") from None
+    if not base:
+        raise ConfigError(f"LoRA checkpoint {path}: {ADAPTER_CONFIG} names no base_model_name_or_path")
+    base = Path(base)
+    if not base.is_absolute():
+        base = (path / base).resolve()
+    if not (base / "config.json").is_file():
+        raise ConfigError(f"LoRA checkpoint {path}: its base model folder {base} ({ADAPTER_CONFIG}'s base_model_name_or_path) has no config.json")
+    return base
 
 
 def _local_dir(model_dir: str | Path) -> Path:
     p = Path(model_dir)
-    if not (p / "config.json").is_file():
+    if not (p / "config.json").is_file() and not (p / ADAPTER_CONFIG).is_file():
         raise ConfigError(f"model_dir {str(model_dir)!r} is not a local model directory (no config.json)")
     return p
 

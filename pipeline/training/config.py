@@ -16,11 +16,13 @@ from typing import Literal, Mapping
 
 from pipeline.errors import ConfigError
 
-__all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS"]
+__all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS", "CHECKPOINTING_PARAMETERS"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSS_KINDS = ("ppo", "is", "rs")
 ANCHORS = ("sampling", "proximal")
+CHECKPOINTING_PARAMETERS = 50_000_000
+"""Models above this many parameters train with gradient checkpointing unless told otherwise."""
 
 
 def _finite_positive(name: str, value: float) -> None:
@@ -132,12 +134,13 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """Train low-rank adapters (peft) instead of all weights; the checkpoint is written merged,
-    so engines load it as a plain model."""
+    """Train low-rank adapters (peft) instead of all weights; the checkpoint is the adapter alone
+    (peft's folder, naming its base model folder), which the engines sample as a LoRA request on
+    the base (vLLM) or merged into it (transformers)."""
 
     r: int = 16
     """Adapter rank."""
-    alpha: int = 32
+    alpha: float = 32.0
     """Scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = 0.0
     """Dropout on the adapter input."""
@@ -202,9 +205,17 @@ class TrainConfig:
     positions are projected to the vocabulary a few rows at a time under activation
     checkpointing, so (rows x completion length x vocabulary) logits never exist at once; below it
     (the default tiny model always) one projection, as plain. 0 = always in one piece."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | None = False
     """Recompute each layer's activations in the backward pass instead of keeping them (the
-    Trainer's `gradient_checkpointing`): less memory for long rows, ~30% more compute."""
+    Trainer's `gradient_checkpointing`): less memory for long rows, ~30% more compute. None =
+    auto: on for models above `CHECKPOINTING_PARAMETERS` parameters (real models), off for the
+    tiny default."""
+    micro_batch_tokens: int | None = None
+    """Token budget of one micro-batch: rows x the longest row's prompt + completion tokens. The
+    micro-batch is then the largest divisor of `minibatch_size` that fits the budget (at most
+    `micro_batch_size` rows, at least one), so long chain-of-thought rows get small micro-batches
+    and short rows keep `micro_batch_size`; the optimizer step (`minibatch_size` rows) is the
+    same either way. None = always `micro_batch_size` rows."""
 
     def __post_init__(self) -> None:
         _finite_positive("TrainConfig.lr", self.lr)
@@ -234,6 +245,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.num_threads must be >= 1 or None, got {self.num_threads}")
         if not (isinstance(self.logits_chunk_mb, (int, float)) and self.logits_chunk_mb >= 0):
             raise ConfigError(f"TrainConfig.logits_chunk_mb must be a number >= 0, got {self.logits_chunk_mb!r}")
+        if self.micro_batch_tokens is not None and (not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1):
+            raise ConfigError(f"TrainConfig.micro_batch_tokens must be an integer >= 1 or None, got {self.micro_batch_tokens!r}")
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError(f"TrainConfig.max_length must be >= 2 or None, got {self.max_length}")
 

@@ -47,8 +47,9 @@ from transformers import PrinterCallback, Trainer, TrainingArguments
 from trl.trainer.utils import selective_log_softmax
 
 from pipeline.errors import ConfigError, DataError
+from pipeline.models import adapter_base
 from pipeline.store import atomic_dir, atomic_write_text, jsonable
-from pipeline.training.config import LoraSettings, LossConfig, TrainConfig
+from pipeline.training.config import CHECKPOINTING_PARAMETERS, LoraSettings, LossConfig, TrainConfig
 from pipeline.training.loss import LossBatch, LossDiagnostics, aggregation_count, compute_loss
 from pipeline.views import check_view, to_dataset, view_hash
 
@@ -461,11 +462,40 @@ def max_train_length(config: TrainConfig, model_config) -> int:
     return config.max_length or int(getattr(model_config, "max_position_embeddings", 0) or 1 << 30)
 
 
-def load_policy_model(init_dir: Path):
-    """(tokenizer, float32 model) of the local checkpoint `init_dir`; nothing is ever downloaded."""
-    from pipeline.models import load_model, load_tokenizer
+def sized_for(config: TrainConfig, table: pa.Table, model) -> TrainConfig:
+    """`config` with its memory settings resolved for these rows and this model: the micro-batch
+    size under `micro_batch_tokens` (the largest divisor of `minibatch_size` whose rows x longest
+    row fit the budget) and automatic gradient checkpointing (None: on above
+    `CHECKPOINTING_PARAMETERS` parameters). The checkpoint's meta records the resolved values."""
+    changes: dict[str, Any] = {}
+    if config.micro_batch_tokens is not None and table.num_rows:
+        lengths = pc.add(pc.list_value_length(table.column("train_prompt_ids")), pc.list_value_length(table.column("completion_ids")))
+        fit = max(1, config.micro_batch_tokens // max(1, pc.max(lengths).as_py()))
+        cap = min(fit, config.micro_batch_size)
+        size = max(d for d in range(1, cap + 1) if config.minibatch_size % d == 0)
+        if size != config.micro_batch_size:
+            changes["micro_batch_size"] = size
+    if config.gradient_checkpointing is None:
+        n_params = sum(p.numel() for p in model.parameters())
+        changes["gradient_checkpointing"] = n_params > CHECKPOINTING_PARAMETERS
+    return replace(config, **changes) if changes else config
 
-    return load_tokenizer(init_dir), load_model(init_dir, dtype=torch.float32)
+
+def load_policy_model(init_dir: Path, lora: LoraSettings | None = None):
+    """(tokenizer, float32 model) of the local checkpoint `init_dir`, ready to train; nothing is
+    ever downloaded. With `lora`, the model is a peft model whose adapter is trained: the adapter
+    of `init_dir` when it is a LoRA checkpoint (so rounds continue one adapter on one base), else a
+    fresh one on `init_dir`. Without `lora`, a LoRA checkpoint is loaded merged (full fine-tuning)."""
+    from pipeline.models import adapter_base, load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(init_dir)
+    base = adapter_base(init_dir)
+    if lora is None or base is None:
+        return tokenizer, add_lora(load_model(init_dir, dtype=torch.float32), lora)
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(load_model(base, dtype=torch.float32), str(init_dir), is_trainable=True)
+    return tokenizer, model
 
 
 def add_lora(model, lora: LoraSettings | None):
@@ -474,9 +504,19 @@ def add_lora(model, lora: LoraSettings | None):
         return model
     from peft import LoraConfig, get_peft_model
 
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = sorted(set(lora.target_modules) - present)
+    if len(missing) == len(lora.target_modules):
+        raise ConfigError(
+            f"LoRA target modules {list(lora.target_modules)}: none is a module of this model ({type(model).__name__}); "
+            "set LoraSettings.target_modules to its linear layers' names"
+        )
     return get_peft_model(
         model,
-        LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM"),
+        LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, task_type="CAUSAL_LM",
+            target_modules=[m for m in lora.target_modules if m in present],
+        ),
     )
 
 
@@ -533,7 +573,9 @@ def training_arguments(config: TrainConfig, output_dir: str | Path, *, use_cuda:
         use_cpu=not use_cuda,
         bf16=config.bf16 if config.bf16 is not None else use_cuda,
         remove_unused_columns=False,
-        gradient_checkpointing=config.gradient_checkpointing,
+        gradient_checkpointing=bool(config.gradient_checkpointing),
+        # non-reentrant: works when the inputs need no gradient (frozen embeddings under LoRA)
+        gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
@@ -657,12 +699,14 @@ def checkpoint_meta(policy_id: str, init_dir: Path, rows: PolicyRows, config: Tr
     )
 
 
-def save_checkpoint(directory: Path, model, tokenizer, meta: CheckpointMeta, *, merge_lora: bool) -> None:
-    """Write `model` (its LoRA adapters merged in first when `merge_lora`: a plain HF model
-    directory), `tokenizer` and `meta` (as `CHECKPOINT_META`) into `directory`, and remove its
-    `logs` folder when no logger wrote there."""
-    if merge_lora:
-        model = model.merge_and_unload()
+def save_checkpoint(directory: Path, model, tokenizer, meta: CheckpointMeta, *, lora_base: Path | None = None) -> None:
+    """Write `model`, `tokenizer` and `meta` (as `CHECKPOINT_META`) into `directory`, and remove
+    its `logs` folder when no logger wrote there. With `lora_base`, `model` is a peft model and
+    only its adapter is written (a LoRA checkpoint: a few MB, no copy of the base), with
+    `lora_base` as its base model folder."""
+    if lora_base is not None:
+        for config in model.peft_config.values():
+            config.base_model_name_or_path = str(Path(lora_base).resolve())
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     with contextlib.suppress(OSError):
@@ -710,11 +754,11 @@ def train_policy(
     if init_dir.resolve() == out_dir.resolve():
         raise ValueError(f"out_dir must differ from init_dir ({init_dir}): the parent checkpoint is kept")
     set_threads(config.num_threads)
-    tokenizer, model = load_policy_model(init_dir)
+    tokenizer, model = load_policy_model(init_dir, config.lora)
     rows = select_policy_rows(
         view, policy_id, max_length=max_train_length(config, model.config), temperature=config.temperature, round_=round_
     )
-    model = add_lora(model, config.lora)
+    config = sized_for(config, rows.table, model)
     ref_model = load_reference(init_dir) if config.loss.beta > 0 and rows.table.num_rows else None
     pad_id = _pad_id(tokenizer)
     table = rows.table
@@ -732,7 +776,8 @@ def train_policy(
         if visits[0] != visits[1]:
             log.warning("policy %s: rows were trained on unevenly (%d to %d times)", policy_id, *visits)
         meta = checkpoint_meta(policy_id, init_dir, rows, config, checkpoint_metrics(run, rows.n_dropped_too_long))
-        save_checkpoint(tmp, run.model, tokenizer, meta, merge_lora=config.lora is not None)
+        lora_base = (adapter_base(init_dir) or init_dir) if config.lora is not None else None
+        save_checkpoint(tmp, run.model, tokenizer, meta, lora_base=lora_base)
     return train_result(policy_id, init_dir, out_dir, rows, run, visits)
 
 
