@@ -107,10 +107,13 @@ def advantages_sane(context: dg.AssetCheckExecutionContext, settings: RunSetting
 def ratio_diagnostics(context: dg.AssetCheckExecutionContext, settings: RunSettings, store: StoreResource) -> dg.AssetCheckResult:
     r = round_of(context)
     diag = read_table(table_path(store.root(), r, "ratio_diagnostics"))
-    importance_weighted = settings.run_config().train.loss.kind != "rs"
-    cells = diag.filter((pl.col("agent_id") != "*") & (pl.col("strategy") != "*") & (pl.col("rows") > 0))
+    loss = settings.run_config().train.loss
+    importance_weighted = loss.kind != "rs"
+    # rows trained by their NLL (the Verifier's replay) use no ratio: not judged
+    judged = (pl.col("strategy") != "*") & (pl.col("rows") > 0) & ~pl.col("strategy").is_in(list(loss.sft_strategies))
+    cells = diag.filter((pl.col("agent_id") != "*") & judged)
     if cells.is_empty():  # diagnostics without the per-cell rows: judge per strategy
-        cells = diag.filter((pl.col("agent_id") == "*") & (pl.col("strategy") != "*") & (pl.col("rows") > 0))
+        cells = diag.filter((pl.col("agent_id") == "*") & judged)
     problems_found = []
     if importance_weighted:
         for row in cells.iter_rows(named=True):

@@ -349,6 +349,8 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
     checkpoints = ctx.start_checkpoints(round_)
     tokenizer = load_tokenizer(next(iter(checkpoints.values())))
     view, stats = build_training_view(advantages, ctx.strategy_objects(), tokenizer, ctx.config.view)
+    if ctx.config.view.verifier_replay and ctx.config.train_on == "rollouts":
+        view = _with_replay(ctx, round_, advantages, tokenizer, view)
     if ctx.config.train_on == "ground_truth":
         from pipeline.baselines import ground_truth_view
 
@@ -358,6 +360,22 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
         )
     st.write_table(view, st.table_path(ctx.store, round_, "training_view"), "training_view")
     return view, stats
+
+
+def _with_replay(ctx: RoundContext, round_: int, advantages, tokenizer, view):
+    """The view with the Verifier's rows replaced by its replay over this round and the
+    `verifier_replay - 1` rounds before it (`pipeline.views.verifier_replay`)."""
+    from pipeline.agents.agent import VERIFIER
+    from pipeline.views import verifier_replay, with_verifier_replay
+
+    tables = [advantages]
+    for r in range(round_ - 1, max(-1, round_ - ctx.config.view.verifier_replay), -1):
+        path = st.table_path(ctx.store, r, "advantages")
+        if path.exists():
+            tables.append(st.read_table(path))
+    replay, n_relabeled = verifier_replay(tables, ctx.strategy_objects(), tokenizer, ctx.config.view)
+    log.info("verifier replay: %d rows from %d round(s), %d relabelled", replay.num_rows, len(tables), n_relabeled)
+    return with_verifier_replay(view, replay, VERIFIER)
 
 
 @_timed("training")

@@ -141,6 +141,16 @@ class Settings:
         "rs loss: train every Verifier row on the right verdict (a wrong verdict's row gets the other verdict) instead of only the rows it got right",
         group="training",
     )
+    verifier_replay: int = _s(
+        0,
+        "train the Verifier on its calls of the last N rounds (this one included), each labelled by the reward with the right verdict, "
+        "one row per distinct prompt, yes/no balanced, by their NLL under every loss; 0 = its own rows of this round only",
+        group="training",
+        metavar="N",
+    )
+    negative_weight: float = _s(
+        1.0, "ppo/is: negative advantages are multiplied by this (1 = the plain policy gradient)", group="training"
+    )
     strategy_weights: tuple[str, ...] = _s(
         (),
         "stratified mixture weights STRATEGY=W, counted per policy over its training rows (none: every row weighs 1)",
@@ -227,6 +237,7 @@ class Settings:
             relabel_verdicts=self.relabel_verdicts and rs,
             strategy_weights=parse_weights(self.strategy_weights) if self.strategy_weights else None,
             drop_strategies=("prompt_aug",) if self.hinted_rows == "drop" else (),
+            verifier_replay=self.verifier_replay,
         )
 
     def loss_config(self):
@@ -235,7 +246,7 @@ class Settings:
         from pipeline.training.config import RatioConfig
 
         hinted = {} if self.hinted_rows in ("mask", "drop") else {"prompt_aug": RatioConfig(mode=self.hinted_rows)}
-        return LossConfig(kind=self.loss, anchor=self.anchor, ratio_by_strategy=hinted)
+        return LossConfig(kind=self.loss, anchor=self.anchor, ratio_by_strategy=hinted, negative_weight=self.negative_weight)
 
     def train_config(self):
         from pipeline.training.config import TrainConfig

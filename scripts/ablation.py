@@ -23,6 +23,9 @@ Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) 
   ppo-drophint ppo, hinted rows sampled but not trained
   no-balance   rs without equal weight for the Verifier's yes/no rows
   rs-relabel   rs with every Verifier row trained on the right verdict (relabel_verdicts)
+  rs-replay    rs with the Verifier trained on its relabelled calls of every round so far (verifier_replay 5)
+  ppo-replay   ppo with the Solver's own correctness as its reward (alpha 0) and the Verifier's replay
+  ppo-replay-nw  ppo-replay with negative advantages halved (negative_weight 0.5)
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ VARIANTS = {
     "ppo-drophint": ["--loss", "ppo", "--hinted-rows", "drop"],
     "no-balance": ["--no-balance-verdicts"],
     "rs-relabel": ["--relabel-verdicts"],
+    "rs-replay": ["--verifier-replay", "5"],
+    "ppo-replay": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5"],
+    "ppo-replay-nw": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5", "--negative-weight", "0.5"],
 }
 
 

@@ -347,3 +347,32 @@ def test_diagnostics_per_agent_and_strategy_cell():
     assert set(d.by_agent_strategy) == {"solver/iid", "solver/tree", "verifier/iid"}
     assert d.by_agent_strategy["solver/tree"].mean_log_ratio == pytest.approx(-1.0)
     assert d.merge(d).by_agent_strategy["verifier/iid"].n_rows == 2
+
+
+@pytest.mark.parametrize("kind", ["ppo", "is"])
+def test_replay_rows_train_by_their_nll_under_the_ratio_losses(kind):
+    """Rows of an sft strategy (the Verifier's relabelled replay) have no sampling ratio in their
+    context: under ppo / is they are trained as the rs loss trains its rows, -logp * w, inside the
+    same token mean; no clip or mask touches them, whatever their stored logq."""
+    cfg = LossConfig(kind=kind)
+    batch = make_batch(
+        [[-0.5, -0.25], [-1.0, -2.0]], [[-0.5, -0.25], [-9.0, -9.0]], [0.5, 1.0], weight=[1.0, 2.0], strategy=["iid", "replay"]
+    )
+    out = compute_loss(batch, cfg)
+    pg_row = -0.5 * (1.0 + 1.0)  # on-policy: rho = 1 on both tokens, A w = 0.5
+    nll_row = 2.0 * (1.0 + 2.0)  # -logp * w
+    assert out.loss.item() == pytest.approx((pg_row + nll_row) / 4)
+    out.loss.backward()
+    assert batch.logp.grad[1].tolist() == pytest.approx([-2.0 / 4, -2.0 / 4])
+    assert out.diagnostics.by_strategy["replay"].n_rs_rows == 1 and out.diagnostics.by_strategy["replay"].n_masked_rows == 0
+    plain = compute_loss(make_batch([[-1.0, -2.0]], [[-9.0, -9.0]], [1.0], strategy=["replay"]), LossConfig(kind=kind, sft_strategies=()))
+    assert plain.diagnostics.overall.n_masked_rows == (1 if kind in ("ppo", "is") else 0)  # as a PG row, its ratio e^7.75 is masked
+
+
+def test_negative_weight_scales_only_negative_advantages():
+    batch = make_batch([[-0.5], [-0.5]], [[-0.5], [-0.5]], [1.5, -0.5])
+    full = compute_loss(batch, LossConfig(kind="ppo")).loss.item()
+    half = compute_loss(batch, LossConfig(kind="ppo", negative_weight=0.5)).loss.item()
+    assert full == pytest.approx(-(1.5 - 0.5) / 2) and half == pytest.approx(-(1.5 - 0.25) / 2)
+    with pytest.raises(ConfigError, match="negative_weight"):
+        LossConfig(negative_weight=1.5)

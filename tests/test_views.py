@@ -326,3 +326,49 @@ def test_dropped_strategies_are_sampled_but_not_trained(tok):
     rows = [advantage_row("i"), advantage_row("h", strategy="prompt_aug")]
     view, stats = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok, ViewConfig(drop_strategies=("prompt_aug",)))
     assert view.column("step_id").to_pylist() == ["i"] and stats.n_not_trainable == 1
+
+
+def test_verifier_replay_labels_dedups_balances_and_replaces_the_verifier_rows(tok):
+    """The replay: every judged answer of the window with its right verdict (a wrong verdict
+    relabelled), one row per training prompt (the newest round's), yes/no balanced, strategy
+    "replay", reward 1; it replaces the view's own Verifier rows and leaves the Solver's alone."""
+    from pipeline.views import REPLAY_STRATEGY, verifier_replay, with_verifier_replay
+
+    def v(step_id, rnd, question, verdict, right, ids, global_reward=0.0):
+        r = 1.0 if right else 0.0
+        return advantage_row(step_id, round=rnd, agent_id="verifier", turn=1, verdict=verdict, completion_ids=ids,
+                             completion_logprobs=[-0.1] * len(ids), local_reward=r, global_reward=global_reward,
+                             reward=r + global_reward, sampling_messages=[{"role": "user", "content": question}],
+                             prompt_ids=[10 + rnd, 11, 12] if question == "same" else [20 + len(step_id), 21])
+    new = advantages_table([
+        v("r1-yes-right", 1, "same", True, True, [30, 1], global_reward=1.0),  # newest call of the shared prompt
+        v("r1-yes-wrong", 1, "q-a", True, False, [30, 1]),                     # said yes to a wrong answer -> "no"
+        v("r1-unparsable", 1, "q-b", None, False, [40, 1]),                    # no verdict: not replayed
+        advantage_row("r1-solver", round=1, local_reward=1.0, reward=1.0),
+    ])
+    old = advantages_table([
+        v("r0-no-right", 0, "q-cc", False, True, [20, 1]),
+        v("r0-no-right-2", 0, "q-ddd", False, True, [20, 1]),
+        v("r0-same", 0, "same", True, True, [30, 1]),
+    ])
+    # the prompt "same" renders to different ids per round in this fixture: give both rows one prompt
+    old = old.set_column(old.schema.get_field_index("prompt_ids"), "prompt_ids",
+                         pa.array([[24, 21], [25, 21], [11, 11, 12]], pa.list_(pa.int32())))
+    new = new.set_column(new.schema.get_field_index("prompt_ids"), "prompt_ids",
+                         pa.array([[11, 11, 12], [26, 21], [27, 21], [3, 4, 5]], pa.list_(pa.int32())))
+    replay, n_relabeled = verifier_replay([new, old], {"iid": IID()}, tok, ViewConfig())
+    ids = replay.column("step_id").to_pylist()
+    assert set(ids) == {"r1-yes-right", "r1-yes-wrong", "r0-no-right", "r0-no-right-2"} and n_relabeled == 1
+    assert set(replay.column("strategy").to_pylist()) == {REPLAY_STRATEGY}
+    assert set(replay.column("reward").to_pylist()) == {1.0}  # the verdict's own correctness, not the team's
+    got = dict(zip(ids, replay.column("completion_ids").to_pylist()))
+    assert got["r1-yes-wrong"] == [20, 1]
+    w = dict(zip(ids, replay.column("sample_weight").to_pylist()))
+    assert w["r1-yes-right"] == pytest.approx(2.0) and w["r0-no-right"] == pytest.approx(2.0 / 3)  # 1 yes vs 3 no
+    view, _ = build_training_view(new, {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
+    merged = with_verifier_replay(view, replay)
+    assert sorted(merged.column("step_id").to_pylist()) == sorted(ids + ["r1-solver"])
+    with pytest.raises(DataError, match="local_reward"):
+        verifier_replay([new.drop_columns(["local_reward"])], {"iid": IID()}, tok)
+    with pytest.raises(ConfigError, match="verifier_replay"):
+        ViewConfig(verifier_replay=-1)

@@ -102,6 +102,13 @@ class LossConfig:
     exp(r - p) - (r - p) - 1 per token; 0 disables it and no reference model is loaded."""
     rs_threshold: float = 1.0
     """"rs" trains on rows whose reward >= this (rewards are 1.0 right, 0.0 wrong)."""
+    negative_weight: float = 1.0
+    """"ppo" / "is": negative advantages are multiplied by this (1 = the plain estimator; < 1
+    leans the update towards raising the right samples over pushing the wrong ones down)."""
+    sft_strategies: tuple[str, ...] = ("replay",)
+    """"ppo" / "is": rows of these strategies are trained by their NLL, as "rs" trains its rows:
+    rows whose completion was not sampled under this context (the Verifier's relabelled replay),
+    so that no importance ratio exists for them."""
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
@@ -124,6 +131,9 @@ class LossConfig:
             raise ConfigError(f"LossConfig.anchor must be one of {ANCHORS}, got {self.anchor!r}")
         if not (isinstance(self.off_policy_cap, (int, float)) and math.isfinite(self.off_policy_cap) and self.off_policy_cap >= 1):
             raise ConfigError(f"LossConfig.off_policy_cap must be a finite number >= 1, got {self.off_policy_cap!r}")
+        if not (isinstance(self.negative_weight, (int, float)) and math.isfinite(self.negative_weight) and 0 <= self.negative_weight <= 1):
+            raise ConfigError(f"LossConfig.negative_weight must be in [0, 1], got {self.negative_weight!r}")
+        object.__setattr__(self, "sft_strategies", tuple(self.sft_strategies))
         if not math.isfinite(self.rs_threshold):
             raise ConfigError(f"LossConfig.rs_threshold must be finite, got {self.rs_threshold!r}")
 

@@ -27,6 +27,10 @@ Choices, in the order the code makes them:
    so the minibatch loss is one token mean, not a mean of micro-batch means.
 The "rs" loss (rejection-sampling expert iteration) replaces 1-3: per-token -logp * w on rows whose
 reward >= threshold, aggregated the same way over those rows only (SFT on the good samples).
+Under "ppo" / "is", rows of a strategy named in `LossConfig.sft_strategies` (the Verifier's
+relabelled replay, `pipeline.views.verifier_replay`) are trained the rs way, -logp * w, in the same
+token mean: their completions were not sampled from q under this context, so they have no ratio.
+Negative advantages are scaled by `LossConfig.negative_weight` (1 = the plain estimator).
 
 Diagnostics (`LossDiagnostics`) are additive sums, so micro-batches merge exactly: mean log ratio,
 clip fraction (tokens where the clip stops the gradient), masked / truncated fraction (rows),
@@ -266,7 +270,10 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
         # level the mask/truncate decision uses
         seq_ratio = torch.exp(log_ratio.detach().sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
-    weighted_adv = (batch.advantage * batch.sample_weight).to(batch.logp.dtype)[:, None]
+    adv = batch.advantage.to(batch.logp.dtype)
+    if config.negative_weight != 1.0:
+        adv = torch.where(adv < 0, adv * config.negative_weight, adv)
+    weighted_adv = (adv * batch.sample_weight.to(batch.logp.dtype))[:, None]
     clipped_tok = torch.zeros_like(mask, dtype=torch.bool)
     if config.kind in ("ppo", "is"):
         if config.kind == "ppo":
@@ -283,6 +290,16 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
         per_token = per_token * row_factor[:, None]
         rows = None
         rs_rows = torch.zeros_like(s)
+        if config.sft_strategies:
+            # rows without a sampling ratio in this context (relabelled replay): NLL, as "rs"
+            sft = torch.tensor([st in config.sft_strategies for st in batch.strategy], device=s.device)
+            if bool(sft.any()):
+                nll = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
+                per_token = torch.where(sft[:, None], nll, per_token)
+                rs_rows = sft.to(s.dtype)
+                clipped_tok = clipped_tok & ~sft[:, None]
+                masked = masked & ~sft
+                truncated = truncated & ~sft
     else:
         # rejection sampling: NLL of the rows that passed, weighted by their sample weight
         reward = batch.reward.to(batch.logp.dtype)
