@@ -73,11 +73,11 @@ def round_summary(store: Path, rounds: list[int]) -> pl.DataFrame:
     rollouts stage's seconds) and the seconds of every stage (the `timings` table)."""
     ev = scan_table(store, "evaluation").filter(pl.col("round").is_in(rounds)).collect()
     table = (
-        ev.filter(pl.col("metric").is_in(["accuracy", "accuracy_greedy", "accuracy_hint", "verdict_accuracy", "verdict_balanced_accuracy"]))
+        ev.filter(pl.col("metric").is_in(["accuracy", "accuracy_greedy", "accuracy_hint", "verdict_accuracy", "verdict_balanced_accuracy", "verdict_balanced_accuracy_greedy"]))
         .pivot(on="metric", index="round", values="value", aggregate_function="first")
         .sort("round")
     )
-    rename = {"accuracy": "solver_acc", "accuracy_greedy": "greedy", "accuracy_hint": "with_hint", "verdict_accuracy": "verifier_acc", "verdict_balanced_accuracy": "verifier_bal_acc"}
+    rename = {"accuracy": "solver_acc", "accuracy_greedy": "greedy", "accuracy_hint": "with_hint", "verdict_accuracy": "verifier_acc", "verdict_balanced_accuracy": "verifier_bal_acc", "verdict_balanced_accuracy_greedy": "verifier_bal_greedy"}
     table = table.rename({k: v for k, v in rename.items() if k in table.columns})
     trained = [r for r in rounds if r >= 0]
     if trained:

@@ -10,6 +10,8 @@ temperature, without hints, so rounds are comparable:
 - Verifier `verdict_balanced_accuracy`: the mean of its verdict accuracy on right answers and on
   wrong answers (robust to the base rate: saying "yes" to everything scores 50%); only when both
   kinds of answers occur;
+- Verifier `verdict_balanced_accuracy_greedy`: the same, judging the same answers with its likelier
+  verdict (greedy), i.e. how well it discriminates without the noise of sampling a verdict;
 - Verifier `approve_rate`: fraction of Solver answers it approves;
 - team `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
 Two engine calls per metric family, batched over all problems. Answers are scored and verdicts
@@ -127,16 +129,28 @@ def evaluate_team(
         v_sampler, v_tok = samplers[verifier.policy_id], tokenizers[verifier.policy_id]
         pairs = [(p, t, c) for p, per, cs in zip(problems, texts, correct) for t, c in zip(per, cs)]
         vmsgs = [verifier.verifier_view(task, p, t) for p, t, _ in pairs]
-        verdicts = _sample_texts(v_sampler, v_tok, vmsgs, 1, config.temperature, config.max_tokens, config.seed + 2)
-        parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], config.reward_timeout)]
-        right = [v is not None and v == c for v, (_, _, c) in zip(parsed, pairs)]
+        truth = [c for _, _, c in pairs]
+
+        def judge(temperature: float, seed: int) -> tuple[list[bool | None], list[bool], float | None]:
+            """The Verifier's parsed verdicts on every pair, which were right, and the balanced accuracy."""
+            verdicts = _sample_texts(v_sampler, v_tok, vmsgs, 1, temperature, config.max_tokens, seed)
+            parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], config.reward_timeout)]
+            right = [v is not None and v == c for v, c in zip(parsed, truth)]
+            on_right = [r for r, c in zip(right, truth) if c]
+            on_wrong = [r for r, c in zip(right, truth) if not c]
+            balanced = (sum(on_right) / len(on_right) + sum(on_wrong) / len(on_wrong)) / 2 if on_right and on_wrong else None
+            return parsed, right, balanced
+
+        parsed, right, balanced = judge(config.temperature, config.seed + 2)
         approved = [v is True for v in parsed]
         add(verifier, "verdict_accuracy", sum(right) / len(right), len(right))
-        on_right = [r for r, (_, _, c) in zip(right, pairs) if c]
-        on_wrong = [r for r, (_, _, c) in zip(right, pairs) if not c]
-        if on_right and on_wrong:
-            balanced = (sum(on_right) / len(on_right) + sum(on_wrong) / len(on_wrong)) / 2
+        if balanced is not None:
             add(verifier, "verdict_balanced_accuracy", balanced, len(right))
+        if config.greedy:
+            # the same answers judged with the likelier verdict: how well it discriminates, without sampling noise
+            _, _, balanced_greedy = judge(0.0, config.seed + 2)
+            if balanced_greedy is not None:
+                add(verifier, "verdict_balanced_accuracy_greedy", balanced_greedy, len(right))
         add(verifier, "approve_rate", sum(approved) / len(approved), len(approved))
         n_app = sum(approved)
         if n_app:

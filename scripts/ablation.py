@@ -26,6 +26,10 @@ Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) 
   rs-replay    rs with the Verifier trained on its relabelled calls of every round so far (verifier_replay 5)
   ppo-replay   ppo with the Solver's own correctness as its reward (alpha 0) and the Verifier's replay
   ppo-replay-nw  ppo-replay with negative advantages halved (negative_weight 0.5)
+  ppo-local-nw ppo-local with negative advantages halved (negative_weight 0.5)
+  rs-replay-sep  rs-replay with separate policies (the Verifier its own model, trained on its replay alone)
+  ppo-pos-5e-4 ppo-local with positive advantages only (negative_weight 0) at lr 5e-4
+  ppo-nw-5e-4  ppo-local-nw at lr 5e-4
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ VARIANTS = {
     "rs-replay": ["--verifier-replay", "5"],
     "ppo-replay": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5"],
     "ppo-replay-nw": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5", "--negative-weight", "0.5"],
+    "ppo-local-nw": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5"],
+    "rs-replay-sep": ["--verifier-replay", "5", "--separate-policies"],
+    "ppo-pos-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0", "--lr", "5e-4"],
+    "ppo-nw-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5", "--lr", "5e-4"],
 }
 
 

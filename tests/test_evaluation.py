@@ -80,3 +80,13 @@ def test_balanced_verdict_accuracy_is_robust_to_the_base_rate():
     # a perfect checker: 100% balanced
     perfect = evaluate(FakeTask(), FakeSampler(solver_accuracy=0.5, verifier_accuracy=1.0, garbage=0.0))
     assert perfect["verdict_balanced_accuracy"] == pytest.approx(1.0)
+
+
+def test_greedy_balanced_verdict_accuracy_judges_the_same_answers_with_the_likelier_verdict():
+    """The greedy column judges the T=1 answers again at temperature 0: an always-yes Verifier
+    scores 50% there too, a perfect one 100%; with `greedy=False` it is not computed."""
+    perfect = evaluate(FakeTask(), FakeSampler(solver_accuracy=0.5, verifier_accuracy=1.0, garbage=0.0))
+    assert perfect["verdict_balanced_accuracy_greedy"] == pytest.approx(1.0)
+    noisy = evaluate(FakeTask(), FakeSampler(solver_accuracy=0.5, verifier_accuracy=0.7, garbage=0.0))
+    assert 0.0 <= noisy["verdict_balanced_accuracy_greedy"] <= 1.0
+    assert "verdict_balanced_accuracy_greedy" not in evaluate(FakeTask(), FakeSampler(solver_accuracy=0.5), greedy=False)
