@@ -98,6 +98,16 @@ def bad_call(prompts, case):
     return ids, args
 
 
+def test_engine_dtype_auto_is_bf16_on_cuda_and_fp32_on_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert EngineConfig().resolved_dtype() == "float32" and EngineConfig().torch_dtype() is torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert EngineConfig().resolved_dtype() == "bfloat16" and EngineConfig().torch_dtype() is torch.bfloat16
+    assert EngineConfig(dtype="float32").resolved_dtype() == "float32"
+    with pytest.raises(ConfigError, match="engine.dtype"):
+        EngineConfig(dtype="fp8")
+
+
 def test_check_generate_args_returns_int_lists():
     import numpy as np
 

@@ -10,7 +10,7 @@ from pipeline.errors import ConfigError
 
 __all__ = ["EngineConfig", "check_generate_args", "sample_seeds"]
 
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -19,8 +19,10 @@ class EngineConfig:
 
     Parameters of both engines."""
 
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights and activations. float32 keeps sampled logprobs equal to the trainer's to ~1e-5."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations. "auto": bfloat16 on a CUDA GPU (where the trainer also runs in
+    bf16 autocast), float32 on a CPU, which keeps sampled logprobs equal to the trainer's to
+    ~1e-5 (`resolved_dtype`)."""
     threads: int | None = None
     """CPU threads for torch (None: leave torch's setting; vLLM binds to `cpu_cores`)."""
     # Parameters of the transformers engine.
@@ -88,10 +90,18 @@ class EngineConfig:
         if self.swap not in ("reload", "rebuild"):
             raise ConfigError(f"engine.swap must be 'reload' or 'rebuild', got {self.swap!r}")
 
+    def resolved_dtype(self) -> str:
+        """`dtype` with "auto" decided: "bfloat16" when torch sees a CUDA GPU, else "float32"."""
+        if self.dtype != "auto":
+            return self.dtype
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+
     def torch_dtype(self):
         import torch
 
-        return getattr(torch, self.dtype)
+        return getattr(torch, self.resolved_dtype())
 
 
 def check_generate_args(prompt_ids: Sequence[Sequence[int]], n: int, temperature: float, max_tokens: int) -> list[list[int]]:

@@ -69,7 +69,7 @@ class VLLMSampler:
         kwargs = dict(
             model=str(self.base_dir),
             tokenizer=str(self.base_dir),
-            dtype=c.dtype,
+            dtype=c.resolved_dtype(),
             enforce_eager=c.enforce_eager,
             seed=0,
             logprobs_mode="processed_logprobs",
