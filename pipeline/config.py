@@ -108,6 +108,12 @@ class AdvantageConfig:
     singleton: Literal["zero", "raw"] = "zero"
     """Groups of one member: "zero" gives A = 0 (there is no baseline to compare against);
     "raw" uses verl's rule mean 0, std 1, so A = r / (1 + eps) (r with "center")."""
+    baseline: Literal["group", "batch"] = "group"
+    """"group": the statistics of the row's group of samples of one problem (GRPO, DrMAS,
+    AT-GRPO). "batch": of all the round's rows of the same strategy (and `group_by` columns),
+    every problem together: REINFORCE with a mean-reward baseline, so a problem whose samples were
+    all right still has a positive advantage (its samples are above the round's mean) where the
+    group baseline gives it 0."""
 
     # --- Parameters that control rewards ----------------------------------------------------
     alpha: float = 1.0
@@ -141,6 +147,8 @@ class AdvantageConfig:
             raise ConfigError("trajectory_score='mean' needs trajectory_mean=True (without it every row is scored by its own reward)")
         if self.normalize not in ("std", "center"):
             raise ConfigError(f"normalize must be 'std' or 'center', got {self.normalize!r}")
+        if self.baseline not in ("group", "batch"):
+            raise ConfigError(f"baseline must be 'group' or 'batch', got {self.baseline!r}")
         if self.singleton not in ("zero", "raw"):
             raise ConfigError(f"singleton must be 'zero' or 'raw', got {self.singleton!r}")
         if not (_is_number(self.eps) and self.eps >= 0):
@@ -153,5 +161,6 @@ class AdvantageConfig:
 
     @property
     def group_key(self) -> list[str]:
-        """The full group key: uid + strategy + group_by."""
-        return [*BASE_GROUP_KEY, *self.group_by]
+        """The full group key: uid + strategy + group_by (without uid for the batch baseline)."""
+        base = [c for c in BASE_GROUP_KEY if c != "uid"] if self.baseline == "batch" else list(BASE_GROUP_KEY)
+        return [*base, *self.group_by]

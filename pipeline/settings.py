@@ -103,6 +103,13 @@ class Settings:
         metavar="COL",
     )
     normalize: str = _s("std", "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages", choices=("std", "center"))
+    baseline: str = _s(
+        "group",
+        "advantage baseline: the statistics of the problem's group of samples (GRPO), or of the whole round's rows of that strategy "
+        "(REINFORCE with a mean-reward baseline: all-right groups still count)",
+        group="rewards and advantages",
+        choices=("group", "batch"),
+    )
     trajectory_mean: bool = _s(False, "group statistics over trajectory means (one member per trajectory)", group="rewards and advantages")
     trajectory_score: str = _s(
         "own",
@@ -219,6 +226,7 @@ class Settings:
         return AdvantageConfig(
             group_by=group_by,
             normalize=self.normalize,
+            baseline=self.baseline,
             trajectory_mean=self.trajectory_mean,
             trajectory_score=self.trajectory_score,
             alpha=alpha,

@@ -30,6 +30,8 @@ Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) 
   rs-replay-sep  rs-replay with separate policies (the Verifier its own model, trained on its replay alone)
   ppo-pos-5e-4 ppo-local with positive advantages only (negative_weight 0) at lr 5e-4
   ppo-nw-5e-4  ppo-local-nw at lr 5e-4
+  ppo-batch    ppo-local with the batch baseline (the round's mean reward per strategy, agent and turn)
+  ppo-batch-nw ppo-batch with negative advantages halved
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ VARIANTS = {
     "rs-replay-sep": ["--verifier-replay", "5", "--separate-policies"],
     "ppo-pos-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0", "--lr", "5e-4"],
     "ppo-nw-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5", "--lr", "5e-4"],
+    "ppo-batch": ["--loss", "ppo", "--alpha", "0", "--baseline", "batch"],
+    "ppo-batch-nw": ["--loss", "ppo", "--alpha", "0", "--baseline", "batch", "--negative-weight", "0.5"],
 }
 
 

@@ -442,3 +442,23 @@ def test_exact_plan_agrees_with_the_hashed_one_and_is_used_on_a_collision(monkey
     out = A.compute_advantages(df)
     assert calls == [False, True]
     assert out["advantage"].to_list() == real_plan(df.lazy(), df.schema, AdvantageConfig(), True).collect()["advantage"].to_list()
+
+
+def test_batch_baseline_compares_every_problem_with_the_rounds_mean():
+    """baseline="batch": the statistics of all the round's rows of a strategy (uid left out of the
+    key), so an all-right group keeps a positive advantage; strategies stay apart."""
+    df = frame(
+        uid=["A"] * 4 + ["B"] * 4 + ["A"] * 2,
+        strategy=["iid"] * 8 + ["tree"] * 2,
+        reward=[1.0, 1.0, 1.0, 1.0] + [1.0, 0.0, 0.0, 0.0] + [1.0, 0.0],
+    )
+    group = AdvantageConfig(eps=0.0)
+    batch = AdvantageConfig(eps=0.0, baseline="batch")
+    assert batch.group_key == ["strategy", "agent_id", "turn"]
+    assert compute_advantages(df, group)["advantage"].to_list()[:4] == [0.0] * 4
+    iid_std = pl.Series([1.0] * 5 + [0.0] * 3).std()
+    for got in (compute_advantages(df, batch)["advantage"].to_list(), reference_column(df, batch, "advantage")):
+        assert got[:8] == pytest.approx([(1 - 0.625) / iid_std] * 5 + [-0.625 / iid_std] * 3)
+        assert got[8:] == pytest.approx([1 / 2**0.5, -1 / 2**0.5])  # the tree's own statistics
+    with pytest.raises(ConfigError, match="baseline"):
+        AdvantageConfig(baseline="global")
