@@ -136,7 +136,7 @@ def ratio_diagnostics(context: dg.AssetCheckExecutionContext, settings: RunSetti
 class _NoEngine:
     """Stands in for the engine resource where a check needs the task but never samples."""
 
-    def pool(self):
+    def pool(self, options=None):
         return None
 
 

@@ -39,7 +39,9 @@ class _SettingsResource(dg.ConfigurableResource):
 
     def context(self, store, engine, policy_registry=None) -> RoundContext:
         registry = policy_registry.registry() if policy_registry is not None else None
-        return RoundContext(Path(store.root()), self.run_config(), engine.pool(), registry)
+        from assets.resources import engine_options
+
+        return RoundContext(Path(store.root()), self.run_config(), engine.pool(engine_options(self)), registry)
 
 
 RunSettings = create_model(

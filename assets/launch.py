@@ -225,15 +225,26 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
             if not instance.has_dynamic_partition(rounds_def.name, key):
                 instance.add_dynamic_partitions(rounds_def.name, [key])
             t0, started = time.perf_counter(), time.time()
-            result = dg.materialize(
-                [*ROUND_ASSETS, *all_checks],
-                partition_key=key,
-                instance=instance,
-                resources=resources,
-                run_config=run_config,
-                raise_on_error=False,
-                tags={"maxit/launched_by": "maxit run", "maxit/store": str(store.resolve())},
-            )
+            tags = {"maxit/launched_by": "maxit run", "maxit/store": str(store.resolve())}
+            if int(settings.shards) > 1:
+                # one process per step (each shard's rollouts with its own engine), up to `shards` at once
+                result = dg.execute_job(
+                    sharded_round_job(str(store.resolve()), engine, settings),
+                    instance=instance,
+                    run_config=run_config,
+                    tags={**tags, "dagster/partition": key},
+                    raise_on_error=False,
+                )
+            else:
+                result = dg.materialize(
+                    [*ROUND_ASSETS, *all_checks],
+                    partition_key=key,
+                    instance=instance,
+                    resources=resources,
+                    run_config=run_config,
+                    raise_on_error=False,
+                    tags=tags,
+                )
             if not result.success:
                 failures = []
                 for e in result.all_events:
@@ -256,6 +267,45 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
         bar.close()
         close_engines()
     return round_summary(store, [BASE_ROUND, *done])
+
+
+SHARDED_JOB = "expert_iteration_round_multiprocess"
+
+
+def sharded_round_job(store: str, engine: str, settings):
+    """The round job on Dagster's multiprocess executor, as a reconstructable job: every step
+    (each shard's rollouts among them) runs in its own process, at most `settings.shards` at
+    once. The child processes rebuild the job from this module with the same store, engine and
+    settings (`build_round_job`)."""
+    import dagster as dg
+
+    values = settings.settings() if hasattr(settings, "settings") else settings
+    from dataclasses import asdict
+
+    kwargs = {"store": str(store), "engine": engine, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}}
+    return dg.build_reconstructable_job(__name__, "build_round_job", reconstructable_kwargs=kwargs, reconstructor_working_directory=str(PROJECT_ROOT))
+
+
+def build_round_job(store: str, engine: str, settings: dict, executor=None):
+    """The job of one round's assets and checks with the run's resources bound, on the
+    multiprocess executor (`max_concurrent` = shards) unless `executor` is given. The same
+    definitions run on a cluster by passing another executor (`dagster_k8s.k8s_job_executor`,
+    `dagster_celery.celery_executor`): see the README's "Scaling out"."""
+    import dagster as dg
+
+    from assets.checks import all_checks
+    from assets.config import RunSettings
+    from assets.definitions import ROUND_ASSETS, make_resources
+    from assets.partitions import rounds as rounds_def
+
+    run_settings = RunSettings(**settings)
+    if executor is None:
+        executor = dg.multiprocess_executor.configured({"max_concurrent": max(1, int(run_settings.shards))})
+    job = dg.define_asset_job(SHARDED_JOB, selection=dg.AssetSelection.groups("expert_iteration"), partitions_def=rounds_def)
+    defs = dg.Definitions(
+        assets=ROUND_ASSETS, asset_checks=all_checks, jobs=[job], resources=make_resources(store, engine, run_settings), executor=executor
+    )
+    return defs.resolve_job_def(SHARDED_JOB)
 
 
 def _record_other_time(store: Path, round_: int, wall_seconds: float, started: float) -> None:

@@ -27,12 +27,22 @@ class EngineResource(dg.ConfigurableResource):
 
     engine: str = "auto"
 
-    def pool(self) -> EnginePool:
+    def pool(self, options: dict | None = None) -> EnginePool:
+        """The process's engine pool for this engine and these `EngineConfig` options (the run's
+        scale-out settings: `engine_options`)."""
         if self.engine not in ("auto", "vllm", "hf"):
             raise dg.Failure(f"EngineResource.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
-        if self.engine not in _POOLS:
-            _POOLS[self.engine] = EnginePool(self.engine)
-        return _POOLS[self.engine]
+        options = {k: v for k, v in (options or {}).items() if v != 1}  # 1 is every library's default
+        key = self.engine + "".join(f" {k}={v}" for k, v in sorted(options.items()))
+        if key not in _POOLS:
+            _POOLS[key] = EnginePool(self.engine, options)
+        return _POOLS[key]
+
+
+def engine_options(settings) -> dict:
+    """The `EngineConfig` options a run's settings pass to the engines: vLLM's tensor- and
+    data-parallel sizes (the transformers engine ignores them)."""
+    return {"tensor_parallel_size": int(settings.tensor_parallel_size), "data_parallel_size": int(settings.data_parallel_size)}
 
 
 class PolicyRegistryResource(dg.ConfigurableResource):

@@ -1,4 +1,28 @@
+"""The `rollouts` asset: a graph of one step per shard.
+
+The round's problems are split into `settings.shards` shards by a stable hash of their uid
+(`pipeline.rollouts.shard_of`); `rollout_shards` fans out one dynamic output per shard,
+`rollout_shard` samples one shard with its own engine (in its own process under the
+multiprocess executor, in its own pod under a Kubernetes or Celery executor), and
+`merge_rollout_shards` writes the round's one `steps` table once every shard is in, so the
+`advantages` asset starts only then. Each shard draws its rows with per-request seeds, so the
+merged table is the one a single process would write (`pipeline.rollouts.merge_shards`).
+
+Why dynamic outputs and not a second partition dimension (round x shard): the shard count is a
+run setting, not part of the definitions, and a partition dimension would fix it there (a
+static dimension) or need keys added per run (a second dynamic dimension), and every downstream
+asset would need a partition mapping back to rounds. Mapped steps keep the asset graph and its
+checks as they are, and each shard is still its own step: its own process, logs, retries and
+re-execution from failure.
+"""
+
+
+import os
+import shutil
+import socket
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import dagster as dg
 import polars as pl
@@ -7,28 +31,110 @@ from assets.config import RunSettings
 from assets.metadata import md_table, reward_by_agent_strategy
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
-from pipeline.rounds import stage_rollouts
-from pipeline.store import read_table, table_path
+from pipeline.store import read_table, round_dir, table_path, write_table
+
+SHARD_TABLE = "rollout_shards"
+"""`<store>/round=<r>/rollout_shards.parquet`: one row per shard (problems, rows, process id,
+host, start and end times), written with the merged steps table."""
 
 
-@dg.asset(partitions_def=rounds, group_name="expert_iteration", deps=["problems"], kinds={"vllm"})
-def rollouts(context: dg.AssetExecutionContext, settings: RunSettings, store: StoreResource, engine: EngineResource, policy_registry: PolicyRegistryResource
-) -> dg.MaterializeResult:
-    """Every agent call of the round (the `steps` table): the team acting on the problems under
-    every search strategy, with token ids and sampling logprobs."""
+def shard_store(root: str | Path, round_: int, shard: int) -> Path:
+    """The folder a shard writes its own tables to before the merge (removed after it)."""
+    return round_dir(root, round_) / "shards" / f"shard={int(shard)}"
+
+
+@dg.op(ins={"problems": dg.In(dg.Nothing)}, out=dg.DynamicOut(int))
+def rollout_shards(context: dg.OpExecutionContext, settings: RunSettings, store: StoreResource, engine: EngineResource, policy_registry: PolicyRegistryResource):
+    """One dynamic output per shard. The starting checkpoints are resolved here, once, so the
+    shards never race to register the base model."""
     r = round_of(context)
-    ctx = settings.context(store, engine, policy_registry)
-    t0 = time.perf_counter()
-    steps = pl.from_arrow(stage_rollouts(ctx, r, read_table(table_path(store.root(), r, "problems"))))
-    seconds = time.perf_counter() - t0
+    shards = int(settings.shards)
+    if shards < 1:
+        raise dg.Failure(f"settings.shards must be >= 1, got {shards}")
+    settings.context(store, _NoEngine(), policy_registry).start_checkpoints(r)
+    stale = round_dir(store.root(), r) / "shards"
+    if stale.exists():  # a crashed attempt's shard files are replaced, never merged
+        shutil.rmtree(stale)
+    for s in range(shards):
+        yield dg.DynamicOutput(s, mapping_key=f"shard_{s}")
+
+
+@dg.op(tags={"maxit/stage": "rollouts"})
+def rollout_shard(
+    context: dg.OpExecutionContext, shard: int, settings: RunSettings, store: StoreResource, engine: EngineResource, policy_registry: PolicyRegistryResource
+) -> dict:
+    """Sample one shard's problems (every strategy, every agent step) with this process's engine."""
+    from pipeline.rollouts import shard_of
+    from pipeline.rounds import stage_rollouts
+
+    r = round_of(context)
+    shards = int(settings.shards)
+    started = time.time()
+    problems = read_table(table_path(store.root(), r, "problems"))
+    mine = problems.filter(pl.col("uid").map_elements(lambda u: shard_of(u, shards), return_dtype=pl.Int64) == shard)
+    out = shard_store(store.root(), r, shard)
+    rows = 0
+    if mine.height:
+        ctx = replace(settings.context(store, engine, policy_registry), store=out)
+        rows = stage_rollouts(ctx, r, mine).num_rows
+    finished = time.time()
+    context.log.info(f"shard {shard}/{shards}: {mine.height} problems, {rows} rows in {finished - started:.1f}s (pid {os.getpid()})")
+    return {
+        "shard": shard, "problems": mine.height, "rows": rows, "pid": os.getpid(), "host": socket.gethostname(),
+        "started": started, "finished": finished, "path": str(table_path(out, r, "steps")) if rows else None,
+    }
+
+
+@dg.op(out=dg.Out(dg.Nothing))
+def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[dict], settings: RunSettings, store: StoreResource):
+    """Every shard is in: the round's `steps` table, in the order one process would write it."""
+    import pipeline.rollouts as rollouts_mod
+    from pipeline.rounds import record_timing
+    from schemas import STEPS
+
+    r = round_of(context)
+    shards = sorted(shards, key=lambda s: s["shard"])
+    problems = read_table(table_path(store.root(), r, "problems"))
+    tables = [read_table(s["path"], STEPS).to_arrow() for s in shards if s["path"]]
+    steps_table = rollouts_mod.merge_shards(tables, problems["uid"].to_list(), list(settings.run_config().strategies))
+    rollouts_mod.write_steps(steps_table, store.root(), r)
+    shard_df = pl.DataFrame(shards).drop("path").with_columns(pl.lit(r, pl.Int32).alias("round"))
+    write_table(shard_df, table_path(store.root(), r, SHARD_TABLE))
+    wall = max(s["finished"] for s in shards) - min(s["started"] for s in shards)
+    record_timing(store.root(), r, "rollouts", wall)
+    shutil.rmtree(round_dir(store.root(), r) / "shards", ignore_errors=True)
+    steps = pl.from_arrow(steps_table)
     tokens = int(steps["completion_ids"].list.len().sum())
-    return dg.MaterializeResult(
-        metadata={
+    context.add_output_metadata(
+        {
             "dagster/row_count": steps.height,
             "path": str(table_path(store.root(), r, "steps")),
             "completion_tokens": tokens,
-            "tokens_per_second": round(tokens / seconds, 1),
+            "tokens_per_second": round(tokens / wall, 1) if wall > 0 else 0.0,
             "engine": steps["engine"][0] if steps.height else "",
+            "shards": len(shards),
+            "shard_pids": ", ".join(str(s["pid"]) for s in shards),
+            "by_shard": md_table(shard_df.select("shard", "problems", "rows", "pid", "host", (pl.col("finished") - pl.col("started")).round(1).alias("seconds"))),
             "reward_by_agent_strategy": md_table(reward_by_agent_strategy(steps)),
         }
     )
+
+
+@dg.graph_asset(
+    name="rollouts",
+    partitions_def=rounds,
+    group_name="expert_iteration",
+    ins={"problems": dg.AssetIn(key="problems", dagster_type=dg.Nothing)},
+    kinds={"vllm"},
+    description="Every agent call of the round (the `steps` table): the team acting on the problems under every search strategy, "
+    "with token ids and sampling logprobs; one step per shard (settings.shards), merged when all are in.",
+)
+def rollouts(problems):
+    return merge_rollout_shards(rollout_shards(problems).map(rollout_shard).collect())
+
+
+class _NoEngine:
+    """The starting checkpoints are resolved without sampling: no engine is loaded."""
+
+    def pool(self, options=None):
+        return None

@@ -94,6 +94,28 @@ def cmd_sql(args) -> int:
     return 0
 
 
+def check_scale_out(settings, store_dir: str) -> None:
+    """The scale-out settings and the store's filesystem, each a one-line error naming its flag."""
+    from pipeline.errors import ConfigError
+    from pipeline.store import filesystem, is_url
+
+    for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
+        value = getattr(settings, name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+    if getattr(settings, "train_processes", 1) > 1:
+        raise ConfigError(
+            "--train-processes > 1: a round's trainer under accelerate launch is planned, not built (docs/SCALING.md); "
+            "`maxit train --processes N` launches one policy's training that way"
+        )
+    if is_url(str(store_dir)):
+        filesystem(str(store_dir), "--store")  # an unknown scheme or a missing package is named first
+        raise ConfigError(
+            f"--store {store_dir}: maxit run keeps its store in a local folder for now (give a path); tables on fsspec "
+            "filesystems are read and written by pipeline.store (docs/SCALING.md, 'Store on fsspec filesystems')"
+        )
+
+
 def check_run_inputs(settings, store_dir: str) -> None:
     """Before any work of `maxit run` / `maxit rollout`: the task (and prompt) file, the store
     and the model folder of `settings` (a `Settings` or a `RunConfig`), each a named error."""
@@ -101,6 +123,7 @@ def check_run_inputs(settings, store_dir: str) -> None:
     from pipeline.store import check_writable
     from pipeline.tasks import build_task
 
+    check_scale_out(settings, store_dir)
     build_task(settings.task, settings.task_file, settings.prompt_file)
     check_writable(store_dir, "--store", "folder")
     if settings.model_dir:
@@ -214,8 +237,53 @@ def cmd_view(args) -> int:
     return 0
 
 
+FSDP_STRATEGIES = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "hybrid_shard": "HYBRID_SHARD"}
+
+
+def accelerate_argv(processes: int, fsdp: str, train_args: list[str]) -> list[str]:
+    """The command that runs `maxit train train_args` under `accelerate launch` on `processes`
+    processes (one per GPU), with FSDP sharding `fsdp` ("off": plain data parallel). Planned:
+    built and checked here, not yet run on GPUs (see docs/SCALING.md, Trainer)."""
+    from pipeline.errors import ConfigError
+
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ConfigError(f"--processes must be an integer >= 1, got {processes!r}")
+    if fsdp != "off" and fsdp not in FSDP_STRATEGIES:
+        raise ConfigError(f"--fsdp must be off or one of {sorted(FSDP_STRATEGIES)}, got {fsdp!r}")
+    argv = [str(Path(sys.executable).with_name("accelerate")), "launch", "--num_processes", str(processes)]
+    if fsdp != "off":
+        argv += ["--use_fsdp", "--fsdp_sharding_strategy", FSDP_STRATEGIES[fsdp], "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"]
+    elif processes > 1:
+        argv += ["--multi_gpu"]
+    return argv + ["-m", "maxit.cli", "train", *train_args]
+
+
+def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """`argv` without the given flags and their values (`--flag V` or `--flag=V`)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        if any(a.startswith(f + "=") for f in flags):
+            continue
+        out.append(a)
+    return out
+
+
 def cmd_train(args) -> int:
     from pipeline import store
+
+    if args.processes != 1 or args.fsdp != "off":
+        import os
+
+        train_args = _without(list(args.argv or []), ("--processes", "--fsdp"))
+        argv = accelerate_argv(args.processes, args.fsdp, train_args)
+        print("maxit train: " + " ".join(argv), flush=True)
+        os.execv(argv[0], argv)  # accelerate starts one `maxit train` per process
     from pipeline.models.chat import check_model_dir
     from pipeline.training.config import LossConfig, TrainConfig
     from pipeline.training.trainer import train_from_files
@@ -335,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-to", default="tensorboard")
     p.add_argument("--store", default=None, help="register the checkpoint in this store's policy registry (with --round)")
     p.add_argument("--round", type=int, default=None, help="the round the checkpoint is registered as (with --store)")
+    p.add_argument("--processes", type=int, default=1, help="train under `accelerate launch` on this many processes, one per GPU (planned: untested without GPUs)")
+    p.add_argument("--fsdp", choices=("off", *FSDP_STRATEGIES), default="off", help="FSDP sharding under accelerate launch (planned: untested without GPUs)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("model", help="build (or find) the embedded default model and print its folder; `model import FILE.gguf --out DIR`: a GGUF file as an HF model folder")
@@ -356,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args.argv = raw[raw.index(args.command) + 1 :] if args.command in raw else raw
     try:
         return int(args.func(args) or 0)
     except (MaxitError, SchemaError, FileNotFoundError) as err:

@@ -19,11 +19,14 @@ Strategies (pipeline.strategies) and what they sample:
   selected row's `node_id`, so a (uid, agent_id, turn) group of the tree is exactly the N
   siblings of one node.
 
-Batching: the orchestra's schedule is a list of agent steps (loop t: Solver, then Verifier).
-Each agent step makes ONE `sampler.generate` call covering every active trajectory and tree
-node of every strategy and problem. Identical prompts are merged: each distinct prompt needs c
-samples, the call uses n = gcd of all c and repeats a prompt c/n times (so the K samples of a
-first Solver turn go out as one prompt with n=K, and a round of only tree nodes as n=N).
+Batching and seeds: the orchestra's schedule is a list of agent steps (loop t: Solver, then
+Verifier). At each agent step every active trajectory and tree node of every strategy and problem
+is sampled. Identical prompts of one problem are merged into one request (so the K samples of a
+first Solver turn go out as one prompt with n=K, a tree node as one prompt with n=N), and each
+request carries its own seed (`request_seed`: run seed, round, step and the request's first
+`traj_uid`). Requests are sent in one engine call per distinct sample count. What a request draws
+depends on the request alone, not on the other prompts of the call, so splitting a round's
+problems into shards (`shard_of`, `merge_shards`) gives the same rows.
 
 Row ids (deterministic): `traj_uid = r{round}-{strategy}-{uid}-s{sample}`,
 `step_id = node_id = {traj_uid}-{agent_id}-t{turn}`; `parent_node_id` is the previous row of
@@ -35,7 +38,8 @@ the call was rendered from, `prompt_ids == encode_prompt(tokenizer, sampling_mes
 exact ids sent to the engine, `completion_ids`/`completion_logprobs` are the engine's Sample
 verbatim (equal lengths, checked). `active` is True on every row: the orchestra's active mask
 decides which samples are called at all, so an approved sample simply has no later rows.
-`seed` is the seed given to the engine call of that agent step.
+`seed` is the request's seed (`request_seed`); the engine draws sample j of it with its own seed
+derived from it (`pipeline.engines.config.sample_seeds`).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ from pipeline.strategies import Feedback, Strategy
 from pipeline.types import Message, Problem, Sample, Sampler
 from schemas import STEPS, validate
 
-__all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "write_steps", "plan_call", "step_seed"]
+__all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "write_steps", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
 
 
 @dataclass(frozen=True)
@@ -90,8 +94,8 @@ class RolloutConfig:
     local_weight: float = 1.0
     """Weight of the local reward in the mixed reward."""
     seed: int = 0
-    """Base seed; the engine call of each agent step gets a seed derived from it, the round and
-    the step (`step_seed`), recorded in the `seed` column."""
+    """Base seed; each request of an agent step gets a seed derived from it, the round, the step
+    and the request's trajectory (`request_seed`), recorded in the `seed` column."""
     reward_timeout: float | None = 10.0
     """Seconds one call of the task's reward or verdict parser may take before its reward is
     null with a `reward_error`; None runs them unguarded by time (exceptions are still caught)."""
@@ -132,6 +136,93 @@ def step_seed(seed: int, round_: int, step: int) -> int:
     """The engine seed of agent step `step` of round `round_` (stable across runs, < 2**31)."""
     digest = hashlib.blake2b(f"{seed}/{round_}/{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+def request_seed(seed: int, round_: int, step: int, traj_uid: str) -> int:
+    """The engine seed of one request: the samples agent step `step` of round `round_` draws for
+    the trajectory (or tree) `traj_uid` and the requests merged with it (identical prompts of one
+    problem, keyed by the first one's `traj_uid`). It depends on the request alone, never on its
+    place in an engine call, so a round split into shards draws the same samples (< 2**31)."""
+    digest = hashlib.blake2b(f"{seed}/{round_}/{step}/{traj_uid}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+def shard_of(uid: str, shards: int) -> int:
+    """The shard (0..shards-1) of problem `uid`: a stable hash of the uid (not Python's salted
+    `hash`), so every row of a problem, and so every advantage group and tree, is in one shard."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ConfigError(f"shards must be an integer >= 1, got {shards!r}")
+    digest = hashlib.blake2b(str(uid).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % shards
+
+
+def _sample_requests(eng, live, prompts, config: "RolloutConfig", step: int, agent_id: str) -> list[tuple[int, list[Sample]]]:
+    """Draw every live episode's samples of one agent step: (request seed, its `width` samples)
+    per episode, in `live` order.
+
+    Identical prompts of one problem (the K first attempts of a group, say) are merged into one
+    request of count c (the sum of their widths) with one seed (`request_seed` of the first
+    one's traj_uid) and handed out in episode order. Requests are sent in one engine call per
+    distinct count (n = c), each with its own seed: what a request draws depends only on the
+    request, not on which other problems share the call (sharding cannot change a row)."""
+    r = config.round
+    groups: dict[tuple[str, tuple[int, ...]], int] = {}
+    group_prompt: list[list[int]] = []
+    group_count: list[int] = []
+    group_seed: list[int] = []
+    member: list[int] = []
+    for e, p in zip(live, prompts):
+        key = (e.problem.uid, tuple(p))
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = len(group_prompt)
+            group_prompt.append(p)
+            group_count.append(0)
+            group_seed.append(request_seed(config.seed, r, step, e.traj_uid))
+        group_count[g] += e.width
+        member.append(g)
+    drawn: list[list[Sample]] = [[] for _ in group_prompt]
+    by_count: dict[int, list[int]] = {}
+    for g, c in enumerate(group_count):
+        by_count.setdefault(c, []).append(g)
+    for n, gs in sorted(by_count.items()):
+        out = eng.generate([group_prompt[g] for g in gs], n, float(config.temperature), config.max_tokens_for(agent_id), [group_seed[g] for g in gs])
+        if len(out) != len(gs) or any(len(o) != n for o in out):
+            raise DataError(
+                f"engine {eng.engine!r} returned {[len(o) for o in out][:8]}... samples for {len(gs)} prompts "
+                f"with n={n} at round {r} step {step}"
+            )
+        for g, samples in zip(gs, out):
+            drawn[g] = list(samples)
+    taken = [0] * len(group_prompt)
+    result = []
+    for e, g in zip(live, member):
+        result.append((group_seed[g], drawn[g][taken[g] : taken[g] + e.width]))
+        taken[g] += e.width
+    return result
+
+
+def merge_shards(tables: Sequence[pa.Table], problem_uids: Sequence[str], strategy_ids: Sequence[str]) -> pa.Table:
+    """The `steps` tables of a round's shards as the one table `run_rollouts` gives on all the
+    problems at once: concatenated, then in its row order (agent step, strategy, problem in the
+    problems table's order, sample). Validated; a step_id in two shards is an error."""
+    tables = [t for t in tables if t.num_rows] or list(tables[:1])
+    if not tables:
+        raise DataError("merge_shards: no shard tables")
+    table = pa.concat_tables(tables)
+    ids = table.column("step_id").to_pylist()
+    if len(set(ids)) != len(ids):
+        raise DataError("merge_shards: a step_id appears in two shards (a problem was sampled twice)")
+    strategy_pos = {s: i for i, s in enumerate(strategy_ids)}
+    uid_pos = {u: i for i, u in enumerate(problem_uids)}
+    keys = list(zip(
+        table.column("step").to_pylist(),
+        [strategy_pos[s] for s in table.column("strategy").to_pylist()],
+        [uid_pos[u] for u in table.column("uid").to_pylist()],
+        table.column("sample_idx").to_pylist(),
+    ))
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return validate(table.take(pa.array(order, type=pa.int64())), STEPS)
 
 
 @dataclass(frozen=True)
@@ -360,21 +451,13 @@ def run_rollouts(
             contexts.append(msgs)
             prompts.append(encoded[key])
 
-        plan = plan_call([(p, e.width) for p, e in zip(prompts, live)])
-        seed = step_seed(config.seed, r, agent_step.step)
-        out = eng.generate(plan.prompts, plan.n, float(config.temperature), config.max_tokens_for(agent.agent_id), seed)
-        if len(out) != len(plan.prompts) or any(len(o) != plan.n for o in out):
-            raise DataError(
-                f"engine {eng.engine!r} returned {[len(o) for o in out][:8]}... samples for {len(plan.prompts)} prompts "
-                f"with n={plan.n} at round {r} step {agent_step.step}"
-            )
+        drawn = _sample_requests(eng, live, prompts, config, agent_step.step, agent.agent_id)
         version, engine_name = eng.model_version, eng.engine
 
         new_rows: list[list[_Row]] = []
-        for e, msgs, prompt, slots in zip(live, contexts, prompts, plan.slots):
+        for e, msgs, prompt, (seed, samples) in zip(live, contexts, prompts, drawn):
             rows = []
-            for c, (pi, j) in enumerate(slots):
-                sample = out[pi][j]
+            for c, sample in enumerate(samples):
                 sample_idx = c if e.tree else e.sample_idx
                 traj_uid = f"{e.traj_uid}-s{c}" if e.tree else e.traj_uid
                 step_id = f"{traj_uid}-{agent.agent_id}-t{agent_step.turn}"

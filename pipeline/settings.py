@@ -187,6 +187,25 @@ class Settings:
         "rollouts", "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=("rollouts", "ground_truth")
     )
 
+    # --- scale-out --------------------------------------------------------------------------
+    shards: int = _s(
+        1,
+        "rollout shards per round: problems split by a stable hash of uid, each shard its own Dagster step and engine; "
+        "above 1 the round runs on Dagster's multiprocess executor (one process per shard); the rows do not depend on it",
+        group="scale-out",
+    )
+    tensor_parallel_size: int = _s(1, "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out")
+    data_parallel_size: int = _s(1, "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out")
+    train_processes: int = _s(
+        1, "trainer processes under `accelerate launch` (1: in-process; more: planned, `maxit train --processes N` only)", group="scale-out"
+    )
+    fsdp: str = _s(
+        "off",
+        "FSDP sharding of the trainer under accelerate launch (planned: untested without GPUs)",
+        group="scale-out",
+        choices=("off", "full_shard", "shard_grad_op", "hybrid_shard"),
+    )
+
     # --- evaluation -------------------------------------------------------------------------
     eval_problems: int = _s(200, "held-out problems evaluated after every round (the same ones each round)", group="evaluation")
     eval_samples: int = _s(2, "Solver samples per held-out problem", group="evaluation")

@@ -4,6 +4,15 @@ Layout: `<store>/round=<r>/<table>.parquet` (Hive-style, so Polars' and DuckDB's
 `hive_partitioning` see every round), checkpoints under `<store>/checkpoints/`.
 Every write goes to a temporary sibling first and is renamed into place, so a reader (or a
 resumed run after a kill -9) sees the old file or the new one, never half of one.
+
+A store may also be a URL of an fsspec filesystem (`s3://bucket/run`, `gs://bucket/run`,
+`memory://run`; `file://` is the local filesystem): `table_path` and friends then return URL
+strings, `write_table` writes each table as one object in one upload (atomic on s3 and gs, whose
+PUT or completed multipart upload is seen whole or not at all, and on fsspec's memory filesystem,
+which commits a file on close; there is no rename to make it so elsewhere), `read_table` and
+`scan_table` read through the filesystem (`scan_table`: a Hive-partitioned pyarrow dataset), and
+checkpoints are uploaded file by file with their marker file last (`upload_dir`) and read
+through a local cache copy (`local_copy`), since the engines and the trainer load local folders.
 """
 
 from __future__ import annotations
@@ -39,20 +48,61 @@ __all__ = [
     "fsync_dir",
     "checkpoint_dir",
     "jsonable",
+    "is_url",
+    "filesystem",
+    "exists",
+    "upload_dir",
+    "local_copy",
 ]
 
 
+def is_url(path: str | Path) -> bool:
+    """True for a URL of an fsspec filesystem (`scheme://...`); local paths are not URLs."""
+    return isinstance(path, str) and "://" in path
+
+
+def filesystem(url: str, flag: str | None = None):
+    """(fsspec filesystem, path inside it) of `url`. An unknown scheme, or one whose package is
+    not installed (s3fs for s3://, gcsfs for gs://), is a `ConfigError` naming `flag` and the URL."""
+    import fsspec
+    from fsspec.registry import known_implementations
+
+    scheme = url.split("://", 1)[0]
+    label = f"{flag} {url}" if flag else url
+    if not scheme or scheme not in known_implementations:
+        raise ConfigError(f"{label}: unknown filesystem scheme {scheme!r} (e.g. file, memory, s3, gs)")
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as err:
+        raise ConfigError(f"{label}: the {scheme!r} filesystem needs a package that is not installed ({err})") from None
+
+
+def _join(base: str | Path, *parts: str) -> str | Path:
+    if is_url(base):
+        return "/".join([str(base).rstrip("/"), *parts])
+    return Path(base).joinpath(*parts)
+
+
+def exists(path: str | Path) -> bool:
+    """Whether a table or folder exists, locally or on the URL's filesystem."""
+    if is_url(path):
+        fs, p = filesystem(path)
+        return fs.exists(p)
+    return Path(path).exists()
+
+
 def round_dir(store: str | Path, round_: int) -> Path:
-    return Path(store) / f"round={int(round_)}"
+    """`<store>/round=<r>` (a URL string when the store is a URL)."""
+    return _join(store, f"round={int(round_)}")
 
 
 def table_path(store: str | Path, round_: int, table: str) -> Path:
-    return round_dir(store, round_) / f"{table}.parquet"
+    return _join(round_dir(store, round_), f"{table}.parquet")
 
 
 def checkpoint_dir(store: str | Path, round_: int, policy_id: str) -> Path:
     """The folder of the checkpoint trained for `policy_id` in `round_`."""
-    return Path(store) / "checkpoints" / f"round={int(round_)}" / policy_id
+    return _join(store, "checkpoints", f"round={int(round_)}", policy_id)
 
 
 def fsync_dir(path: Path) -> None:
@@ -75,12 +125,14 @@ def write_table(
 
     The data is written to `<path>.tmp-<random>` in the same folder, fsynced, then renamed over
     `path`. On any error the temporary file is removed and `path` is left as it was."""
-    path = Path(path)
     if isinstance(data, pl.LazyFrame):
         data = data.collect()
     if schema is not None:
         validate(data, schema)
     table = data.to_arrow() if isinstance(data, pl.DataFrame) else data
+    if is_url(path):
+        return _write_table_url(table, str(path), compression)
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     os.close(fd)
@@ -96,6 +148,25 @@ def write_table(
             os.unlink(tmp)
         raise
     return path
+
+
+def _write_table_url(table: pa.Table, url: str, compression: str) -> str:
+    """One object written in one upload: the Parquet file is built in memory, then written with a
+    single `open(..., "wb")` whose close commits it (a PUT or a completed multipart upload on
+    s3/gs: readers see the old object or the new one)."""
+    fs, p = filesystem(url)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if "file" in protocols:  # the local filesystem: temporary sibling, fsync, rename
+        return str(write_table(table, p, compression=compression))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression=compression)
+    body = sink.getvalue().to_pybytes()
+    parent = p.rsplit("/", 1)[0]
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    with fs.open(p, "wb") as fh:
+        fh.write(body)
+    return url
 
 
 # what Polars, pyarrow and the OS raise on a file that is not (or no longer) a Parquet file
@@ -132,7 +203,21 @@ def check_table_file(path: str | Path, schema: TableSchema | str | None = None, 
 def read_table(path: str | Path, schema: TableSchema | str | None = None, flag: str | None = None) -> pl.DataFrame:
     """Read a Parquet table into Polars, validating it when a schema is given. An unreadable
     file is a `DataError` and a table that breaks the contract a `SchemaError`, both naming the
-    file (and `flag`, the option that gave it)."""
+    file (and `flag`, the option that gave it). `path` may be a URL (`filesystem`)."""
+    if is_url(path):
+        fs, p = filesystem(str(path), flag)
+        if not fs.exists(p):
+            raise FileNotFoundError(f"no table at {path}" if flag is None else f"{flag} {path}: no such file")
+        try:
+            df = pl.from_arrow(pq.read_table(p, filesystem=fs))
+        except _READ_ERRORS as err:
+            raise _unreadable(path, flag, err) from None
+        if schema is not None:
+            try:
+                validate(df, schema)
+            except SchemaError as err:
+                raise err.with_source(_label(flag, path)) from None
+        return df
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no table at {path}" if flag is None else f"{flag} {path}: no such file")
@@ -194,7 +279,20 @@ def check_writable(path: str | Path, flag: str, kind: str = "file") -> Path:
 
 
 def scan_table(store: str | Path, table: str) -> pl.LazyFrame:
-    """All rounds of one table as one LazyFrame, with the `round` partition column."""
+    """All rounds of one table as one LazyFrame, with the `round` partition column (a Hive
+    partition scan, locally with Polars, on a URL's filesystem with a pyarrow dataset)."""
+    if is_url(store):
+        import pyarrow.dataset as ds
+
+        fs, base = filesystem(str(store))
+        base = base.rstrip("/")
+        files = sorted(f for f in fs.glob(f"{base}/round=*/{table}.parquet"))
+        if not files:
+            raise FileNotFoundError(f"no {table} table under {store}")
+        in_file = "round" in pq.read_schema(files[0], filesystem=fs).names  # a column of most tables already
+        partitioning = None if in_file else ds.partitioning(pa.schema([("round", pa.int64())]), flavor="hive")
+        dataset = ds.dataset(files, filesystem=fs, format="parquet", partitioning=partitioning, partition_base_dir=base)
+        return pl.from_arrow(dataset.to_table()).lazy()
     pattern = str(Path(store) / "round=*" / f"{table}.parquet")
     return pl.scan_parquet(pattern, hive_partitioning=True)
 
@@ -233,6 +331,55 @@ def atomic_dir(path: str | Path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def upload_dir(local: str | Path, url: str, marker: str = "maxit_checkpoint.json") -> str:
+    """Copy the folder `local` to `url` file by file, `marker` (the checkpoint's own record) last,
+    so a reader that finds the marker finds every other file. An object store has no folder
+    rename: an interrupted upload leaves files without the marker, which `local_copy` refuses.
+    A local `url` is written with `atomic_dir` instead."""
+    local = Path(local)
+    if not is_url(url):
+        with atomic_dir(url) as tmp:
+            shutil.copytree(local, tmp, dirs_exist_ok=True)
+        return str(url)
+    fs, base = filesystem(url)
+    base = base.rstrip("/")
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    files.sort(key=lambda p: p.name == marker)  # the marker last
+    for f in files:
+        target = f"{base}/{f.relative_to(local).as_posix()}"
+        parent = target.rsplit("/", 1)[0]
+        fs.makedirs(parent, exist_ok=True)
+        with open(f, "rb") as src, fs.open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return url
+
+
+def local_copy(url: str | Path, cache: str | Path, marker: str | None = "maxit_checkpoint.json") -> Path:
+    """A local folder holding the folder at `url` (the engines and the trainer load local
+    folders): `url` itself when it is local, else a copy under `cache` (one folder per URL, made
+    atomically, reused once complete). With `marker`, a folder without it (an upload still under
+    way or interrupted) is a `DataError`."""
+    if not is_url(url):
+        return Path(url)
+    import hashlib
+
+    fs, base = filesystem(str(url))
+    base = base.rstrip("/")
+    if marker is not None and not fs.exists(f"{base}/{marker}"):
+        raise DataError(f"{url}: no {marker}: not a complete checkpoint (an upload still under way or interrupted?)")
+    target = Path(cache) / hashlib.blake2b(str(url).encode(), digest_size=8).hexdigest()
+    if target.is_dir():
+        return target
+    with atomic_dir(target) as tmp:
+        for f in fs.find(base):
+            rel = f[len(base) :].lstrip("/")
+            dest = tmp / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with fs.open(f, "rb") as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return target
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

@@ -12,7 +12,7 @@ from fakes import FakeSampler, FakeTask
 from pipeline.agents import Agent, MathOrchestra, default_agents
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
-from pipeline.rollouts import RolloutConfig, plan_call, run_rollouts, step_seed, write_steps
+from pipeline.rollouts import RolloutConfig, merge_shards, plan_call, request_seed, run_rollouts, shard_of, write_steps
 from pipeline.store import read_table
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from schemas import STEPS, validate
@@ -29,10 +29,13 @@ class RecordingSampler(FakeSampler):
         return out
 
 
-def run(strategies=ALL, n_problems=5, sampler=None, config=None, task=None, agents=None):
+def run(strategies=ALL, n_problems=5, sampler=None, config=None, task=None, agents=None, keep_uids=None):
     task = task or FakeTask()
     sampler = sampler or RecordingSampler()
-    table = run_rollouts(task.problems("train", n_problems, 0), agents or default_agents(), MathOrchestra(task), list(strategies), sampler, config or RolloutConfig())
+    problems = task.problems("train", n_problems, 0)
+    if keep_uids is not None:
+        problems = [p for p in problems if p.uid in keep_uids]
+    table = run_rollouts(problems, agents or default_agents(), MathOrchestra(task), list(strategies), sampler, config or RolloutConfig())
     return table, pl.from_arrow(table), sampler
 
 
@@ -66,23 +69,58 @@ def test_rows_keep_exact_prompts_and_verbatim_completions():
     assert table.schema.field("completion_logprobs").type == pa.list_(pa.float32())
 
 
-def test_one_engine_call_per_agent_step():
+def test_engine_calls_per_agent_step_carry_request_seeds():
     table, df, sampler = run(n_problems=7)
     steps = sorted(set(df["step"]))
-    assert len(sampler.calls) == len(steps) == df["step"].max() + 1
-    for step, call in zip(steps, sampler.calls):
-        rows = df.filter(pl.col("step") == step)
-        assert len(call.prompts) * call.n == rows.height
-        assert set(rows["seed"]) == {call.seed} == {step_seed(0, 0, step)}
-    # the first Solver step sends each distinct prompt once per group, sampled with n = group size
-    first = sampler.calls[0]
-    assert first.n == math.gcd(*(s.group_size for s in ALL))
+    # one engine call per distinct request size of an agent step, each prompt with its own seed
+    calls_rows = sum(len(call.prompts) * call.n for call in sampler.calls)
+    assert calls_rows == df.height
+    for call in sampler.calls:
+        assert isinstance(call.seed, list) and len(call.seed) == len(call.prompts)
+        assert len({call.n}) == 1
+    assert len(sampler.calls) >= len(steps)
+    for row in df.select("step", "seed").unique().iter_rows(named=True):
+        assert 0 <= row["seed"] < 2**31 - 1
+    # merged requests: the first Solver step sends each problem's distinct prompt once, n = its count
+    first_step = df.filter(pl.col("step") == 0)
+    assert first_step["seed"].n_unique() == first_step.select("uid", "prompt_hash").n_unique()
+    # a request's seed is request_seed of its first traj_uid
+    iid0 = df.filter((pl.col("strategy") == "iid") & (pl.col("step") == 0) & (pl.col("sample_idx") == 0))
+    for row in iid0.iter_rows(named=True):
+        assert row["seed"] == request_seed(0, 0, 0, row["traj_uid"])
+
+
+def test_request_seeds_do_not_depend_on_the_other_problems():
+    """The rows of a problem are the same whether it is sampled alone or with others (shards)."""
+    class PositionFree(FakeSampler):
+        def generate(self, prompt_ids, n, temperature, max_tokens, seed):
+            import random
+
+            out = []
+            for p, s in zip(prompt_ids, seed):
+                text = self.tokenizer.decode(p)
+                out.append([self._sample(text, random.Random(f"{s}/{j}"), max_tokens) for j in range(n)])
+            return out
+
+    _, whole, _ = run(n_problems=6, sampler=PositionFree())
+    uids = whole["uid"].unique(maintain_order=True).to_list()
+    parts = []
+    for shard in range(2):
+        keep = [u for u in uids if shard_of(u, 2) == shard]
+        assert keep, "both shards hold problems"
+        _, part, _ = run(n_problems=6, sampler=PositionFree(), keep_uids=keep)
+        parts.append(part)
+    merged = pl.from_arrow(merge_shards([p.to_arrow() for p in parts], uids, [s.strategy_id for s in ALL]))
+    assert merged.equals(whole)
 
 
 def test_agent_budgets_and_temperature_reach_the_engine():
     cfg = RolloutConfig(temperature=0.7, max_tokens=40, max_tokens_by_agent={"verifier": 3})
     _, df, sampler = run(config=cfg)
-    assert [c.max_tokens for c in sampler.calls] == [40 if i % 2 == 0 else 3 for i in range(len(sampler.calls))]
+    rows_at = Counter()
+    for c in sampler.calls:
+        rows_at[c.max_tokens] += len(c.prompts) * c.n
+    assert rows_at == {40: df.filter(pl.col("agent_id") == "solver").height, 3: df.filter(pl.col("agent_id") == "verifier").height}
     assert {c.temperature for c in sampler.calls} == {0.7}
     v = df.filter(pl.col("agent_id") == "verifier")
     assert (v["completion_ids"].list.len() <= 3).all()
@@ -281,8 +319,8 @@ def test_agents_on_their_own_policies_use_their_own_engines():
     )
     assert df.filter(pl.col("agent_id") == "solver")["policy_id"].unique().to_list() == ["solver"]
     assert df.filter(pl.col("agent_id") == "verifier")["policy_id"].unique().to_list() == ["verifier"]
-    assert len(solver_engine.calls) == df.filter(pl.col("agent_id") == "solver")["step"].n_unique()
-    assert len(verifier_engine.calls) == df.filter(pl.col("agent_id") == "verifier")["step"].n_unique()
+    for engine, agent in ((solver_engine, "solver"), (verifier_engine, "verifier")):
+        assert sum(len(c.prompts) * c.n for c in engine.calls) == df.filter(pl.col("agent_id") == agent).height
     with pytest.raises(ConfigError, match="no sampler for policy id"):
         run(agents=default_agents(shared_policy=False), sampler={"solver": solver_engine})
 
@@ -438,7 +476,7 @@ def test_real_model_mixed_round_is_fast_and_swappable(hf_engine, default_model_d
     assert set(df["strategy"]) == {"iid", "prompt_aug", "feedback", "tree"}
     assert set(df["agent_id"]) == {"solver", "verifier"}
     assert set(df["engine"]) == {"hf"} and set(df["model_version"]) == {hf_engine.model_version}
-    assert len(engine.calls) == df["step"].n_unique()
+    assert len(engine.calls) >= df["step"].n_unique()  # one call per distinct request size of a step
     assert sum(p * n for p, n in engine.calls) == df.height
     for row in df.iter_rows(named=True):
         assert row["prompt_ids"] == encode_prompt(tokenizer, row["sampling_messages"])
