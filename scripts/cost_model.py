@@ -24,6 +24,13 @@ by what factor they differ. The formulas, one per stage (docs/SCALING.md explain
 
 Stages run one after the other, as in `maxit run` (rollouts, advantages, view, training,
 evaluation); nothing overlaps.
+
+What of the modelled scale-out exists (docs/SCALING.md, "The plan"): rollout shards, one engine
+each (`maxit run --shards S`, the model's engines = GPUs // tp), with per-request seeds so S does
+not change the rows; tables on fsspec filesystems (`pipeline.store`); vLLM's tensor/data parallel
+sizes and the trainer under `accelerate launch` as settings only (untested on GPUs). Weight sync by
+broadcast is not built: on GPUs each shard's engine would still load the checkpoint folder, at
+W x engines / store bandwidth (SCALING.md, "What limits a round", point 5).
 """
 
 from __future__ import annotations
