@@ -285,7 +285,7 @@ def cmd_train(args) -> int:
         print("maxit train: " + " ".join(argv), flush=True)
         os.execv(argv[0], argv)  # accelerate starts one `maxit train` per process
     from pipeline.models.chat import check_model_dir
-    from pipeline.training.config import LossConfig, TrainConfig
+    from pipeline.training.config import TrainConfig
     from pipeline.training.trainer import train_from_files
 
     init = args.init
@@ -305,8 +305,8 @@ def cmd_train(args) -> int:
     temperature = 1.0 if args.temperature is None else args.temperature
     from pipeline.settings import Settings
 
-    lr = Settings(loss=args.loss, lr=args.lr).learning_rate()
-    config = TrainConfig(lr=lr, epochs=args.epochs, temperature=temperature, loss=LossConfig(kind=args.loss), report_to=args.report_to)
+    preset = Settings(loss=args.loss, lr=args.lr)  # the loss's preset: learning rate, negative-advantage weight
+    config = TrainConfig(lr=preset.learning_rate(), epochs=args.epochs, temperature=temperature, loss=preset.loss_config(), report_to=args.report_to)
     res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round, temperature_from_view=args.temperature is None)
     print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     if args.store is not None:

@@ -10,12 +10,14 @@ verdict accuracy in the last round, the optimizer steps and the wall time; and p
 mean and spread (min..max) of the gain over the seeds.
 Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) groups unless named):
   rs           rejection-sampling expert iteration (the default run)
-  ppo          importance-weighted PG with PPO clip (AT-GRPO's mixed reward; lr 2e-4, the ppo preset)
-  ppo-local    ppo with each call's own correctness as its reward (alpha 0: no team term)
+  ppo          the ppo preset: importance-weighted PG with PPO clip, each call's own correctness as its
+               reward (alpha 0), the batch baseline, negative advantages halved, lr 2e-4
+  ppo-atgrpo   the earlier ppo preset: AT-GRPO's mixed reward (alpha 1), group baseline, full negatives
+  ppo-local    ppo-atgrpo with each call's own correctness as its reward (alpha 0: no team term)
   is           the plain importance-sampling estimator (no clip), as the expert-iteration plan writes it
   sft          step-matched SFT on the reference answers (as many rows/steps as rs trains each round)
-  ppo-drmas    ppo with DrMAS's groups (uid, strategy, agent) and its team reward (local weight 0)
-  ppo-grpo     ppo with plain GRPO groups (uid, strategy)
+  ppo-drmas    ppo-atgrpo with DrMAS's groups (uid, strategy, agent) and its team reward (local weight 0)
+  ppo-grpo     ppo-atgrpo with plain GRPO groups (uid, strategy)
   ppo-notree   ppo without the tree strategy (iid + prompt_aug + feedback, 5 samples each: 15 per problem vs 16)
   ppo-strat    ppo with stratified strategy weights (equal mixture over the four strategies)
   ppo-trunc    ppo, hinted rows' ratios truncated at 3 instead of masked to [1/3, 3]
@@ -31,7 +33,6 @@ Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) 
   ppo-pos-5e-4 ppo-local with positive advantages only (negative_weight 0) at lr 5e-4
   ppo-nw-5e-4  ppo-local-nw at lr 5e-4
   ppo-batch    ppo-local with the batch baseline (the round's mean reward per strategy, agent and turn)
-  ppo-batch-nw ppo-batch with negative advantages halved
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "rs": [],
     "ppo": ["--loss", "ppo"],
-    "ppo-local": ["--loss", "ppo", "--alpha", "0"],
+    "ppo-atgrpo": ["--loss", "ppo", "--alpha", "1", "--baseline", "group", "--negative-weight", "1"],
+    "ppo-local": ["--loss", "ppo", "--alpha", "0", "--baseline", "group", "--negative-weight", "1"],
     "is": ["--loss", "is"],
     "sft": ["--train-on", "ground_truth"],
-    "ppo-drmas": ["--loss", "ppo", "--group-by", "agent_id", "--alpha", "1", "--local-weight", "0"],
-    "ppo-grpo": ["--loss", "ppo", "--group-by", "none"],
+    "ppo-drmas": ["--loss", "ppo", "--group-by", "agent_id", "--alpha", "1", "--local-weight", "0", "--baseline", "group", "--negative-weight", "1"],
+    "ppo-grpo": ["--loss", "ppo", "--group-by", "none", "--alpha", "1", "--baseline", "group", "--negative-weight", "1"],
     "ppo-notree": ["--loss", "ppo", "--strategies", "iid", "prompt_aug", "feedback", "--samples", "5"],
     "ppo-strat": ["--loss", "ppo", "--strategy-weights", "iid=1", "prompt_aug=1", "feedback=1", "tree=1"],
     "ppo-trunc": ["--loss", "ppo", "--hinted-rows", "truncate"],
@@ -64,14 +66,13 @@ VARIANTS = {
     "no-balance": ["--no-balance-verdicts"],
     "rs-relabel": ["--relabel-verdicts"],
     "rs-replay": ["--verifier-replay", "5"],
-    "ppo-replay": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5"],
-    "ppo-replay-nw": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5", "--negative-weight", "0.5"],
-    "ppo-local-nw": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5"],
+    "ppo-replay": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5", "--baseline", "group", "--negative-weight", "1"],
+    "ppo-replay-nw": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5", "--negative-weight", "0.5", "--baseline", "group"],
+    "ppo-local-nw": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5", "--baseline", "group"],
     "rs-replay-sep": ["--verifier-replay", "5", "--separate-policies"],
-    "ppo-pos-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0", "--lr", "5e-4"],
-    "ppo-nw-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5", "--lr", "5e-4"],
-    "ppo-batch": ["--loss", "ppo", "--alpha", "0", "--baseline", "batch"],
-    "ppo-batch-nw": ["--loss", "ppo", "--alpha", "0", "--baseline", "batch", "--negative-weight", "0.5"],
+    "ppo-pos-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0", "--lr", "5e-4", "--baseline", "group"],
+    "ppo-nw-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5", "--lr", "5e-4", "--baseline", "group"],
+    "ppo-batch": ["--loss", "ppo", "--alpha", "0", "--baseline", "batch", "--negative-weight", "1"],
 }
 
 
