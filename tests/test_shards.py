@@ -81,6 +81,7 @@ def test_one_and_two_shards_give_the_same_rows(tmp_path, default_model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # two runs, each step a process start: about 20 minutes on a loaded 2-core machine
 def test_maxit_run_shards_run_in_two_processes_at_once(tmp_path, default_model_dir):
     """`maxit run --shards 2`: the multiprocess executor runs the two shards in two processes
     whose sampling overlaps in time, and the round's rows equal `--shards 1`'s."""
