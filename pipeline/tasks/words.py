@@ -1,6 +1,7 @@
 """Small arithmetic in words: one-step word problems ("Mia has 7 apples. She buys 5 more. How many
 apples does Mia have now?") written to a GSM8K-style JSONL file, for a task where a small real
-chat model (SmolLM2-135M-Instruct) has headroom: it gets some of them right greedily, not all.
+chat model has headroom: SmolLM2-135M-Instruct got 7 of 24 held-out problems right greedily
+(96-token budget, the chain-of-thought prompt; measured once, vLLM on CPU).
 
 `word_problems(n, seed)` returns the rows (question, answer "<one-line solution>\\n#### <number>");
 `write_word_problems(path, n, seed)` writes them; `maxit run --task-file` then trains on the file
