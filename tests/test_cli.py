@@ -47,8 +47,8 @@ def test_rollout_with_vllm(tmp_path, default_model_dir):
 def test_advantages_view_train_from_a_real_steps_table(rolled_out, tmp_path, default_model_dir, capsys):
     steps = rolled_out / "round=0" / "steps.parquet"
     adv, view, ckpt = tmp_path / "adv.parquet", tmp_path / "view.parquet", tmp_path / "ckpt"
-    # AT-GRPO's mixed reward (the ppo preset, alpha 1) is not each row's own correctness: the rs view refuses it
-    assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--group-by", "agent_id", "turn", "--loss", "ppo"]) == 0
+    # AT-GRPO's mixed reward (the is preset, alpha 1) is not each row's own correctness: the rs view refuses it
+    assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--group-by", "agent_id", "turn", "--loss", "is"]) == 0
     assert main(["view", "--advantages", str(adv), "--out", str(view), "--loss", "rs", "--model-dir", str(default_model_dir)]) == 2
     assert "--alpha 0" in capsys.readouterr().err and not view.exists()
     # the defaults of advantages and view are maxit run's (the rs loss and its reward preset, alpha 0)

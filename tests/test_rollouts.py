@@ -458,19 +458,19 @@ def hf_engine(default_model_dir):
     sampler.close()
 
 
-def test_real_model_mixed_round_is_fast_and_swappable(hf_engine, default_model_dir, tmp_path):
+def test_real_model_mixed_round_is_swappable(hf_engine, default_model_dir, tmp_path):
+    """A mixed round on the real tiny model through the HF engine: every strategy, both agents,
+    rows that reproduce their prompts, one engine call per distinct request size of a step.
+    (Its speed is benchmarks/rollouts.py's business, not a test's.)"""
     from pipeline.models import load_tokenizer
     from pipeline.tasks import make_task
 
     task = make_task()
-    problems = task.problems("train", 32, 0)
+    problems = task.problems("train", 8, 0)
     strategies = [IID(group_size=4), PromptAug(group_size=4), Feedback(group_size=4), Tree(group_size=4)]
     engine = CountingSampler(hf_engine)
     tokenizer = load_tokenizer(default_model_dir)
-    t0 = time.monotonic()
     table = run_rollouts(problems, default_agents(), MathOrchestra(task), strategies, engine, RolloutConfig(max_tokens=32), tokenizer=tokenizer)
-    elapsed = time.monotonic() - t0
-    assert elapsed < 45, f"a 32-problem mixed round took {elapsed:.1f}s"
     validate(table, STEPS)
     df = pl.from_arrow(table)
     assert set(df["strategy"]) == {"iid", "prompt_aug", "feedback", "tree"}
