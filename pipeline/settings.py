@@ -412,6 +412,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | N
         hint = hints[f.name]
         default_text = "the loss's preset" if f.default is None and f.name in ("alpha", "local_weight", "lr", "baseline", "negative_weight") else f.default
         help_text = f"{meta['help']} (default: {' '.join(default_text) if isinstance(default_text, tuple) else default_text})"
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %: a literal "30%" must not break --help
         if hint is bool:
             if meta["negative_flag"]:
                 flag_name, flag_help = meta["negative_flag"]

@@ -252,3 +252,19 @@ def test_a_bad_prompt_file_stops_run_and_rollout_before_anything_is_written(tmp_
         err = capsys.readouterr().err
         assert "prompt_file" in err and "bad.toml" in err and "'usr'" in err
         assert not store.exists()
+
+
+def test_help_renders_and_lists_every_setting(capsys):
+    """`maxit run --help` renders (help texts may hold a literal "%") and names every setting's
+    flag; `maxit rollout --help` renders too."""
+    from dataclasses import fields
+
+    for command in ("run", "rollout"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0, command
+        out = capsys.readouterr().out
+        assert "--problems" in out and "Traceback" not in out
+        if command == "run":
+            missing = sorted(f for f in ("--" + f.name.replace("_", "-") for f in fields(Settings) if f.name != "shared_policy") if f not in out)
+            assert not missing and "--separate-policies" in out and "30% more time" in out, missing
