@@ -231,10 +231,7 @@ class Settings:
     # -- the loss's presets -----------------------------------------------------------------
     def reward_mix(self) -> tuple[float, float]:
         """(alpha, local_weight): the settings, or the loss's preset where they are None."""
-        preset = LOSS_PRESETS[self.loss]
-        alpha = preset["alpha"] if self.alpha is None else float(self.alpha)
-        local = preset["local_weight"] if self.local_weight is None else float(self.local_weight)
-        return alpha, local
+        return float(self.preset("alpha")), float(self.preset("local_weight"))
 
     def preset(self, name: str):
         """The setting `name`, or the loss's preset where it is None."""
@@ -243,7 +240,7 @@ class Settings:
 
     def learning_rate(self) -> float:
         """The `lr` setting, or the loss's preset where it is None."""
-        return float(LOSS_PRESETS[self.loss]["lr"]) if self.lr is None else float(self.lr)
+        return float(self.preset("lr"))
 
     def advantage_config(self):
         from pipeline.config import AdvantageConfig
@@ -410,7 +407,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | N
         g = arg_groups.get(meta["group"]) or arg_groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         flag = "--" + f.name.replace("_", "-")
         hint = hints[f.name]
-        default_text = "the loss's preset" if f.default is None and f.name in ("alpha", "local_weight", "lr", "baseline", "negative_weight") else f.default
+        default_text = "the loss's preset" if f.default is None and f.name in LOSS_PRESETS["rs"] else f.default
         help_text = f"{meta['help']} (default: {' '.join(default_text) if isinstance(default_text, tuple) else default_text})"
         help_text = help_text.replace("%", "%%")  # argparse formats help with %: a literal "30%" must not break --help
         if hint is bool:

@@ -206,23 +206,14 @@ def read_table(path: str | Path, schema: TableSchema | str | None = None, flag: 
     file (and `flag`, the option that gave it). `path` may be a URL (`filesystem`)."""
     if is_url(path):
         fs, p = filesystem(str(path), flag)
-        if not fs.exists(p):
-            raise FileNotFoundError(f"no table at {path}" if flag is None else f"{flag} {path}: no such file")
-        try:
-            df = pl.from_arrow(pq.read_table(p, filesystem=fs))
-        except _READ_ERRORS as err:
-            raise _unreadable(path, flag, err) from None
-        if schema is not None:
-            try:
-                validate(df, schema)
-            except SchemaError as err:
-                raise err.with_source(_label(flag, path)) from None
-        return df
-    path = Path(path)
-    if not path.exists():
+        exists, read = fs.exists(p), lambda: pl.from_arrow(pq.read_table(p, filesystem=fs))
+    else:
+        path = Path(path)
+        exists, read = path.exists(), lambda: pl.read_parquet(path)
+    if not exists:
         raise FileNotFoundError(f"no table at {path}" if flag is None else f"{flag} {path}: no such file")
     try:
-        df = pl.read_parquet(path)
+        df = read()
     except _READ_ERRORS as err:
         raise _unreadable(path, flag, err) from None
     if schema is not None:

@@ -531,9 +531,9 @@ def verifier_replay(tables, strategies: Mapping[str, object], tokenizer, config:
     verdict right?) becomes a row of the right verdict: its own completion where it was right,
     else the most common right completion of the other verdict (`relabel_verdicts`); one row per
     (policy, training prompt), the newest; "yes" and "no" rows balanced to equal total weight.
-    The rows keep their round, turn and temperature, get reward 1, advantage 1, strategy
-    `REPLAY_STRATEGY`, and step id "<step_id>" (unique: a step id is unique within its round and
-    a round's steps carry the round in their id). Returns (rows, number relabelled)."""
+    The rows keep their step id (unique across rounds: it carries the round), round, turn and
+    temperature, and get reward 1, advantage 1 and strategy `REPLAY_STRATEGY`. Returns (rows,
+    number relabelled)."""
     columns = list(INPUT_COLUMNS) + ["verdict", "local_reward"]
     parts = []
     for t in tables:
@@ -543,7 +543,7 @@ def verifier_replay(tables, strategies: Mapping[str, object], tokenizer, config:
             raise DataError(f"verifier_replay needs the {missing} column(s) of the advantages table")
         parts.append(t.select(columns).cast(pa.schema([t.schema.field(c) for c in columns])))
     if not parts:
-        return to_arrow(pa.table({f.name: pa.array([], f.type) for f in TRAINING_VIEW.schema})).cast(TRAINING_VIEW.schema), 0
+        return TRAINING_VIEW.schema.empty_table(), 0
     table = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
     verdict = table.column("verdict")
     local = table.column("local_reward")
