@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -243,6 +244,7 @@ def test_a_subclass_without_problems_or_reward_cannot_be_built():
 # -- prompts ------------------------------------------------------------------------------------
 from pipeline.errors import DataError  # noqa: E402
 from pipeline.tasks import ARITHMETIC_PROMPTS, CHAIN_OF_THOUGHT_PROMPTS, PromptTemplate, load_prompt_file, parse_marked_verdict  # noqa: E402
+from pipeline.tasks.prompts import COT_EXAMPLES  # noqa: E402
 from pipeline.tasks.files import math_answer_reward  # noqa: E402
 
 
@@ -259,9 +261,14 @@ def test_arithmetic_prompts_are_the_ones_the_default_model_knows(task):
 def test_file_task_prompts_are_chain_of_thought():
     t = load_task_file(GSM8K_SAMPLE)
     p = t.problems("train", 1, 0)[0]
-    [solver] = t.solver_messages(p)
-    assert solver["role"] == "user" and solver["content"].startswith(p.question) and "step by step" in solver["content"]
+    *shots, solver = t.solver_messages(p)
+    assert solver["role"] == "user" and solver["content"].startswith(p.question) and "few short steps" in solver["content"]
     assert '"#### <number>"' in solver["content"]
+    # the worked examples come first as earlier turns: the same user text on their question, then their solution
+    assert [m["role"] for m in shots] == ["user", "assistant"] * len(COT_EXAMPLES) and len(COT_EXAMPLES) >= 1
+    for (question, answer), (user, assistant) in zip(COT_EXAMPLES, zip(shots[::2], shots[1::2])):
+        assert user["content"] == solver["content"].replace(p.question, question, 1)
+        assert assistant["content"] == answer and re.search(r"\n#### \d+$", answer) and t.reward(p, answer) is not None
     solution = "First, 48/2 = 24.\nThen 48 + 24 = 72.\n#### 72"
     [verifier] = t.verifier_messages(p, solution + "\n")
     assert p.question in verifier["content"] and solution in verifier["content"] and '"Verdict: yes"' in verifier["content"]
@@ -285,6 +292,26 @@ def test_placeholders_are_filled_once():
     assert t.verifier_messages("q", " {question} ") == [{"role": "user", "content": "q -> {question}"}]
     assert PromptTemplate(user="{question}", system="Be brief. {answer_format}", answer_format="A").solver_messages("q") == [
         {"role": "system", "content": "Be brief. A"}, {"role": "user", "content": "q"}]
+
+
+def test_examples_are_earlier_turns_and_a_prompt_file_sets_or_clears_them(tmp_path):
+    t = PromptTemplate(user="Q: {question}", system="S", examples=[["1+1?", "#### 2"], ("2+2?", "#### 4")])
+    assert t.examples == (("1+1?", "#### 2"), ("2+2?", "#### 4"))
+    assert t.solver_messages("3+3?") == [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "Q: 1+1?"}, {"role": "assistant", "content": "#### 2"},
+        {"role": "user", "content": "Q: 2+2?"}, {"role": "assistant", "content": "#### 4"}, {"role": "user", "content": "Q: 3+3?"}]
+    assert t.verifier_messages("3+3?", "6") == ARITHMETIC_PROMPTS.verifier_messages("3+3?", "6")  # the Verifier is shown none
+    toml = tmp_path / "e.toml"
+    toml.write_text('[[examples]]\nquestion = "5-1?"\nsolution = "#### 4"\n')
+    assert load_prompt_file(toml, CHAIN_OF_THOUGHT_PROMPTS).examples == (("5-1?", "#### 4"),)
+    toml.write_text("examples = []\n")
+    none = load_prompt_file(toml, CHAIN_OF_THOUGHT_PROMPTS)
+    assert none.examples == () and none.solver_messages("q") == [{"role": "user", "content": none.fill(none.user, "q")}]
+    toml.write_text('examples = [["only a question"]]\n')
+    with pytest.raises(ConfigError, match=r"e.toml: prompt template: examples\[0\] must be a pair"):
+        load_prompt_file(toml, CHAIN_OF_THOUGHT_PROMPTS)
+    with pytest.raises(ConfigError, match="examples must be a list"):
+        PromptTemplate(examples="1+1? #### 2")
 
 
 def test_prompt_files_override_the_tasks_prompts(tmp_path):

@@ -7,20 +7,28 @@ LaTeX braces such as `\\boxed{}` need no escaping):
   final answer, e.g. GSM8K's "#### <number>" line);
 - `{solution}`: the Solver's whole reply, stripped (Verifier templates only).
 
+Worked examples (`examples`, (question, solution) pairs) are shown to the Solver as earlier chat
+turns: the user template filled with the example's question, then the example's solution as the
+assistant's reply, before the problem's own user turn (few-shot in the chat's own turns).
+
 Two templates ship:
 - `ARITHMETIC_PROMPTS`, the arithmetic task's: the bare question for the Solver, and
   "<question>\\nProposed answer: <reply>\\nIs it right? Answer yes or no." for the Verifier, read
   by its first word. The embedded default model is warm-started on exactly these texts.
 - `CHAIN_OF_THOUGHT_PROMPTS`, the file tasks' (GSM8K-style word problems): the Solver is asked
-  to reason step by step and end with "#### <number>"; the Verifier sees the whole solution, is
-  asked to check it and to end with a line "Verdict: yes" or "Verdict: no".
+  to solve the problem in a few short steps and end with "#### <number>", after three short
+  worked examples (`COT_EXAMPLES`, written for maxit, not taken from any data set) shown as
+  earlier chat turns; the Verifier sees the whole solution, is asked to check it and to end with
+  a line "Verdict: yes" or "Verdict: no".
 
 Verdicts (`verdict`): "first_word" reads a reply whose first word is yes/no (`parse_verdict`);
 "marked" reads the last "Verdict: yes|no" marker anywhere in the reply, else a reply whose first
 word or last line is a bare yes/no (`parse_marked_verdict`).
 
 `load_prompt_file(path, base)` reads a TOML or JSON file whose keys are `PromptTemplate` fields;
-keys it leaves out keep `base`'s value (the task's own template). `maxit run --prompt-file FILE`.
+keys it leaves out keep `base`'s value (the task's own template); `examples` is a list of
+[question, solution] pairs or of {question, solution} tables (`examples = []`: none).
+`maxit run --prompt-file FILE`.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ __all__ = [
     "ARITHMETIC_PROMPTS",
     "CHAIN_OF_THOUGHT_PROMPTS",
     "GSM8K_ANSWER_FORMAT",
+    "COT_EXAMPLES",
     "load_prompt_file",
     "parse_marked_verdict",
     "VERDICT_STYLES",
@@ -45,6 +54,21 @@ __all__ = [
 
 VERDICT_STYLES = ("first_word", "marked")
 _PLACEHOLDER = re.compile(r"\{(question|solution|answer_format)\}")
+
+
+def _examples(value) -> tuple[tuple[str, str], ...]:
+    """`examples` as a tuple of (question, solution) string pairs; a pair may be given as a
+    2-list or a {question, solution} table (a prompt file's). Else a `ConfigError`."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"prompt template: examples must be a list of (question, solution) pairs, got {type(value).__name__}")
+    out = []
+    for i, ex in enumerate(value):
+        if isinstance(ex, dict) and set(ex) == {"question", "solution"}:
+            ex = (ex["question"], ex["solution"])
+        if not (isinstance(ex, (list, tuple)) and len(ex) == 2 and all(isinstance(x, str) and x.strip() for x in ex)):
+            raise ConfigError(f"prompt template: examples[{i}] must be a pair of non-empty strings (question, solution), got {ex!r}")
+        out.append((ex[0], ex[1]))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -67,12 +91,18 @@ class PromptTemplate:
     """The feedback turn after an attempt the reward scores below 1 (feedback strategy)."""
     right_feedback: str = "That is right. Say it again."
     """The feedback turn after a right attempt."""
+    examples: tuple[tuple[str, str], ...] = ()
+    """Worked examples, (question, solution) pairs, shown to the Solver as earlier chat turns
+    (its user template filled with the question, then the solution as the assistant's reply)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             optional = f.name in ("system", "verifier_system")
             if value is None and optional:
+                continue
+            if f.name == "examples":
+                object.__setattr__(self, "examples", _examples(value))
                 continue
             if not isinstance(value, str):
                 raise ConfigError(f"prompt template: {f.name} must be a string{' or absent' if optional else ''}, got {type(value).__name__}")
@@ -97,6 +127,8 @@ class PromptTemplate:
     def solver_messages(self, question: str) -> list[Message]:
         """The Solver's first-turn messages: the system message (if any) and the user message."""
         msgs = [] if self.system is None else [Message(role="system", content=self.fill(self.system, question))]
+        for example_question, solution in self.examples:
+            msgs += [Message(role="user", content=self.fill(self.user, example_question)), Message(role="assistant", content=solution)]
         return msgs + [Message(role="user", content=self.fill(self.user, question))]
 
     def verifier_messages(self, question: str, solution: str) -> list[Message]:
@@ -119,9 +151,28 @@ ARITHMETIC_PROMPTS = PromptTemplate()
 GSM8K_ANSWER_FORMAT = 'Write the final answer as a number on the last line, in the form "#### <number>".'
 """GSM8K's answer convention: the final answer after "#### "."""
 
+COT_EXAMPLES = (
+    (
+        "A baker makes 12 muffins and sells 5 of them. Then he bakes 8 more. How many muffins does he have now?",
+        "After selling 5, the baker has 12 - 5 = 7 muffins.\nAfter baking 8 more, he has 7 + 8 = 15 muffins.\n#### 15",
+    ),
+    (
+        "Tom reads 20 pages a day. How many pages does he read in 3 days?",
+        "Each day Tom reads 20 pages, so in 3 days he reads 20 * 3 = 60 pages.\n#### 60",
+    ),
+    (
+        "A shirt costs $15 and a hat costs $7. Sam buys 2 shirts and 1 hat. How much does he pay?",
+        "Two shirts cost 2 * 15 = 30 dollars.\nWith the hat he pays 30 + 7 = 37 dollars.\n#### 37",
+    ),
+)
+"""The file tasks' worked examples (written for maxit; short, each ending in its "####" line).
+With them SmolLM2-135M-Instruct at T=1 ends far more of its GSM8K solutions with a "####" line
+(README, "Real models and real tasks")."""
+
 CHAIN_OF_THOUGHT_PROMPTS = PromptTemplate(
-    user="{question}\n\nSolve the problem step by step. {answer_format}",
+    user="{question}\n\nSolve the problem in a few short steps. {answer_format}",
     answer_format=GSM8K_ANSWER_FORMAT,
+    examples=COT_EXAMPLES,
     verifier_user=(
         "Check a proposed solution to a math problem.\n\n"
         "Problem: {question}\n\n"
