@@ -5,6 +5,8 @@ temperature, without hints, so rounds are comparable:
 - Solver `accuracy`: fraction of `samples` x `problems` sampled answers that are right;
 - Solver `accuracy_greedy`: one greedy answer per problem;
 - Solver `accuracy_hint`: as `accuracy` with the prompt-augmentation hint shown (what the hint buys);
+  not measured when no held-out problem has a hint (a task file without a hint column): it would
+  sample the same prompts again;
 - Verifier `verdict_accuracy`: the Verifier judges each sampled Solver answer; right when its
   verdict (yes/no) matches the answer's correctness (an unparsable verdict is wrong);
 - Verifier `verdict_balanced_accuracy`: the mean of its verdict accuracy on right answers and on
@@ -118,7 +120,7 @@ def evaluate_team(
         greedy = _sample_texts(s_sampler, s_tok, plain, 1, 0.0, config.max_tokens, config.seed)
         ok = [per[0] for per in _correct(task, problems, greedy, config.reward_timeout)]
         add(solver, "accuracy_greedy", sum(ok) / len(ok), len(ok))
-    if config.hint:
+    if config.hint and any(p.hint for p in problems):  # without hints the prompts are the plain ones
         aug = PromptAug()
         hinted = [aug.augment(m, p) for m, p in zip(plain, problems)]
         htexts = _sample_texts(s_sampler, s_tok, hinted, config.samples, config.temperature, config.max_tokens, config.seed + 1)

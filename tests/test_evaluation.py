@@ -90,3 +90,22 @@ def test_greedy_balanced_verdict_accuracy_judges_the_same_answers_with_the_likel
     noisy = evaluate(FakeTask(), FakeSampler(solver_accuracy=0.5, verifier_accuracy=0.7, garbage=0.0))
     assert 0.0 <= noisy["verdict_balanced_accuracy_greedy"] <= 1.0
     assert "verdict_balanced_accuracy_greedy" not in evaluate(FakeTask(), FakeSampler(solver_accuracy=0.5), greedy=False)
+
+
+class HintlessTask(FakeTask):
+    """FakeTask's problems without their hints (a task file without a hint column)."""
+
+    def problems(self, split, n, seed):
+        from dataclasses import replace
+
+        return [replace(p, hint=None) for p in super().problems(split, n, seed)]
+
+
+def test_accuracy_hint_is_measured_only_when_problems_have_hints():
+    hinted_sampler, plain_sampler = FakeSampler(solver_accuracy=0.5), FakeSampler(solver_accuracy=0.5)
+    hinted = evaluate(FakeTask(), hinted_sampler)
+    plain = evaluate(HintlessTask(), plain_sampler)
+    assert "accuracy_hint" in hinted and "accuracy_hint" not in plain
+    assert {"accuracy", "accuracy_greedy", "verdict_accuracy"} <= set(plain)
+    # the hint's engine call (2 samples per problem at the sampling temperature) is the one skipped
+    assert len(plain_sampler.calls) == len(hinted_sampler.calls) - 1
