@@ -13,13 +13,15 @@ from pipeline.store import read_table, table_path
 def advantages(context: dg.AssetExecutionContext, settings: RunSettings, store: StoreResource, engine: EngineResource) -> dg.MaterializeResult:
     """Group-relative advantages per (uid, strategy, agent_id, turn) group (the key is configurable; a group never spans strategies), with each row's membership weight."""
     r = round_of(context)
+    store.pull()
     ctx = settings.context(store, engine)
     adv = stage_advantages(ctx, r, read_table(table_path(store.root(), r, "steps")))
+    store.publish(r)
     m = advantage_metrics(adv, ctx.config.advantage)
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": adv.height,
-            "path": str(table_path(store.root(), r, "advantages")),
+            "path": store.location(r, "advantages"),
             "group_key": "+".join(ctx.config.advantage.group_key),
             "by_agent_strategy": md_table(m.select("agent_id", "strategy", "members", "reward_mean", "groups", "zero_std_frac", "all_good_frac", "all_bad_frac")),
         }

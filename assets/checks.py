@@ -30,6 +30,7 @@ MAX_MASKED_FRACTION = 0.8
 
 
 def _load(store: StoreResource, context, table: str) -> pl.DataFrame:
+    store.pull()  # a URL store: a check may run in a process (or on a machine) of its own
     return read_table(table_path(store.root(), round_of(context), table))
 
 
@@ -105,8 +106,7 @@ def advantages_sane(context: dg.AssetCheckExecutionContext, settings: RunSetting
 
 @dg.asset_check(asset=policy, blocking=False, description="importance-ratio diagnostics within bounds per agent and strategy (effective sample size, masked fraction)")
 def ratio_diagnostics(context: dg.AssetCheckExecutionContext, settings: RunSettings, store: StoreResource) -> dg.AssetCheckResult:
-    r = round_of(context)
-    diag = read_table(table_path(store.root(), r, "ratio_diagnostics"))
+    diag = _load(store, context, "ratio_diagnostics")
     loss = settings.run_config().train.loss
     importance_weighted = loss.kind != "rs"
     # rows trained by their NLL (the Verifier's replay) use no ratio: not judged

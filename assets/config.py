@@ -38,7 +38,7 @@ class _SettingsResource(dg.ConfigurableResource):
         return self.settings().run_config()
 
     def context(self, store, engine, policy_registry=None) -> RoundContext:
-        registry = policy_registry.registry() if policy_registry is not None else None
+        registry = policy_registry.registry() if policy_registry is not None else store.registry()
         from assets.resources import engine_options
 
         return RoundContext(Path(store.root()), self.run_config(), engine.pool(engine_options(self)), registry)

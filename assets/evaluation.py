@@ -6,7 +6,7 @@ from assets.metadata import line_plot_png, md_image, md_table
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
 from pipeline.rounds import evaluate_base, stage_evaluation
-from pipeline.store import scan_table, table_path
+from pipeline.store import scan_table
 
 
 PLOTTED = ("accuracy", "accuracy_greedy", "accuracy_hint", "verdict_accuracy", "verdict_balanced_accuracy")
@@ -19,9 +19,11 @@ def evaluation(context: dg.AssetExecutionContext, settings: RunSettings, store: 
     """Held-out accuracy of the round's checkpoints (Solver without hints, at the sampling
     temperature; Verifier verdict accuracy). The starting checkpoint is evaluated once as round -1."""
     r = round_of(context)
+    store.pull()
     ctx = settings.context(store, engine, policy_registry)
     evaluate_base(ctx)
     df = stage_evaluation(ctx, r)
+    store.publish(r)  # round -1's evaluation, then round r's: the round is complete at the URL
     history = (
         scan_table(store.root(), "evaluation")
         .filter(pl.col("metric").is_in(PLOTTED))
@@ -36,7 +38,7 @@ def evaluation(context: dg.AssetExecutionContext, settings: RunSettings, store: 
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": df.height,
-            "path": str(table_path(store.root(), r, "evaluation")),
+            "path": store.location(r, "evaluation"),
             # numbers: the UI plots each across the rounds (the asset's Plots tab)
             "solver_accuracy": value("accuracy"),
             "solver_accuracy_greedy": value("accuracy_greedy"),

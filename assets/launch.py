@@ -28,7 +28,7 @@ import polars as pl
 from pipeline.errors import MaxitError
 from pipeline.report import LOG_FILE, record_experiment
 from pipeline.rounds import BASE_ROUND, record_timing, round_complete
-from pipeline.store import scan_table, table_path
+from pipeline.store import UrlStore, is_url, scan_table, table_path
 
 log = logging.getLogger("maxit")
 
@@ -182,23 +182,50 @@ def run_rounds(
     (`dagster_home(store)`, or `home`). Complete rounds (their `evaluation` table exists) are
     kept unless `restart`; the first incomplete round is re-run from scratch. The console shows
     maxit's progress and round tables; engine and library output goes to `<store>/maxit.log`
-    (and to the console too with `verbose`)."""
+    (and to the console too with `verbose`).
+
+    `store` may be a URL (`pipeline.store.UrlStore`): the run then works in the store's local
+    working copy (tables, checkpoints being trained, the Dagster instance, maxit.log), made first
+    to hold the URL's tables, and every asset uploads what it wrote as it finishes."""
     if n_rounds < 1:
         raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
+    url = UrlStore(str(store)) if is_url(store) else None
+    if url is not None:
+        # the URL is the store of record: the working copy is made to hold its tables (complete
+        # rounds are kept, tables it never received are dropped); checkpoints come when needed
+        url.local.mkdir(parents=True, exist_ok=True)
+        url.pull(reconcile=True)
+        store = url.local
     store = Path(store)
     store.mkdir(parents=True, exist_ok=True)
     log_path = store / LOG_FILE
     from pipeline.engines import vllm_available
 
     record_experiment(store, settings.settings(), engine if engine != "auto" else ("vllm" if vllm_available() else "hf"))
+    if url is not None:
+        _publish_experiment(url)
     with console_to_log(log_path, verbose=verbose) as (out, err):
         try:
-            return _run_rounds(n_rounds, store, settings, engine, restart, home, quiet_dagster, out, err)
+            return _run_rounds(n_rounds, store, settings, engine, restart, home, quiet_dagster, out, err, url)
         except MaxitError as e:
             raise MaxitError(f"{e}\n(engine and library output: {log_path})") from e
 
 
-def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_dagster, out, err) -> pl.DataFrame:
+def _publish_experiment(url: UrlStore) -> None:
+    """The experiment record at the URL, naming the URL as its store (not the working copy)."""
+    import json
+
+    from pipeline.report import EXPERIMENT_FILE
+    from pipeline.store import atomic_write_text
+
+    path = url.local / EXPERIMENT_FILE
+    record = json.loads(path.read_text())
+    record["store"] = url.url
+    atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    url.push(rounds=[], files=[EXPERIMENT_FILE])
+
+
+def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_dagster, out, err, url: UrlStore | None = None) -> pl.DataFrame:
     import dagster as dg
     from tqdm.auto import tqdm
 
@@ -208,7 +235,8 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
     from assets.resources import close_engines
 
     instance = instance_at(dagster_home(store, home))
-    resources = make_resources(str(store.resolve()), engine, settings)
+    location = url.url if url is not None else str(store.resolve())  # what the stages are given
+    resources = make_resources(location, engine, settings)
     run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
     t_start = time.perf_counter()
     done: list[int] = []
@@ -225,11 +253,11 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
             if not instance.has_dynamic_partition(rounds_def.name, key):
                 instance.add_dynamic_partitions(rounds_def.name, [key])
             t0, started = time.perf_counter(), time.time()
-            tags = {"maxit/launched_by": "maxit run", "maxit/store": str(store.resolve())}
+            tags = {"maxit/launched_by": "maxit run", "maxit/store": location}
             if int(settings.shards) > 1:
                 # one process per step (each shard's rollouts with its own engine), up to `shards` at once
                 result = dg.execute_job(
-                    sharded_round_job(str(store.resolve()), engine, settings),
+                    sharded_round_job(location, engine, settings),
                     instance=instance,
                     run_config=run_config,
                     tags={**tags, "dagster/partition": key},
@@ -260,6 +288,8 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
                 raise MaxitError(f"round {r} failed (run {result.run_id}):\n  " + "\n  ".join(failures + failed_checks))
             done.append(r)
             _record_other_time(store, r, time.perf_counter() - t0, started)
+            if url is not None:
+                url.push([BASE_ROUND, r])
             bar.set_postfix_str(f"round {r}: {time.perf_counter() - t0:.0f}s")
             summary = round_summary(store, [BASE_ROUND, *done])
             _print_table(summary, f"after round {r} ({time.perf_counter() - t_start:.0f}s, peak memory {_peak_rss_mb():.0f} MB)", out)
@@ -332,15 +362,22 @@ def ui(host: str = "127.0.0.1", port: int = 3000, home: str | Path | None = None
     `dagster dev` starts in the instance folder: started anywhere else it warns that a
     dagster.yaml there (the project's own, say) is not used; the code location is found by module
     and `--working-directory`, so the folder it starts in does not matter otherwise."""
-    store_path = Path(store or "runs/default").resolve()
+    if store is not None and is_url(store):  # its working copy holds the instance; the stages write to the URL
+        url = UrlStore(store)
+        url.local.mkdir(parents=True, exist_ok=True)
+        url.pull(reconcile=True)
+        store_path, location = url.local, url.url
+    else:
+        store_path = Path(store or "runs/default").resolve()
+        location = str(store_path)
     env = dict(os.environ)
     env["DAGSTER_HOME"] = str(dagster_home(store_path, home))
-    env["MAXIT_STORE"] = str(store_path)
+    env["MAXIT_STORE"] = location
     if engine:
         env["MAXIT_ENGINE"] = engine
     exe = Path(sys.executable).with_name("dagster")
     cmd = [str(exe), "dev", "--host", host, "--port", str(port), "-m", "assets.definitions", "--working-directory", str(PROJECT_ROOT)]
-    print(f"Dagster UI on http://{host}:{port} (store {store_path}, instance {env['DAGSTER_HOME']}); Ctrl-C stops it", flush=True)
+    print(f"Dagster UI on http://{host}:{port} (store {location}, instance {env['DAGSTER_HOME']}); Ctrl-C stops it", flush=True)
     import subprocess
 
     def restore_sigint():

@@ -7,7 +7,7 @@ from assets.metadata import md_table
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
 from pipeline.rounds import stage_policy
-from pipeline.store import read_table, table_path
+from pipeline.store import checkpoint_dir, read_table, table_path
 
 
 @dg.asset(partitions_def=rounds, group_name="expert_iteration", deps=["training_view"], kinds={"pytorch"})
@@ -17,12 +17,14 @@ def policy(
     """One training run per policy, from the checkpoint the registry holds for the previous
     round; the new checkpoints are registered as round r."""
     r = round_of(context)
+    store.pull()
     ctx = settings.context(store, engine, policy_registry)
     view = read_table(table_path(store.root(), r, "training_view")).to_arrow()
-    results = stage_policy(ctx, r, view)
+    results = stage_policy(ctx, r, view)  # on a URL store the registry uploads each checkpoint
+    store.publish(r)
     meta: dict = {}
     for pid, res in results.items():
-        meta[f"{pid}/checkpoint"] = dg.MetadataValue.path(str(res.checkpoint))
+        meta[f"{pid}/checkpoint"] = dg.MetadataValue.path(str(checkpoint_dir(store.path, r, pid)))
         meta[f"{pid}/parent"] = dg.MetadataValue.path(str(res.parent))
         meta[f"{pid}/rows"] = res.n_rows
         meta[f"{pid}/steps"] = res.steps

@@ -1,11 +1,13 @@
 """Resources: where the tables live, which engine samples, and the policy registry."""
 
 
+import shutil
 from pathlib import Path
 
 import dagster as dg
 
-from pipeline.registry import PolicyRegistry
+from pipeline.registry import BASE_ROUND, PolicyRegistry
+from pipeline.store import UrlStore, is_url, table_path, working_copy
 from pipeline.engines.pool import EnginePool
 
 # One engine pool per (engine, process): in-process runs of consecutive rounds reuse the loaded
@@ -14,12 +16,45 @@ _POOLS: dict[str, EnginePool] = {}
 
 
 class StoreResource(dg.ConfigurableResource):
-    """The run's folder: `<path>/round=<r>/<table>.parquet` and `<path>/checkpoints/`."""
+    """The run's store: `<path>/round=<r>/<table>.parquet` and `<path>/checkpoints/`. `path` is a
+    folder, or the URL of a store on an fsspec filesystem (`s3://bucket/run`, `gs://...`,
+    `memory://...`): the stages then work in its local working copy (`root()`), each asset
+    starts with `pull()` (what the URL holds and the working copy lacks) and ends with
+    `publish(r)` (the tables it wrote, one object each, the round's evaluation last)."""
 
     path: str = "runs/default"
 
     def root(self) -> Path:
-        return Path(self.path)
+        """The folder the stages read and write: the store, or a URL store's working copy."""
+        return working_copy(self.path) if is_url(self.path) else Path(self.path)
+
+    def location(self, round_: int, table: str) -> str:
+        """Where a table is kept (its URL on a URL store), for the assets' metadata."""
+        return str(table_path(self.path, round_, table))
+
+    def url_store(self) -> UrlStore | None:
+        return UrlStore(self.path) if is_url(self.path) else None
+
+    def pull(self) -> None:
+        """A URL store: download the tables the working copy lacks (a step on a fresh machine)."""
+        if (url := self.url_store()) is not None:
+            url.pull()
+
+    def publish(self, round_: int) -> None:
+        """A URL store: upload the tables of round `round_` (and round -1's evaluation) that
+        changed; the round's evaluation table, its completion marker, last."""
+        if (url := self.url_store()) is not None:
+            url.push([BASE_ROUND, int(round_)])
+
+    def remove(self, rel: str) -> None:
+        """Delete a folder of the store (`rel`, relative to it), at the URL too."""
+        if (url := self.url_store()) is not None:
+            url.remove(rel)
+        else:
+            shutil.rmtree(self.root() / rel, ignore_errors=True)
+
+    def registry(self) -> PolicyRegistry:
+        return PolicyRegistry(self.path)
 
 
 class EngineResource(dg.ConfigurableResource):
@@ -51,7 +86,7 @@ class PolicyRegistryResource(dg.ConfigurableResource):
     store: StoreResource
 
     def registry(self) -> PolicyRegistry:
-        return PolicyRegistry(self.store.root())
+        return self.store.registry()
 
 
 def close_engines() -> None:

@@ -18,7 +18,6 @@ re-execution from failure.
 
 
 import os
-import shutil
 import socket
 import time
 from dataclasses import replace
@@ -51,10 +50,9 @@ def rollout_shards(context: dg.OpExecutionContext, settings: RunSettings, store:
     shards = int(settings.shards)
     if shards < 1:
         raise dg.Failure(f"settings.shards must be >= 1, got {shards}")
+    store.pull()
     settings.context(store, _NoEngine(), policy_registry).start_checkpoints(r)
-    stale = round_dir(store.root(), r) / "shards"
-    if stale.exists():  # a crashed attempt's shard files are replaced, never merged
-        shutil.rmtree(stale)
+    store.remove(f"round={r}/shards")  # a crashed attempt's shard files are replaced, never merged
     for s in range(shards):
         yield dg.DynamicOutput(s, mapping_key=f"shard_{s}")
 
@@ -70,6 +68,7 @@ def rollout_shard(
     r = round_of(context)
     shards = int(settings.shards)
     started = time.time()
+    store.pull()
     problems = read_table(table_path(store.root(), r, "problems"))
     mine = problems.filter(pl.col("uid").map_elements(lambda u: shard_of(u, shards), return_dtype=pl.Int64) == shard)
     out = shard_store(store.root(), r, shard)
@@ -77,11 +76,12 @@ def rollout_shard(
     if mine.height:
         ctx = replace(settings.context(store, engine, policy_registry), store=out)
         rows = stage_rollouts(ctx, r, mine).num_rows
+        store.publish(r)  # a URL store: the shard's table goes up for the merge (maybe on another machine)
     finished = time.time()
     context.log.info(f"shard {shard}/{shards}: {mine.height} problems, {rows} rows in {finished - started:.1f}s (pid {os.getpid()})")
     return {
         "shard": shard, "problems": mine.height, "rows": rows, "pid": os.getpid(), "host": socket.gethostname(),
-        "started": started, "finished": finished, "path": str(table_path(out, r, "steps")) if rows else None,
+        "started": started, "finished": finished, "path": table_path(out, r, "steps").relative_to(store.root()).as_posix() if rows else None,
     }
 
 
@@ -94,21 +94,23 @@ def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[dict], set
 
     r = round_of(context)
     shards = sorted(shards, key=lambda s: s["shard"])
+    store.pull()
     problems = read_table(table_path(store.root(), r, "problems"))
-    tables = [read_table(s["path"], STEPS).to_arrow() for s in shards if s["path"]]
+    tables = [read_table(store.root() / s["path"], STEPS).to_arrow() for s in shards if s["path"]]
     steps_table = rollouts_mod.merge_shards(tables, problems["uid"].to_list(), list(settings.run_config().strategies))
     rollouts_mod.write_steps(steps_table, store.root(), r)
     shard_df = pl.DataFrame(shards).drop("path").with_columns(pl.lit(r, pl.Int32).alias("round"))
     write_table(shard_df, table_path(store.root(), r, SHARD_TABLE))
     wall = max(s["finished"] for s in shards) - min(s["started"] for s in shards)
     record_timing(store.root(), r, "rollouts", wall)
-    shutil.rmtree(round_dir(store.root(), r) / "shards", ignore_errors=True)
+    store.remove(f"round={r}/shards")
+    store.publish(r)
     steps = pl.from_arrow(steps_table)
     tokens = int(steps["completion_ids"].list.len().sum())
     context.add_output_metadata(
         {
             "dagster/row_count": steps.height,
-            "path": str(table_path(store.root(), r, "steps")),
+            "path": store.location(r, "steps"),
             "completion_tokens": tokens,
             "tokens_per_second": round(tokens / wall, 1) if wall > 0 else 0.0,
             "engine": steps["engine"][0] if steps.height else "",

@@ -13,12 +13,14 @@ def training_view(context: dg.AssetExecutionContext, settings: RunSettings, stor
     """Context-swapped training rows: the training context rebuilt by each strategy, the sampled
     completion tokens and their logprobs kept verbatim."""
     r = round_of(context)
+    store.pull()
     ctx = settings.context(store, engine, policy_registry)
     view, stats = stage_training_view(ctx, r, read_table(table_path(store.root(), r, "advantages")))
+    store.publish(r)
     return dg.MaterializeResult(
         metadata={
             "dagster/row_count": view.num_rows,
-            "path": str(table_path(store.root(), r, "training_view")),
+            "path": store.location(r, "training_view"),
             "context_swapped": stats.n_context_swapped,
             "dropped_too_long": stats.n_too_long,
             "dropped_zero_advantage": stats.n_zero_advantage,

@@ -83,13 +83,28 @@ def cmd_advantages(args) -> int:
     return 0
 
 
+def local_store(store: str, flag: str = "--store") -> Path:
+    """The folder a command reads a store from: the store, or for a URL (`s3://bucket/run`) its
+    local working copy, first made to hold the URL's tables (checkpoints are not downloaded)."""
+    from pipeline.store import UrlStore, check_store_url, is_url
+
+    if not is_url(store):
+        return Path(store)
+    check_store_url(store, flag)
+    url = UrlStore(store)
+    url.local.mkdir(parents=True, exist_ok=True)
+    url.pull(reconcile=True)
+    return url.local
+
+
 def cmd_sql(args) -> int:
     from pipeline.analysis import run_sql
     from pipeline.store import check_table_file
 
-    for path in sorted(Path(args.store).glob("round=*/*.parquet")):
+    store = local_store(args.store)
+    for path in sorted(store.glob("round=*/*.parquet")):
         check_table_file(path)  # a corrupt or truncated file is named, not a DuckDB traceback
-    df = run_sql(args.query, args.store)
+    df = run_sql(args.query, store)
     _print_frame(df)
     return 0
 
@@ -97,7 +112,7 @@ def cmd_sql(args) -> int:
 def check_scale_out(settings, store_dir: str) -> None:
     """The scale-out settings and the store's filesystem, each a one-line error naming its flag."""
     from pipeline.errors import ConfigError
-    from pipeline.store import filesystem, is_url
+    from pipeline.store import check_store_url, is_url
 
     for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
         value = getattr(settings, name, 1)
@@ -109,23 +124,25 @@ def check_scale_out(settings, store_dir: str) -> None:
             "`maxit train --processes N` launches one policy's training that way"
         )
     if is_url(str(store_dir)):
-        filesystem(str(store_dir), "--store")  # an unknown scheme or a missing package is named first
-        raise ConfigError(
-            f"--store {store_dir}: maxit run keeps its store in a local folder for now (give a path); tables on fsspec "
-            "filesystems are read and written by pipeline.store (docs/SCALING.md, 'Store on fsspec filesystems')"
-        )
+        check_store_url(str(store_dir), "--store")  # scheme, package, bucket, reachable: nothing written
+        if str(store_dir).startswith("memory://") and getattr(settings, "shards", 1) > 1:
+            raise ConfigError(
+                f"--store {store_dir}: the memory filesystem is one process's, and --shards > 1 runs steps in processes of "
+                "their own; use --shards 1, or a store every process can reach"
+            )
 
 
 def check_run_inputs(settings, store_dir: str) -> None:
     """Before any work of `maxit run` / `maxit rollout`: the task (and prompt) file, the store
     and the model folder of `settings` (a `Settings` or a `RunConfig`), each a named error."""
     from pipeline.models.chat import check_model_dir
-    from pipeline.store import check_writable
+    from pipeline.store import check_writable, is_url, working_copy
     from pipeline.tasks import build_task
 
     check_scale_out(settings, store_dir)
     build_task(settings.task, settings.task_file, settings.prompt_file)
-    check_writable(store_dir, "--store", "folder")
+    # a URL store is worked on in a local copy under the project's cache
+    check_writable(working_copy(store_dir) if is_url(store_dir) else store_dir, "--store", "folder")
     if settings.model_dir:
         check_model_dir(settings.model_dir, "--model-dir")
 
@@ -149,13 +166,25 @@ def cmd_run(args) -> int:
 
 def cmd_ui(args) -> int:
     from assets.launch import ui
+    from pipeline.errors import ConfigError
+    from pipeline.store import check_store_url, is_url
+
+    if args.store is not None and is_url(args.store):
+        check_store_url(args.store, "--store")
+        if args.store.startswith("memory://"):
+            raise ConfigError(f"--store {args.store}: the UI runs its steps in processes of its own, and the memory filesystem is one process's")
 
     return ui(host=args.host, port=args.port, store=args.store, engine=args.engine)
 
 
 def cmd_runs(args) -> int:
+    from pipeline.errors import ConfigError
     from pipeline.report import experiments_table
+    from pipeline.store import is_url
 
+    for root in args.root or []:
+        if is_url(root):
+            raise ConfigError(f"--root {root}: maxit runs lists local folders; for a URL store use maxit sql --store {root} or maxit report --store {root}")
     table = experiments_table(args.root or ["runs"])
     if table.is_empty():
         print(f"no stores under {', '.join(args.root or ['runs'])}")
@@ -175,7 +204,7 @@ def cmd_report(args) -> int:
     from pipeline.store import check_writable
 
     check_writable(args.out, "--out")
-    out = build_report(args.store, args.out)
+    out = build_report([local_store(s) for s in args.store], args.out)
     print(f"report of {len(args.store)} store(s) -> {out}")
     return 0
 
@@ -183,21 +212,25 @@ def cmd_report(args) -> int:
 def cmd_rollout(args) -> int:
     import polars as pl
 
+    from pipeline.registry import PolicyRegistry
     from pipeline.rounds import RoundContext, stage_problems, stage_rollouts
     from pipeline.settings import settings_from_args
-    from pipeline.store import table_path
+    from pipeline.store import UrlStore, is_url, read_table, table_path
 
     config = settings_from_args(args).run_config()
     if args.round < 0:
         raise MaxitError(f"--round must be >= 0, got {args.round}")
     check_run_inputs(config, args.store)
-    ctx = RoundContext(Path(args.store), config)
+    url = UrlStore(args.store) if is_url(args.store) else None
+    ctx = RoundContext(local_store(args.store), config, registry=PolicyRegistry(args.store))
     try:
         stage_rollouts(ctx, args.round, stage_problems(ctx, args.round))
     finally:
         ctx.engines.close()
+    if url is not None:
+        url.push([args.round])  # problems, steps, timings: one object each
     path = table_path(args.store, args.round, "steps")
-    steps = pl.read_parquet(path)
+    steps = read_table(path)
     print(f"{steps.height} agent calls -> {path}")
     _print_frame(
         steps.group_by("agent_id", "strategy").agg(pl.len().alias("rows"), pl.col("reward").mean().alias("reward_mean"), pl.col("completion_ids").list.len().mean().alias("tokens_mean")).sort("agent_id", "strategy")
@@ -293,7 +326,10 @@ def cmd_train(args) -> int:
         check_model_dir(init, "--init")
     store.check_writable(args.out, "--out", "atomic folder")
     if args.store is not None:
-        store.check_writable(args.store, "--store", "folder")
+        if store.is_url(args.store):
+            store.check_store_url(args.store, "--store")  # the checkpoint is uploaded there when registered
+        else:
+            store.check_writable(args.store, "--store", "folder")
     store.check_table_file(args.view, "training_view", "--view")
     if init is None:
         from pipeline.models import default_model
@@ -352,14 +388,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--restart", action="store_true", help="re-run rounds that are already complete")
     p.add_argument("--verbose", action="store_true", help="print engine and library output (vLLM, Dagster, warnings) too; it always goes to STORE/maxit.log")
-    p.add_argument("--store", default="runs/default", help="folder of the run's tables and checkpoints")
+    p.add_argument(
+        "--store", default="runs/default",
+        help="folder of the run's tables and checkpoints, or a URL (s3://bucket/run, gs://bucket/run with s3fs/gcsfs installed; file://, memory://): "
+        "the URL is then the store of record, the run works in a local copy under the project's cache",
+    )
     add_setting_flags(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("ui", help="the Dagster UI (dagster dev) on 127.0.0.1; Ctrl-C stops it cleanly")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
-    p.add_argument("--store", default=None, help="the store (experiment) whose rounds the UI shows and whose runs it starts write to; its Dagster instance is STORE/.dagster (default runs/default)")
+    p.add_argument("--store", default=None, help="the store (experiment) whose rounds the UI shows and whose runs it starts write to; its Dagster instance is STORE/.dagster (default runs/default); a URL store's is in its local working copy")
     p.add_argument("--engine", choices=["auto", "vllm", "hf"], default=None)
     p.set_defaults(func=cmd_ui)
 
@@ -368,12 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("report", help="a self-contained HTML report of one or more stores (accuracies, success, ratios, speed, time per stage)")
-    p.add_argument("--store", action="append", required=True, metavar="DIR", help="a store to draw (repeat to compare; one colour each)")
+    p.add_argument("--store", action="append", required=True, metavar="DIR", help="a store to draw, a folder or a URL (repeat to compare; one colour each)")
     p.add_argument("--out", required=True, help="the HTML file to write")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rollout", help="one round's problems and rollouts (what `maxit run` samples) -> DIR/round=R/steps.parquet")
-    p.add_argument("--store", required=True, help="the run's folder (its policy registry gives the checkpoint round R samples with)")
+    p.add_argument("--store", required=True, help="the run's folder or URL (its policy registry gives the checkpoint round R samples with)")
     p.add_argument("--round", type=int, default=0)
     add_setting_flags(p, groups=("team and task", "sampling", "rewards and advantages"))
     p.set_defaults(func=cmd_rollout)
@@ -401,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=setting_default("epochs"))
     p.add_argument("--temperature", type=float, default=None, help="temperature of p_train (default: the view's sampling temperature; it must match)")
     p.add_argument("--report-to", default="tensorboard")
-    p.add_argument("--store", default=None, help="register the checkpoint in this store's policy registry (with --round)")
+    p.add_argument("--store", default=None, help="register the checkpoint in this store's policy registry (with --round); on a URL store the checkpoint is uploaded there")
     p.add_argument("--round", type=int, default=None, help="the round the checkpoint is registered as (with --store)")
     p.add_argument("--processes", type=int, default=1, help="train under `accelerate launch` on this many processes, one per GPU (planned: untested without GPUs)")
     p.add_argument("--fsdp", choices=("off", *FSDP_STRATEGIES), default="off", help="FSDP sharding under accelerate launch (planned: untested without GPUs)")
@@ -418,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sql", help="SQL over every round's tables (DuckDB)")
     p.add_argument("query")
-    p.add_argument("--store", default="runs/default")
+    p.add_argument("--store", default="runs/default", help="a store folder, or a URL (its tables are downloaded to its local working copy first)")
     p.set_defaults(func=cmd_sql)
     return parser
 

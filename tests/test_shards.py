@@ -106,7 +106,7 @@ def test_maxit_run_shards_run_in_two_processes_at_once(tmp_path, default_model_d
         (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be an integer >= 1"),
         (["--train-processes", "2"], "--train-processes > 1"),
         (["--store", "nosuchfs://bucket/run"], "--store nosuchfs://bucket/run: unknown filesystem scheme 'nosuchfs'"),
-        (["--store", "memory://run"], "--store memory://run: maxit run keeps its store in a local folder"),
+        (["--store", "memory://run", "--shards", "2"], "--store memory://run: the memory filesystem is one process's"),
     ],
 )
 def test_bad_scale_out_flags_are_one_line_errors(tmp_path, flags, message, capsys):
