@@ -250,6 +250,11 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
             key = str(r)
             for stale in store.glob(f"round={r}/.*.tmp-*"):  # left by a run killed mid-write
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+            if round_complete(store, r):  # --restart: the round is incomplete until it finishes again,
+                # so a run stopped mid-way does not leave its new tables beside the old evaluation
+                if url is not None:
+                    url.remove(f"round={r}/evaluation.parquet")
+                table_path(store, r, "evaluation").unlink(missing_ok=True)
             if not instance.has_dynamic_partition(rounds_def.name, key):
                 instance.add_dynamic_partitions(rounds_def.name, [key])
             t0, started = time.perf_counter(), time.time()

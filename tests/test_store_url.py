@@ -104,6 +104,30 @@ def test_run_on_a_url_store_equals_a_local_run_and_resumes_on_a_fresh_machine(ki
         assert got[key].equals(table), f"{key} differs from the local run's"
 
 
+def test_a_restart_stopped_mid_round_leaves_the_round_incomplete_at_the_url(tmp_path, cache, default_model_dir, monkeypatch):
+    """--restart re-runs a complete round; stopped before its evaluation, the URL must not show the
+    old evaluation beside the new tables: the round is incomplete and the next run re-runs it."""
+    import assets.evaluation
+    from maxit.cli import main
+
+    url = memory_url()
+    assert main(run_args(url, default_model_dir, 1)) == 0
+    before = object_versions(url, "round=0")
+
+    def stopped(ctx, round_):
+        raise RuntimeError("stopped before the evaluation")
+
+    with monkeypatch.context() as m:
+        m.setattr(assets.evaluation, "stage_evaluation", stopped)
+        assert main([*run_args(url, default_model_dir, 1), "--restart"]) == 2
+    after = object_versions(url, "round=0")
+    evaluation = next(k for k in before if k.endswith("round=0/evaluation.parquet"))
+    steps = next(k for k in before if k.endswith("round=0/steps.parquet"))
+    assert evaluation not in after and after[steps] != before[steps]
+    assert main(run_args(url, default_model_dir, 1)) == 0  # not complete: re-run
+    assert st.exists(st.table_path(url, 0, "evaluation"))
+
+
 def fill(copy: Path, r: int, tables=("problems", "steps", "timings", "evaluation")) -> None:
     for t in tables:
         st.write_table(pl.DataFrame({"round": [r], "x": [t]}), st.table_path(copy, r, t))
