@@ -136,7 +136,7 @@ def evaluate_team(
         def judge(temperature: float, seed: int) -> tuple[list[bool | None], list[bool], float | None]:
             """The Verifier's parsed verdicts on every pair, which were right, and the balanced accuracy."""
             verdicts = _sample_texts(v_sampler, v_tok, vmsgs, 1, temperature, config.max_tokens, seed)
-            parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], config.reward_timeout)]
+            parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], config.reward_timeout, [t for _, t, _ in pairs])]
             right = [v is not None and v == c for v, c in zip(parsed, truth)]
             on_right = [r for r, c in zip(right, truth) if c]
             on_wrong = [r for r, c in zip(right, truth) if not c]

@@ -11,7 +11,8 @@ docs/ALGORITHMS.md#mixed-reward).
 - local_reward, by role:
   Solver: `task.reward(problem, its own attempt)` (1 right, 0 wrong or unparsable);
   Verifier: 1.0 when its verdict matches the judged attempt's correctness
-  (reward >= `CORRECT_THRESHOLD`), 0.0 when it does not or when the verdict is unparsable.
+  (reward >= `CORRECT_THRESHOLD`), 0.0 when it does not or when the verdict is unparsable; a
+  Verifier that checks by solving again (verdict style "compare") also needs its own answer right.
 - reward: `alpha * global + local_weight * local`; null when either part is null.
 
 User code (the task's `reward` and `parse_verdict`) is run through `safe_map`: an exception, a
@@ -170,11 +171,18 @@ def score_attempts(task, items: Sequence[tuple[Any, str]], timeout: float | None
     return [scored[i] for i in index]
 
 
-def parse_verdicts(task, texts: Sequence[str], timeout: float | None) -> list[Outcome]:
+def parse_verdicts(task, texts: Sequence[str], timeout: float | None, solutions: Sequence[str] | None = None) -> list[Outcome]:
     """`task.parse_verdict(text)` for each Verifier output, guarded; a value other than
-    True/False/None is an error."""
+    True/False/None is an error. A task whose `verdict_reads_solution` is True is called as
+    `parse_verdict(text, solution)` with the judged Solver reply of each output (`solutions`)."""
+    if getattr(task, "verdict_reads_solution", False):
+        if solutions is None or len(solutions) != len(texts):
+            raise ValueError("parse_verdicts: this task reads verdicts against the judged solutions; pass one per text")
+        args = list(zip(texts, solutions))
+    else:
+        args = [(t,) for t in texts]
     out = []
-    for o in safe_map(task.parse_verdict, [(t,) for t in texts], timeout, "parse_verdict"):
+    for o in safe_map(task.parse_verdict, args, timeout, "parse_verdict"):
         if o.ok and o.value not in (True, False, None):
             o = Outcome(None, f"parse_verdict returned {o.value!r}, expected True, False or None")
         out.append(o)
@@ -197,10 +205,15 @@ def solver_local_reward(own_attempt: Outcome) -> Outcome:
     return own_attempt
 
 
-def verifier_local_reward(verdict: Outcome, judged_attempt: Outcome) -> Outcome:
+def verifier_local_reward(verdict: Outcome, judged_attempt: Outcome, own_answer: Outcome | None = None) -> Outcome:
     """The Verifier's role reward: 1.0 if its verdict (approve = True) equals whether the judged
     attempt is correct, 0.0 if not or if the verdict is unparsable (None). Null when the verdict
-    parser failed or the judged attempt has no reward."""
+    parser failed or the judged attempt has no reward. With `own_answer` (the reward of the answer
+    a "compare" Verifier worked out itself) a right verdict counts only when that answer is right
+    too: a verdict reached by a wrong computation (the proposal wrong and its own answer another
+    wrong number) is not rewarded."""
+    if own_answer is not None and not own_answer.ok:
+        return Outcome(None, f"own answer: {own_answer.error}")
     if not verdict.ok:
         return Outcome(None, f"verdict: {verdict.error}")
     if not judged_attempt.ok:
@@ -208,7 +221,10 @@ def verifier_local_reward(verdict: Outcome, judged_attempt: Outcome) -> Outcome:
     if verdict.value is None:
         return Outcome(0.0)
     correct = judged_attempt.value >= CORRECT_THRESHOLD
-    return Outcome(1.0 if bool(verdict.value) == correct else 0.0)
+    right = bool(verdict.value) == correct
+    if own_answer is not None:
+        right = right and own_answer.value >= CORRECT_THRESHOLD
+    return Outcome(1.0 if right else 0.0)
 
 
 def mixed_reward(alpha: float, global_value: float | None, local_value: float | None, local_weight: float = 1.0) -> float | None:

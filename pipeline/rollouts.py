@@ -518,14 +518,18 @@ def _after_verifier(live: list[_Episode], new_rows: list[list[_Row]], task, orch
     """Parse every new verdict (one guarded batch), score it, let trees select, and apply the
     orchestra's active mask: stopped samples get no further calls."""
     texts = [row.sample.text for rows in new_rows for row in rows]
-    verdicts = iter(parse_verdicts(task, texts, config.reward_timeout))
+    judged_texts = [e.attempts[-1] for e, rows in zip(live, new_rows) for _ in rows]
+    verdicts = iter(parse_verdicts(task, texts, config.reward_timeout, judged_texts))
+    # a Verifier that checks by solving again is rewarded only for a right verdict from a right answer
+    compare = getattr(task, "verdict_reads_solution", False)
+    own = iter(score_attempts(task, [(e.problem, row.sample.text) for e, rows in zip(live, new_rows) for row in rows], config.reward_timeout) if compare else [])
     going: list[tuple[_Episode, _Row]] = []
     for e, rows in zip(live, new_rows):
         judged = e.last_solver.correct
         for row in rows:
             row.verdict = next(verdicts)
             row.judged = judged
-            row.local = verifier_local_reward(row.verdict, judged)
+            row.local = verifier_local_reward(row.verdict, judged, next(own) if compare else None)
             if e.tree:
                 row.global_ = global_reward(judged)
         chosen = _select(e, rows, config) if e.tree else rows[0]

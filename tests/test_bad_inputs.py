@@ -314,3 +314,12 @@ def test_one_line_joins_the_findings():
     assert one_line(err) == "table 'steps' (--steps a.parquet) does not match its schema: missing column 'uid' (string); column 'turn' has type int64, expected int32"
     assert one_line(DataError("cannot compute advantages:\n  - NaN reward in 1 row(s)\n  - null 'uid'")) == "cannot compute advantages: NaN reward in 1 row(s); null 'uid'"
     assert one_line(ConfigError("--out x: is a folder")) == "--out x: is a folder"
+
+
+@pytest.mark.parametrize("flag", [["--relabel-verdicts"], ["--verifier-replay", "2"]])
+def test_run_refuses_yes_no_verifier_training_for_a_verifier_that_solves_again(tmp_path, flag, capsys):
+    """The arithmetic Verifier answers the sum itself (verdict style "compare"): relabelled or
+    replayed rows, which are trained on a yes/no reply, are refused before anything is written."""
+    err = failed(["run", "--rounds", "1", "--store", str(tmp_path / "run"), *flag], capsys)
+    assert flag[0] in err and "compare" in err
+    assert not (tmp_path / "run").exists()

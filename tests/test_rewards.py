@@ -43,13 +43,11 @@ def test_safe_map_times_out_one_call_and_goes_on():
             release.wait(10)
         return x
 
-    t0 = time.monotonic()
-    out = safe_map(fn, [(0,), (1,), (2,), (3,)], timeout=0.2, label="reward")
-    elapsed = time.monotonic() - t0
+    out = safe_map(fn, [(0,), (1,), (2,), (3,)], timeout=1.0, label="reward")
     release.set()
+    # the hung call's value (1, after the wait) is not there: the batch went on without it
     assert [o.value for o in out] == [0, None, 2, 3]
-    assert out[1].error == "reward timed out after 0.2s"
-    assert elapsed < 2.0
+    assert out[1].error == "reward timed out after 1.0s"
 
 
 def test_safe_map_timeout_is_per_call_not_per_batch():
@@ -159,15 +157,60 @@ def test_a_hanging_or_raising_file_task_reward_is_null_with_a_named_error(tmp_pa
 
     def check(reference, text):
         if text == "hang":
-            time.sleep(3)
+            time.sleep(10)
         if text == "boom":
             raise RecursionError("sympy went too deep")
         return text == "1/2"
 
     monkeypatch.setattr(files, "math_verify_equal", check)
-    t0 = time.monotonic()
-    out = score_attempts(task, [(p, "hang"), (p, "boom"), (p, "1/2"), (p, "3")], timeout=0.3)
-    assert time.monotonic() - t0 < 2.5
+    out = score_attempts(task, [(p, "hang"), (p, "boom"), (p, "1/2"), (p, "3")], timeout=1.0)
     assert [o.value for o in out] == [None, None, 1.0, 0.0]
-    assert out[0].error == "reward timed out after 0.3s"
+    assert out[0].error == "reward timed out after 1.0s"
     assert out[1].error == "RecursionError: sympy went too deep"
+
+
+@pytest.mark.parametrize(
+    "reply, solution, expected",
+    [
+        ("168", "168", True),  # the Verifier's own answer equals the proposal: approve
+        ("167", "168", False),  # another number: reject
+        (" 168\n", "The sum is 168.", True),  # the solution's answer is its last number
+        ("#### 12", "so 5 + 7 = 12\n#### 12", True),  # a "####" line wins on both sides
+        ("12", "#### 13", False),
+        ("yes", "168", None),  # no number of its own: unparsable, as a yes/no reply is here
+        ("168", "I don't know", False),  # a proposal without an answer is never approved
+    ],
+)
+def test_a_compare_verdict_is_whether_the_verifiers_own_answer_equals_the_proposal(reply, solution, expected):
+    from pipeline.tasks.prompts import parse_compared_verdict
+
+    assert parse_compared_verdict(reply, solution) is expected
+
+
+def test_the_arithmetic_verifier_checks_by_solving_again():
+    from pipeline.tasks.arithmetic import ArithmeticTask
+
+    task = ArithmeticTask()
+    [p] = task.problems("train", 1, seed=3)
+    assert task.verdict_reads_solution
+    assert task.parse_verdict(p.answer, p.answer) is True
+    assert task.parse_verdict(str(int(p.answer) + 1), p.answer) is False
+    out = parse_verdicts(task, [p.answer, str(int(p.answer) + 10)], timeout=None, solutions=[p.answer, p.answer])
+    assert [o.value for o in out] == [True, False]
+    with pytest.raises(ValueError, match="judged solutions"):
+        parse_verdicts(task, [p.answer], timeout=None)
+
+
+@pytest.mark.parametrize(
+    "verdict, judged, own, expected",
+    [
+        (True, 1.0, 1.0, 1.0),  # approved a right answer by working it out right
+        (False, 0.0, 1.0, 1.0),  # rejected a wrong answer, its own answer right
+        (False, 0.0, 0.0, 0.0),  # rejected a wrong answer with another wrong answer: not rewarded
+        (True, 0.0, 0.0, 0.0),  # agreed with a wrong answer
+        (False, 1.0, 0.0, 0.0),  # rejected a right answer
+    ],
+)
+def test_a_verifier_that_solves_again_is_rewarded_for_a_right_verdict_from_a_right_answer(verdict, judged, own, expected):
+    assert verifier_local_reward(Outcome(verdict), Outcome(judged), Outcome(own)).value == expected
+    assert verifier_local_reward(Outcome(verdict), Outcome(judged), Outcome(None, "reward timed out after 1s")).error.startswith("own answer")

@@ -302,9 +302,7 @@ def test_a_raising_feedback_message_stops_that_sample_with_an_error():
 
 
 def test_a_hanging_reward_times_out():
-    t0 = time.monotonic()
     _, df, _ = run([IID(group_size=2)], task=HangingTask(), n_problems=3, config=RolloutConfig(reward_timeout=0.1, max_loop_num=1))
-    assert time.monotonic() - t0 < 10
     bad = df.filter(pl.col("uid").str.ends_with("-2"))
     assert bad["reward"].is_null().all()
     assert bad["reward_error"].str.contains("reward timed out after 0.1s").all()

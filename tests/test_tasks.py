@@ -79,8 +79,13 @@ def test_reward_is_none_when_the_reference_is_unusable(task):
 
 
 @pytest.mark.parametrize("text,verdict", [("yes", True), (" Yes.", True), ("no", False), ("NO!", False), ("", None), ("maybe", None), ("7", None)])
-def test_parse_verdict(task, text, verdict):
-    assert task.parse_verdict(text) is verdict
+def test_parse_verdict(text, verdict):
+    assert PromptTemplate().parse_verdict(text) is verdict  # a yes/no Verifier, read by its first word
+
+
+@pytest.mark.parametrize("text,verdict", [("168", True), ("168 no", True), ("167 yes", False), ("yes", None), ("", None)])
+def test_the_arithmetic_verdict_compares_the_verifiers_own_answer(task, text, verdict):
+    assert task.parse_verdict(text, "168") is verdict
 
 
 def test_hint_names_the_tens_digit_and_prompt_aug_shows_it(task):
@@ -176,7 +181,10 @@ def test_both_tasks_share_the_math_task_behaviour(make):
         assert t.reward(p, right) == 1.0 and t.reward(p, wrong) == 0.0
         assert t.feedback_message(p, right) == {"role": "user", "content": t.prompts.fill(t.prompts.right_feedback)}
         assert t.feedback_message(p, wrong) == {"role": "user", "content": t.prompts.fill(t.prompts.wrong_feedback)}
-    assert (t.parse_verdict("Yes."), t.parse_verdict("no"), t.parse_verdict("maybe")) == (True, False, None)
+    if t.verdict_reads_solution:  # arithmetic: the Verifier's own answer against the proposal
+        assert (t.parse_verdict("7 no", "7"), t.parse_verdict("8", "7"), t.parse_verdict("maybe", "7")) == (True, False, None)
+    else:
+        assert (t.parse_verdict("Yes."), t.parse_verdict("no"), t.parse_verdict("maybe")) == (True, False, None)
 
 
 def test_file_task_feedback_follows_its_text_reward(tmp_path):
@@ -249,13 +257,15 @@ from pipeline.tasks.files import math_answer_reward  # noqa: E402
 
 
 def test_arithmetic_prompts_are_the_ones_the_default_model_knows(task):
-    """The exact texts the embedded model is warm-started on, and its first-word verdicts."""
+    """The exact texts the embedded model is warm-started on, and its verdicts: the Verifier's
+    own answer compared with the proposal."""
     p = task.make_problem(123, "+", 45)
     assert task.prompts is ARITHMETIC_PROMPTS
     assert task.solver_messages(p) == [{"role": "user", "content": "123+45="}]
     assert task.verifier_messages(p, " 168 \n") == [{"role": "user", "content": "123+45=\nProposed answer: 168\nIs it right? Answer yes or no."}]
     assert task.feedback_message(p, "168") == {"role": "user", "content": "That is right. Say it again."}
-    assert [task.parse_verdict(t) for t in ("yes", "No!", "Verdict: yes", "well yes", "")] == [True, False, None, None, None]
+    assert task.prompts.verdict == "compare" and task.verdict_reads_solution
+    assert [task.parse_verdict(t, "168") for t in ("168 yes", "168 no", "167 yes", "yes", "")] == [True, True, False, None, None]
 
 
 def test_file_task_prompts_are_chain_of_thought():

@@ -121,7 +121,10 @@ def _local_dir(model_dir: str | Path) -> Path:
 
 
 def _build_key(model_config: ModelConfig, warm_config: WarmStartConfig) -> str:
-    settings = {"version": BUILD_VERSION, "model": asdict(model_config), "warm_start": asdict(warm_config)}
+    from pipeline.tasks.prompts import ARITHMETIC_PROMPTS
+
+    # the prompts are part of what the model is trained on: a change to them is a new model
+    settings = {"version": BUILD_VERSION, "model": asdict(model_config), "warm_start": asdict(warm_config), "prompts": asdict(ARITHMETIC_PROMPTS)}
     settings["warm_start"].pop("threads", None)  # does not change the result
     return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=6).hexdigest()
 

@@ -6,8 +6,10 @@ Examples (mixed in every batch, loss on the completion tokens only, EOS included
 run as two length buckets so short Solver prompts are not padded to the Verifier's length):
 - Solver plain:   user "123+45="                                    -> "168"
 - Solver hinted:  system "Hint: the tens digit is 6" (or "16_"), user -> "168"
-- Verifier:       user "<q>\\nProposed answer: <a>\\nIs it right? ..." -> "yes" / "no"
-                  (or, with `verifier_target="answer_verdict"`, "<right answer> yes" / "... no")
+- Verifier:       user "<q>\\nProposed answer: <a>\\nIs it right? ..." -> "<right answer> yes" /
+                  "<right answer> no" (`verifier_target="answer_verdict"`, the default; the
+                  arithmetic task reads the verdict by comparing that answer with the proposal);
+                  "verdict" teaches "yes" / "no" alone, "answer" the right answer alone
                   (half right, half near misses: one digit off, +-1, +-10, +-100)
 - Feedback:       user q, assistant attempt1, user "That is wrong. Try again." -> right answer
                   (or a right attempt1, "That is right. Say it again." -> the same answer)
@@ -41,6 +43,9 @@ __all__ = [
 ]
 
 
+VERIFIER_TARGETS = ("answer", "verdict", "answer_verdict")
+
+
 @dataclass(frozen=True)
 class WarmStartConfig:
     """Settings of the warm-start SFT.
@@ -72,12 +77,15 @@ class WarmStartConfig:
     mix_hint: float = 0.2
     """Share of hinted Solver examples (half "tens", half "prefix" hints)."""
     mix_verifier: float = 0.15
-    """Share of Verifier yes/no examples (half right, half wrong proposals)."""
-    verifier_target: str = "verdict"
-    """What a Verifier example teaches it to write: "verdict" ("yes" / "no"), or
-    "answer_verdict": the right answer first, then the verdict ("168 no"), so the Verifier checks
-    by working the problem out and comparing (its verdict is still the first word: the number is
-    not a word to the verdict parser)."""
+    """Share of Verifier examples (half right, half wrong proposals)."""
+    verifier_target: str = "answer_verdict"
+    """What a Verifier example teaches it to write: "answer_verdict" (the default): the right
+    answer, then the verdict ("168 no"); the arithmetic task reads the Verifier's verdict by
+    comparing the answer it writes with the proposal (verdict style "compare"). "verdict": "yes" /
+    "no" alone; "answer": the right answer alone. Measured on the main job (README, "The
+    Verifier"): with "verdict" the 1M model's yes/no never discriminated (balanced accuracy ~50%);
+    its yes/no word after its own answer does not follow that answer either (51% of replies), but
+    the answer itself does the checking; "answer" alone made it copy the proposal more often."""
     mix_feedback: float = 0.1
     """Share of second-attempt examples after feedback."""
     seed: int = 0
@@ -95,8 +103,8 @@ class WarmStartConfig:
             raise ConfigError("warm_start.warmup_steps and warm_start.min_steps must be >= 0")
         if not 0 < self.target_accuracy <= 1:
             raise ConfigError(f"warm_start.target_accuracy must be in (0, 1], got {self.target_accuracy}")
-        if self.verifier_target not in ("verdict", "answer_verdict"):
-            raise ConfigError(f"warm_start.verifier_target must be 'verdict' or 'answer_verdict', got {self.verifier_target!r}")
+        if self.verifier_target not in VERIFIER_TARGETS:
+            raise ConfigError(f"warm_start.verifier_target must be one of {list(VERIFIER_TARGETS)}, got {self.verifier_target!r}")
         mix = (self.mix_plain, self.mix_hint, self.mix_verifier, self.mix_feedback)
         if min(mix) < 0 or self.mix_plain <= 0:
             raise ConfigError(f"warm_start.mix_* must be >= 0 and mix_plain > 0, got {mix}")
@@ -159,7 +167,8 @@ def sft_examples(task, rng: random.Random, n: int, config: WarmStartConfig) -> l
             right = rng.random() < 0.5
             proposed = str(ans if right else _near_miss(ans, rng))
             verdict = "yes" if right else "no"
-            out.append((task.verifier_messages(p, proposed), verdict if config.verifier_target == "verdict" else f"{p.answer} {verdict}"))
+            target = {"answer": p.answer, "verdict": verdict, "answer_verdict": f"{p.answer} {verdict}"}[config.verifier_target]
+            out.append((task.verifier_messages(p, proposed), target))
         else:
             right = rng.random() < 0.3
             attempt = p.answer if right else str(_near_miss(ans, rng))

@@ -34,7 +34,7 @@ from pipeline.errors import ConfigError
 from pipeline.types import Problem
 
 from .base import MathTask, number_reward, parse_number, split_of
-from .prompts import PromptTemplate
+from .prompts import ARITHMETIC_PROMPTS, PromptTemplate
 
 __all__ = ["ArithmeticConfig", "ArithmeticTask", "make_hint"]
 
@@ -89,6 +89,7 @@ class ArithmeticTask(MathTask):
     feedback and verdicts are `MathTask`'s."""
 
     name = "arithmetic"
+    prompts = ARITHMETIC_PROMPTS
 
     def __init__(self, config: ArithmeticConfig | None = None, prompts: PromptTemplate | None = None, **options) -> None:
         if config is not None and options:

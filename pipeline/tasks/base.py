@@ -66,7 +66,8 @@ class Task(Protocol):
         ...
 
     def parse_verdict(self, text: str) -> bool | None:
-        """Verifier output -> approves? None = unparsable."""
+        """Verifier output -> approves? None = unparsable. (A task whose `verdict_reads_solution`
+        is True is called as `parse_verdict(text, solution)` with the judged Solver reply.)"""
         ...
 
 
@@ -147,8 +148,9 @@ class MathTask(ABC):
 
     name: str
     """The task's name (written with every problem's `meta`)."""
-    prompts: PromptTemplate = ARITHMETIC_PROMPTS
-    """The prompt template (instances may carry their own, e.g. from a prompt file)."""
+    prompts: PromptTemplate = PromptTemplate()
+    """The prompt template (instances may carry their own, e.g. from a prompt file); by default
+    the bare question, and a Verifier asked for yes/no and read by its first word."""
     default_max_tokens: int = 16
     """Completion budget of an agent call in rollouts when the `max_tokens` setting is None."""
     default_eval_max_tokens: int = 16
@@ -177,7 +179,12 @@ class MathTask(ABC):
         text = self.prompts.right_feedback if right else self.prompts.wrong_feedback
         return Message(role="user", content=self.prompts.fill(text, problem.question))
 
-    def parse_verdict(self, text: str) -> bool | None:
+    @property
+    def verdict_reads_solution(self) -> bool:
+        """True when the template reads a verdict against the judged solution ("compare")."""
+        return self.prompts.verdict_reads_solution
+
+    def parse_verdict(self, text: str, solution: str | None = None) -> bool | None:
         """Verifier output -> approves? None = unparsable (by the template's `verdict` style;
-        arithmetic: the module's `parse_verdict`)."""
-        return self.prompts.parse_verdict(text)
+        arithmetic: the module's `parse_verdict`; "compare" reads `solution` too)."""
+        return self.prompts.parse_verdict(text, solution)

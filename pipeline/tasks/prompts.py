@@ -13,8 +13,10 @@ assistant's reply, before the problem's own user turn (few-shot in the chat's ow
 
 Two templates ship:
 - `ARITHMETIC_PROMPTS`, the arithmetic task's: the bare question for the Solver, and
-  "<question>\\nProposed answer: <reply>\\nIs it right? Answer yes or no." for the Verifier, read
-  by its first word. The embedded default model is warm-started on exactly these texts.
+  "<question>\\nProposed answer: <reply>\\nIs it right? Answer yes or no." for the Verifier,
+  who replies with the sum as it works it out, then yes or no ("168 no"); its verdict is whether
+  that sum equals the proposal (verdict style "compare"; the yes/no word is not read: see README,
+  "The Verifier"). The embedded default model is warm-started on exactly these texts.
 - `CHAIN_OF_THOUGHT_PROMPTS`, the file tasks' (GSM8K-style word problems): the Solver is asked
   to solve the problem in a few short steps and end with "#### <number>", after three short
   worked examples (`COT_EXAMPLES`, written for maxit, not taken from any data set) shown as
@@ -23,7 +25,10 @@ Two templates ship:
 
 Verdicts (`verdict`): "first_word" reads a reply whose first word is yes/no (`parse_verdict`);
 "marked" reads the last "Verdict: yes|no" marker anywhere in the reply, else a reply whose first
-word or last line is a bare yes/no (`parse_marked_verdict`).
+word or last line is a bare yes/no (`parse_marked_verdict`); "compare" approves when the answer
+the Verifier works out itself (its reply's "#### x", else its last number) equals the proposed
+solution's answer (`parse_compared_verdict`): the Verifier checks by solving the problem again,
+and the comparison is read, not generated.
 
 `load_prompt_file(path, base)` reads a TOML or JSON file whose keys are `PromptTemplate` fields;
 keys it leaves out keep `base`'s value (the task's own template); `examples` is a list of
@@ -49,10 +54,11 @@ __all__ = [
     "COT_EXAMPLES",
     "load_prompt_file",
     "parse_marked_verdict",
+    "parse_compared_verdict",
     "VERDICT_STYLES",
 ]
 
-VERDICT_STYLES = ("first_word", "marked")
+VERDICT_STYLES = ("first_word", "marked", "compare")
 _PLACEHOLDER = re.compile(r"\{(question|solution|answer_format)\}")
 
 
@@ -138,15 +144,25 @@ class PromptTemplate:
         msgs = [] if self.verifier_system is None else [Message(role="system", content=self.fill(self.verifier_system, question, solution))]
         return msgs + [Message(role="user", content=self.fill(self.verifier_user, question, solution))]
 
-    def parse_verdict(self, text: str) -> bool | None:
-        """The Verifier's reply -> approves? None = unparsable (by the `verdict` style)."""
+    @property
+    def verdict_reads_solution(self) -> bool:
+        """True when a verdict is read against the judged solution ("compare")."""
+        return self.verdict == "compare"
+
+    def parse_verdict(self, text: str, solution: str | None = None) -> bool | None:
+        """The Verifier's reply -> approves? None = unparsable (by the `verdict` style; "compare"
+        needs the judged `solution`)."""
         from .base import parse_verdict
 
+        if self.verdict == "compare":
+            return parse_compared_verdict(text, solution)
         return parse_verdict(text) if self.verdict == "first_word" else parse_marked_verdict(text)
 
 
-ARITHMETIC_PROMPTS = PromptTemplate()
-"""The arithmetic task's prompts (what the default model is warm-started on; never change them)."""
+ARITHMETIC_PROMPTS = PromptTemplate(verdict="compare")
+"""The arithmetic task's prompts (what the default model is warm-started on: a change here
+changes the default model, which the build's cache key follows). The Verifier works the sum out
+again and its verdict is whether its answer equals the proposal ("compare")."""
 
 GSM8K_ANSWER_FORMAT = 'Write the final answer as a number on the last line, in the form "#### <number>".'
 """GSM8K's answer convention: the final answer after "#### "."""
@@ -208,6 +224,19 @@ def parse_marked_verdict(text: str) -> bool | None:
         if words in (["yes"], ["no"]):
             return words[0] == "yes"
     return None
+
+
+def parse_compared_verdict(text: str, solution: str | None) -> bool | None:
+    """Whether the Verifier's own answer (its reply's "#### x", else its last number) equals the
+    judged solution's; None when the reply holds no number (unparsable). A solution without a
+    number is never approved."""
+    from .base import last_number, numbers_equal
+
+    own = last_number(text)
+    if own is None:
+        return None
+    proposed = last_number(solution or "")
+    return proposed is not None and numbers_equal(own, proposed)
 
 
 def load_prompt_file(path: str | Path, base: PromptTemplate) -> PromptTemplate:
