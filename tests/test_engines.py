@@ -285,11 +285,12 @@ def test_vllm_serves_lora_checkpoints_on_one_engine(tiny_model_dir, tmp_path):
     prompts = [encode_prompt(tok, task.solver_messages(p)) for p in task.problems("train", 3, seed=1)]
     a = random_adapter(tiny_model_dir, tmp_path / "a", seed=1)
     b = random_adapter(tiny_model_dir, tmp_path / "b", seed=2)
-    pool = EnginePool("vllm", {"enable_lora": True, "max_lora_rank": 8})
+    pool = EnginePool("vllm")
     try:
-        solver = pool.get("solver", tiny_model_dir)
-        verifier = pool.get("verifier", tiny_model_dir)
-        assert verifier.shared is solver  # one engine for both policies
+        # a run training rank-8 adapters: the base model of round 0 is served by a LoRA engine
+        solver = pool.get("solver", tiny_model_dir, lora_rank=8)
+        verifier = pool.get("verifier", tiny_model_dir, lora_rank=8)
+        assert solver.lora and verifier.shared is solver  # one engine for both policies
         llm = solver.llm
         base_out = verifier.generate(prompts, n=2, temperature=TEMPERATURE, max_tokens=16, seed=3)
         check_against_teacher_forcing(base_out, prompts, load_model(tiny_model_dir), TEMPERATURE)
@@ -304,5 +305,50 @@ def test_vllm_serves_lora_checkpoints_on_one_engine(tiny_model_dir, tmp_path):
         # the base is still served without an adapter after the adapters were used
         assert pool.get("verifier", tiny_model_dir) is verifier
         assert verifier.generate(prompts, n=2, temperature=TEMPERATURE, max_tokens=16, seed=3) == base_out
+        # before training: the LoRA engine stays (a new adapter is a new request), unless asked
+        assert pool.release() == [] and solver.llm is llm
+        assert sorted(pool.release(keep_lora=False)) == ["solver", "verifier"] and solver.llm is None
+        assert pool.get("solver", a, lora_rank=8) is not solver  # built anew on the next request
     finally:
         pool.close()
+
+
+class _FakeEngine:
+    """A sampler as `EnginePool` sees it: built from options, pointed at a model, closable."""
+
+    def __init__(self, model_dir, **options):
+        self.model_dir, self.options, self.llm = model_dir, options, object()
+        self.lora = bool(options.get("enable_lora"))
+
+    def load_checkpoint(self, model_dir):
+        self.model_dir = model_dir
+
+    def can_serve(self, model_dir):
+        return self.lora and self.llm is not None
+
+    def view(self, model_dir):
+        view = _FakeEngine(model_dir)
+        view.shared = self
+        return view
+
+    def close(self):
+        self.llm = None
+
+
+def test_pool_builds_lora_engines_on_request_and_releases_only_what_training_would_rebuild(monkeypatch, tmp_path):
+    import pipeline.engines as engines
+    from pipeline.engines.pool import EnginePool
+
+    monkeypatch.setattr(engines, "make_sampler", lambda engine, model_dir, **options: _FakeEngine(model_dir, **options))
+    full = EnginePool("vllm", {"tensor_parallel_size": 1})
+    a, b = full.get("solver", tmp_path), full.get("verifier", tmp_path)
+    assert a is not b and a.options == {"tensor_parallel_size": 1}  # full weights: an engine per policy
+    assert sorted(full.release()) == ["solver", "verifier"] and a.llm is None and b.llm is None
+    assert full.get("solver", tmp_path) is not a  # a fresh engine after training
+
+    lora = EnginePool("vllm", {"max_lora_rank": 16})
+    s = lora.get("solver", tmp_path, lora_rank=32)
+    v = lora.get("verifier", tmp_path, lora_rank=32)
+    assert s.options == {"max_lora_rank": 32, "enable_lora": True} and v.shared is s
+    assert lora.release() == [] and s.llm is not None
+    assert sorted(lora.release(keep_lora=False)) == ["solver", "verifier"] and s.llm is None

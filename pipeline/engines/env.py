@@ -59,3 +59,21 @@ def configure_vllm_env(cache_dir: str | Path | None = None, cpu_cores: str | Non
         "VLLM_LOGGING_LEVEL": "WARNING",
     }
     return {k: os.environ.setdefault(k, v) for k, v in wanted.items()}
+
+
+def return_freed_memory() -> None:
+    """Collect garbage and hand the C heap's free pages back to the system (glibc's
+    `malloc_trim`), so a closed engine's memory leaves the process's resident set (on the
+    2-core machine 1.3 GB -> 0.8 GB after closing SmolLM2's vLLM engine); a no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = getattr(libc, "malloc_trim", None)
+    except OSError:
+        return
+    if trim is not None:
+        trim(0)

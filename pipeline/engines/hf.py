@@ -133,4 +133,7 @@ class HFSampler:
         return samples
 
     def close(self) -> None:
+        from .env import return_freed_memory
+
         self.model = None
+        return_freed_memory()

@@ -215,9 +215,9 @@ class VLLMSampler:
             if callable(shutdown):
                 shutdown()
             del llm
-            import gc
+            from .env import return_freed_memory
 
-            gc.collect()
+            return_freed_memory()
 
 
 def _architecture(model_dir: Path) -> dict:
