@@ -673,6 +673,20 @@ def test_micro_batches_follow_the_token_budget_and_checkpointing_is_automatic(to
     finally:
         tr.CHECKPOINTING_PARAMETERS = tr_threshold
 
+    # the activation budget: the tiny model's rows never reach the default; a model with the
+    # width and depth of SmolLM2-135M (576 x 30: 276 KB a token) gets the micro-batch that fits
+    assert tr.activation_bytes_per_token(model) * longest * 12 < TrainConfig().activation_mb * 2**20
+    assert tr.sized_for(big, table, model).micro_batch_size == 12
+    import types
+
+    wide = types.SimpleNamespace(config=types.SimpleNamespace(hidden_size=576, num_hidden_layers=30), parameters=model.parameters)
+    assert tr.activation_bytes_per_token(wide) == 576 * 30 * 16
+    budget = 3.5 * longest * 576 * 30 * 16 / 2**20  # room for 3.5 rows: 3 fit, a divisor of 12
+    assert tr.sized_for(replace(big, activation_mb=budget), table, wide).micro_batch_size == 3
+    assert tr.sized_for(replace(big, activation_mb=0), table, wide).micro_batch_size == 12
+    with pytest.raises(ConfigError, match="activation_mb"):
+        TrainConfig(activation_mb=-1)
+
     result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", replace(cfg, minibatch_size=8, micro_batch_size=8, micro_batch_tokens=2 * longest))
     meta = tr.read_checkpoint_meta(result.checkpoint)
     assert meta.config["micro_batch_size"] == 2 and result.steps == 1  # 8 rows: one optimizer step of four micro-batches

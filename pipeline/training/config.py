@@ -16,12 +16,15 @@ from typing import Literal, Mapping
 
 from pipeline.errors import ConfigError
 
-__all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS", "CHECKPOINTING_PARAMETERS"]
+__all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS", "CHECKPOINTING_PARAMETERS", "ACTIVATION_VALUES_PER_TOKEN"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSS_KINDS = ("ppo", "is", "rs")
 ANCHORS = ("sampling", "proximal")
 CHECKPOINTING_PARAMETERS = 50_000_000
+ACTIVATION_VALUES_PER_TOKEN = 4
+"""float32 values kept per token, hidden unit and layer for the backward pass (`activation_mb`),
+an estimate fitted on SmolLM2-135M under gradient checkpointing (about 3.3 measured)."""
 """Models above this many parameters train with gradient checkpointing unless told otherwise."""
 
 
@@ -226,6 +229,14 @@ class TrainConfig:
     `micro_batch_size` rows, at least one), so long chain-of-thought rows get small micro-batches
     and short rows keep `micro_batch_size`; the optimizer step (`minibatch_size` rows) is the
     same either way. None = always `micro_batch_size` rows."""
+    activation_mb: float = 512.0
+    """Memory budget of one micro-batch's activations, estimated as rows x the longest row's
+    tokens x `ACTIVATION_VALUES_PER_TOKEN` float32 values per hidden unit and layer (hidden_size x
+    num_hidden_layers x 4 x 4 bytes per token: SmolLM2-135M 276 KB a token, the tiny default
+    model 8 KB). The micro-batch is also cut to fit it, like `micro_batch_tokens`: on SmolLM2-135M
+    with GSM8K rows of ~700 tokens, 8 rows in one micro-batch peaked at 4.8 GB of training
+    (`benchmarks`-style probe, README), 2 rows at 3.6 GB. The tiny default model never reaches
+    it. 0 = no budget."""
 
     def __post_init__(self) -> None:
         _finite_positive("TrainConfig.lr", self.lr)
@@ -255,6 +266,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.num_threads must be >= 1 or None, got {self.num_threads}")
         if not (isinstance(self.logits_chunk_mb, (int, float)) and self.logits_chunk_mb >= 0):
             raise ConfigError(f"TrainConfig.logits_chunk_mb must be a number >= 0, got {self.logits_chunk_mb!r}")
+        if not (isinstance(self.activation_mb, (int, float)) and math.isfinite(self.activation_mb) and self.activation_mb >= 0):
+            raise ConfigError(f"TrainConfig.activation_mb must be a number >= 0, got {self.activation_mb!r}")
         if self.micro_batch_tokens is not None and (not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1):
             raise ConfigError(f"TrainConfig.micro_batch_tokens must be an integer >= 1 or None, got {self.micro_batch_tokens!r}")
         if self.max_length is not None and self.max_length < 2:

@@ -49,7 +49,7 @@ from trl.trainer.utils import selective_log_softmax
 from pipeline.errors import ConfigError, DataError
 from pipeline.models import adapter_base
 from pipeline.store import atomic_dir, atomic_write_text, jsonable
-from pipeline.training.config import CHECKPOINTING_PARAMETERS, LoraSettings, LossConfig, TrainConfig
+from pipeline.training.config import ACTIVATION_VALUES_PER_TOKEN, CHECKPOINTING_PARAMETERS, LoraSettings, LossConfig, TrainConfig
 from pipeline.training.loss import LossBatch, LossDiagnostics, aggregation_count, compute_loss
 from pipeline.views import check_view, to_dataset, view_hash
 
@@ -462,16 +462,32 @@ def max_train_length(config: TrainConfig, model_config) -> int:
     return config.max_length or int(getattr(model_config, "max_position_embeddings", 0) or 1 << 30)
 
 
+def activation_bytes_per_token(model) -> int:
+    """Estimated activation bytes a token keeps for the backward pass (`TrainConfig.activation_mb`):
+    hidden_size x num_hidden_layers x `ACTIVATION_VALUES_PER_TOKEN` float32 values; 0 when the
+    model's config does not say."""
+    cfg = getattr(model, "config", None)
+    hidden, layers = getattr(cfg, "hidden_size", None), getattr(cfg, "num_hidden_layers", None)
+    if not isinstance(hidden, int) or not isinstance(layers, int):
+        return 0
+    return hidden * layers * ACTIVATION_VALUES_PER_TOKEN * 4
+
+
 def sized_for(config: TrainConfig, table: pa.Table, model) -> TrainConfig:
     """`config` with its memory settings resolved for these rows and this model: the micro-batch
-    size under `micro_batch_tokens` (the largest divisor of `minibatch_size` whose rows x longest
-    row fit the budget) and automatic gradient checkpointing (None: on above
+    size under `micro_batch_tokens` and `activation_mb` (the largest divisor of `minibatch_size`
+    whose rows x longest row fit both budgets) and automatic gradient checkpointing (None: on above
     `CHECKPOINTING_PARAMETERS` parameters). The checkpoint's meta records the resolved values."""
     changes: dict[str, Any] = {}
-    if config.micro_batch_tokens is not None and table.num_rows:
+    if table.num_rows:
         lengths = pc.add(pc.list_value_length(table.column("train_prompt_ids")), pc.list_value_length(table.column("completion_ids")))
-        fit = max(1, config.micro_batch_tokens // max(1, pc.max(lengths).as_py()))
-        cap = min(fit, config.micro_batch_size)
+        longest = max(1, pc.max(lengths).as_py())
+        cap = config.micro_batch_size
+        if config.micro_batch_tokens is not None:
+            cap = min(cap, max(1, config.micro_batch_tokens // longest))
+        per_token = activation_bytes_per_token(model)
+        if config.activation_mb > 0 and per_token:
+            cap = min(cap, max(1, int(config.activation_mb * 2**20) // (per_token * longest)))
         size = max(d for d in range(1, cap + 1) if config.minibatch_size % d == 0)
         if size != config.micro_batch_size:
             changes["micro_batch_size"] = size
