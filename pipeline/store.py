@@ -166,21 +166,7 @@ def write_bytes(url: str, body: bytes) -> str:
     and rename."""
     fs, p = filesystem(url)
     if any(proto in LOCAL_PROTOCOLS for proto in _protocols(fs)):
-        path = Path(p)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-        try:
-            os.chmod(tmp, _mode(0o666))
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(p, body)
         return url
     parent = p.rsplit("/", 1)[0]
     if parent:
@@ -437,22 +423,29 @@ def fetch_dir(url: str, target: str | Path, marker: str | None = "maxit_checkpoi
     return target
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
+def atomic_write_bytes(path: str | Path, body: bytes) -> Path:
+    """`body` as the local file `path`, all or nothing: a temporary sibling, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
         os.chmod(tmp, _mode(0o666))
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """`text` (UTF-8) as the local file `path`, all or nothing."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def jsonable(obj: Any) -> Any:
