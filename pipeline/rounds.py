@@ -330,7 +330,10 @@ def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa
         local_weight=c.advantage.local_weight,
         seed=ctx.round_seed(round_, 2),
     )
-    table = run_rollouts(problems_from_table(problems), ctx.agents(), MathOrchestra(task), list(ctx.strategy_objects().values()), samplers, config)
+    prompts = getattr(task, "prompts", None)
+    rejection = prompts.rejection_template() if callable(getattr(prompts, "rejection_template", None)) else None
+    orchestra = MathOrchestra(task) if rejection is None else MathOrchestra(task, rejection_template=rejection)
+    table = run_rollouts(problems_from_table(problems), ctx.agents(), orchestra, list(ctx.strategy_objects().values()), samplers, config)
     write_steps(table, ctx.store, round_)
     return table
 

@@ -252,7 +252,7 @@ def test_a_subclass_without_problems_or_reward_cannot_be_built():
 # -- prompts ------------------------------------------------------------------------------------
 from pipeline.errors import DataError  # noqa: E402
 from pipeline.tasks import ARITHMETIC_PROMPTS, CHAIN_OF_THOUGHT_PROMPTS, PromptTemplate, load_prompt_file, parse_marked_verdict  # noqa: E402
-from pipeline.tasks.prompts import COT_EXAMPLES  # noqa: E402
+from pipeline.tasks.prompts import COT_EXAMPLES, GSM8K_ANSWER_FORMAT  # noqa: E402
 from pipeline.tasks.files import math_answer_reward  # noqa: E402
 
 
@@ -322,6 +322,21 @@ def test_examples_are_earlier_turns_and_a_prompt_file_sets_or_clears_them(tmp_pa
         load_prompt_file(toml, CHAIN_OF_THOUGHT_PROMPTS)
     with pytest.raises(ConfigError, match="examples must be a list"):
         PromptTemplate(examples="1+1? #### 2")
+
+
+def test_a_rejection_text_restates_the_answer_format_and_reaches_the_orchestra(tmp_path):
+    from pipeline.agents import MathOrchestra
+    from pipeline.agents.orchestra import DEFAULT_REJECTION
+
+    assert ARITHMETIC_PROMPTS.rejection is None and ARITHMETIC_PROMPTS.rejection_template() is None  # the orchestra's own
+    template = CHAIN_OF_THOUGHT_PROMPTS.rejection_template()
+    said = MathOrchestra(load_task_file(GSM8K_SAMPLE), rejection_template=template).rejection_message(" 3 is wrong {x}. ").text
+    assert said.startswith("The verifier rejected your answer: 3 is wrong {x}.\n") and said.endswith(GSM8K_ANSWER_FORMAT)
+    boxed = PromptTemplate(answer_format="\\boxed{}", rejection="No: {verifier_text} {answer_format}")
+    assert boxed.rejection_template().format(verifier_text="v") == "No: v \\boxed{}"  # braces of the format survive
+    with pytest.raises(ConfigError, match=r"rejection must hold the placeholder \{verifier_text\}"):
+        PromptTemplate(rejection="Try again.")
+    assert "{verifier_text}" in DEFAULT_REJECTION
 
 
 def test_prompt_files_override_the_tasks_prompts(tmp_path):

@@ -97,6 +97,10 @@ class PromptTemplate:
     """The feedback turn after an attempt the reward scores below 1 (feedback strategy)."""
     right_feedback: str = "That is right. Say it again."
     """The feedback turn after a right attempt."""
+    rejection: str | None = None
+    """The Solver's user turn after the Verifier rejected its attempt; must hold `{verifier_text}`
+    (the Verifier's reply) and may hold `{answer_format}`. None: the orchestra's own
+    (`pipeline.agents.orchestra.DEFAULT_REJECTION`, "...\nTry again.")."""
     examples: tuple[tuple[str, str], ...] = ()
     """Worked examples, (question, solution) pairs, shown to the Solver as earlier chat turns
     (its user template filled with the question, then the solution as the assistant's reply)."""
@@ -104,7 +108,7 @@ class PromptTemplate:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            optional = f.name in ("system", "verifier_system")
+            optional = f.name in ("system", "verifier_system", "rejection")
             if value is None and optional:
                 continue
             if f.name == "examples":
@@ -116,6 +120,8 @@ class PromptTemplate:
             raise ConfigError(f"prompt template: user must hold the placeholder {{question}}, got {self.user!r}")
         if "{solution}" not in self.verifier_user:
             raise ConfigError(f"prompt template: verifier_user must hold the placeholder {{solution}}, got {self.verifier_user!r}")
+        if self.rejection is not None and "{verifier_text}" not in self.rejection:
+            raise ConfigError(f"prompt template: rejection must hold the placeholder {{verifier_text}}, got {self.rejection!r}")
         if self.verdict not in VERDICT_STYLES:
             raise ConfigError(f"prompt template: verdict must be one of {list(VERDICT_STYLES)}, got {self.verdict!r}")
         for name in ("wrong_feedback", "right_feedback"):
@@ -136,6 +142,15 @@ class PromptTemplate:
         for example_question, solution in self.examples:
             msgs += [Message(role="user", content=self.fill(self.user, example_question)), Message(role="assistant", content=solution)]
         return msgs + [Message(role="user", content=self.fill(self.user, question))]
+
+    def rejection_template(self) -> str | None:
+        """`rejection` with `{answer_format}` filled in and every other brace escaped, as
+        `str.format(verifier_text=...)` (the orchestra) expects; None when the template has none."""
+        if self.rejection is None:
+            return None
+        text = self.rejection.replace("{verifier_text}", "\0")
+        text = self.fill(text).replace("{", "{{").replace("}", "}}")
+        return text.replace("\0", "{verifier_text}")
 
     def verifier_messages(self, question: str, solution: str) -> list[Message]:
         """The Verifier's messages: its system message (if any) and the user message holding the
@@ -199,6 +214,7 @@ CHAIN_OF_THOUGHT_PROMPTS = PromptTemplate(
     verdict="marked",
     wrong_feedback="That is wrong. Check your work and solve the problem again. {answer_format}",
     right_feedback="That is right. Write the solution again. {answer_format}",
+    rejection="The verifier rejected your answer: {verifier_text}\nSolve the problem again in a few short steps. {answer_format}",
 )
 """The file tasks' default prompts: chain of thought ending in "#### <number>", a Verifier that
 checks the whole solution and ends with "Verdict: yes|no"."""
