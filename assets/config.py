@@ -40,8 +40,11 @@ class _SettingsResource(dg.ConfigurableResource):
     def context(self, store, engine, policy_registry=None) -> RoundContext:
         registry = policy_registry.registry() if policy_registry is not None else store.registry()
         from assets.resources import engine_options
+        from pipeline.views import check_verdict_training
 
-        return RoundContext(Path(store.root()), self.run_config(), engine.pool(engine_options(self)), registry)
+        ctx = RoundContext(Path(store.root()), self.run_config(), engine.pool(engine_options(self)), registry)
+        check_verdict_training(ctx.task(), ctx.config.view)  # the launchpad's settings, as `maxit run` checks them
+        return ctx
 
 
 RunSettings = create_model(

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.errors import ConfigError, DataError, MaxitError, SchemaError, one_line
+from pipeline.errors import DataError, MaxitError, SchemaError, one_line
 from pipeline.settings import LOSS_KINDS, add_setting_flags, parse_weights, setting_default
 
 __all__ = ["main", "build_parser"]
@@ -138,17 +138,11 @@ def check_run_inputs(settings, store_dir: str) -> None:
     from pipeline.models.chat import check_model_dir
     from pipeline.store import check_writable, is_url, working_copy
     from pipeline.tasks import build_task
+    from pipeline.views import check_verdict_training
 
     check_scale_out(settings, store_dir)
     task = build_task(settings.task, settings.task_file, settings.prompt_file)
-    if getattr(task, "verdict_reads_solution", False):
-        # relabelled and replayed Verifier rows are trained on a yes/no reply, which a Verifier
-        # that answers the problem itself (verdict style "compare") never writes
-        view = settings.view if hasattr(settings, "view") else settings.view_config()  # a RunConfig or a Settings
-        for flag, on in (("--relabel-verdicts", view.relabel_verdicts), ("--verifier-replay", view.verifier_replay)):
-            if on:
-                raise ConfigError(f"{flag} trains the Verifier on yes/no replies, but this task's Verifier answers the problem itself "
-                                  "and its verdict is read by comparing answers (prompt verdict style 'compare'); drop the flag or use a yes/no verdict style")
+    check_verdict_training(task, settings.view if hasattr(settings, "view") else settings.view_config())  # a RunConfig or a Settings
     # a URL store is worked on in a local copy under the project's cache
     check_writable(working_copy(store_dir) if is_url(store_dir) else store_dir, "--store", "folder")
     if settings.model_dir:

@@ -37,6 +37,7 @@ __all__ = [
     "check_view",
     "balance_weights",
     "relabel_verdicts",
+    "check_verdict_training",
     "verifier_replay",
     "with_verifier_replay",
     "REPLAY_STRATEGY",
@@ -405,6 +406,19 @@ def build_training_view(
     validate(view, TRAINING_VIEW)
     log.info("training view: %s", stats)
     return view, stats
+
+
+def check_verdict_training(task, config: ViewConfig) -> None:
+    """Refuse `relabel_verdicts` / `verifier_replay` for a task whose Verifier answers the problem
+    itself (`task.verdict_reads_solution`, verdict style "compare"): both train the Verifier on
+    another row's reply for the right verdict, a yes/no reply such a Verifier never writes (for it
+    the reply is an answer of that problem)."""
+    if not getattr(task, "verdict_reads_solution", False):
+        return
+    for flag, on in (("--relabel-verdicts", config.relabel_verdicts), ("--verifier-replay", config.verifier_replay)):
+        if on:
+            raise ConfigError(f"{flag} trains the Verifier on yes/no replies, but this task's Verifier answers the problem itself "
+                              "and its verdict is read by comparing answers (prompt verdict style 'compare'); drop the flag or use a yes/no verdict style")
 
 
 def relabel_verdicts(table: pa.Table) -> tuple[pa.Table, int]:

@@ -372,3 +372,20 @@ def test_verifier_replay_labels_dedups_balances_and_replaces_the_verifier_rows(t
         verifier_replay([new.drop_columns(["local_reward"])], {"iid": IID()}, tok)
     with pytest.raises(ConfigError, match="verifier_replay"):
         ViewConfig(verifier_replay=-1)
+
+
+def test_verdict_training_on_yes_no_replies_is_refused_for_a_verifier_that_solves_again():
+    """Relabelled or replayed Verifier rows are yes/no replies: refused when the task's Verifier
+    answers the problem itself (the arithmetic task), allowed for a yes/no Verifier."""
+    from pipeline.errors import ConfigError
+    from pipeline.tasks.arithmetic import ArithmeticTask
+    from pipeline.tasks.prompts import PromptTemplate
+    from pipeline.views import check_verdict_training
+
+    relabel = ViewConfig(min_reward=1.0, reward_is_local=True, relabel_verdicts=True)
+    replay = ViewConfig(min_reward=1.0, reward_is_local=True, verifier_replay=2)
+    for config, flag in ((relabel, "--relabel-verdicts"), (replay, "--verifier-replay")):
+        with pytest.raises(ConfigError, match=flag):
+            check_verdict_training(ArithmeticTask(), config)
+        check_verdict_training(ArithmeticTask(prompts=PromptTemplate()), config)  # a yes/no Verifier
+    check_verdict_training(ArithmeticTask(), ViewConfig())
