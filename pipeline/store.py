@@ -186,13 +186,7 @@ def _write_table_url(table: pa.Table, url: str, compression: str) -> str:
         return str(write_table(table, p, compression=compression))
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression=compression)
-    body = sink.getvalue().to_pybytes()
-    parent = p.rsplit("/", 1)[0]
-    if parent:
-        fs.makedirs(parent, exist_ok=True)
-    with fs.open(p, "wb") as fh:
-        fh.write(body)
-    return url
+    return write_bytes(url, sink.getvalue().to_pybytes())
 
 
 # what Polars, pyarrow and the OS raise on a file that is not (or no longer) a Parquet file
