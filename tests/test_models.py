@@ -152,6 +152,16 @@ def test_cache_key_follows_the_settings(tmp_path, monkeypatch):
     assert base == _build_key(ModelConfig(), WarmStartConfig(threads=2))
     assert base != _build_key(ModelConfig(seed=1), WarmStartConfig())
     assert base != _build_key(ModelConfig(), WarmStartConfig(lr=1e-3))
+    # the texts the warm start trains on are part of the key; how a verdict is read is not
+    from dataclasses import replace
+
+    import pipeline.tasks.prompts as prompts
+
+    arithmetic = prompts.ARITHMETIC_PROMPTS
+    monkeypatch.setattr(prompts, "ARITHMETIC_PROMPTS", replace(arithmetic, verifier_user="{question} {solution}?"))
+    assert base != _build_key(ModelConfig(), WarmStartConfig())
+    monkeypatch.setattr(prompts, "ARITHMETIC_PROMPTS", replace(arithmetic, verdict="first_word"))
+    assert base == _build_key(ModelConfig(), WarmStartConfig())
 
 
 def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():

@@ -123,8 +123,11 @@ def _local_dir(model_dir: str | Path) -> Path:
 def _build_key(model_config: ModelConfig, warm_config: WarmStartConfig) -> str:
     from pipeline.tasks.prompts import ARITHMETIC_PROMPTS
 
-    # the prompts are part of what the model is trained on: a change to them is a new model
-    settings = {"version": BUILD_VERSION, "model": asdict(model_config), "warm_start": asdict(warm_config), "prompts": asdict(ARITHMETIC_PROMPTS)}
+    # the texts the warm start renders are part of what the model is trained on: a change to them
+    # is a new model (other template fields, e.g. how a verdict is read, are not)
+    trained = ("user", "system", "verifier_user", "verifier_system", "wrong_feedback", "right_feedback")
+    prompts = {name: getattr(ARITHMETIC_PROMPTS, name) for name in trained}
+    settings = {"version": BUILD_VERSION, "model": asdict(model_config), "warm_start": asdict(warm_config), "prompts": prompts}
     settings["warm_start"].pop("threads", None)  # does not change the result
     return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=6).hexdigest()
 
