@@ -133,16 +133,16 @@ def test_default_model_is_cached_and_warm_started(default_model_dir, monkeypatch
     assert build_default_model(default_model_dir.parent.parent, seed=0) == default_model_dir  # reused, not rebuilt
     monkeypatch.undo()
     tok, model = load_tokenizer(default_model_dir), load_model(default_model_dir)
-    # it learned the formats: the Verifier and the Solver both answer with a number, then EOS
-    # (the Verifier works the sum out again; its verdict is read by comparing answers)
+    # it learned the formats: the Solver answers with a number, the Verifier with the sum it works
+    # out then yes/no (its verdict is read by comparing that sum with the proposal), then EOS
     task = ArithmeticTask()
     p = task.problems("heldout", 1, 0)[0]
-    for msgs in (task.verifier_messages(p, p.answer), task.solver_messages(p)):
+    for msgs, form in ((task.verifier_messages(p, p.answer), r"\d+ (yes|no)"), (task.solver_messages(p), r"\d+")):
         ids = torch.tensor([encode_prompt(tok, msgs)])
         out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
         assert out[-1] == tok.eos_token_id
         text = tok.decode(out, skip_special_tokens=True)
-        assert text.isdigit(), text
+        assert re.fullmatch(form, text), text
 
 
 def test_cache_key_follows_the_settings(tmp_path, monkeypatch):
@@ -180,8 +180,9 @@ def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():
         assert int(answer) == a + b  # the right answer first
         proposed = messages[-1]["content"].split("Proposed answer: ")[1].split("\n")[0]
         assert parse_verdict(target) is (int(proposed) == a + b)  # then the verdict, which the parser reads
-    # the default: the right answer alone, which the arithmetic task compares with the proposal
-    default = sft_examples(task, random.Random(7), 400, WarmStartConfig(mix_verifier=1.0, mix_hint=0.0, mix_feedback=0.0, mix_plain=1e-9))
+    assert WarmStartConfig().verifier_target == "answer_verdict"  # the default, checked above
+    # "answer": the right answer alone (the arithmetic task would compare it with the proposal)
+    default = sft_examples(task, random.Random(7), 400, WarmStartConfig(mix_verifier=1.0, mix_hint=0.0, mix_feedback=0.0, mix_plain=1e-9, verifier_target="answer"))
     verifier = [(m, t) for m, t in default if "Proposed answer" in m[-1]["content"]]
     assert len(verifier) > 300
     proposals = []
@@ -195,4 +196,4 @@ def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():
     plain = sft_examples(task, random.Random(7), 400, WarmStartConfig(mix_verifier=1.0, mix_plain=1e-9, mix_hint=0.0, mix_feedback=0.0, verifier_target="verdict"))
     assert {t for m, t in plain if "Proposed answer" in m[-1]["content"]} == {"yes", "no"}
     with pytest.raises(ConfigError, match="verifier_target"):
-        WarmStartConfig(verifier_target="answer")
+        WarmStartConfig(verifier_target="answers")

@@ -47,7 +47,7 @@ def test_safe_map_times_out_one_call_and_goes_on():
     release.set()
     # the hung call's value (1, after the wait) is not there: the batch went on without it
     assert [o.value for o in out] == [0, None, 2, 3]
-    assert out[1].error == "reward timed out after 1.0s"
+    assert out[1].error == "reward timed out after 1s"
 
 
 def test_safe_map_timeout_is_per_call_not_per_batch():
@@ -165,7 +165,7 @@ def test_a_hanging_or_raising_file_task_reward_is_null_with_a_named_error(tmp_pa
     monkeypatch.setattr(files, "math_verify_equal", check)
     out = score_attempts(task, [(p, "hang"), (p, "boom"), (p, "1/2"), (p, "3")], timeout=1.0)
     assert [o.value for o in out] == [None, None, 1.0, 0.0]
-    assert out[0].error == "reward timed out after 1.0s"
+    assert out[0].error == "reward timed out after 1s"
     assert out[1].error == "RecursionError: sympy went too deep"
 
 
