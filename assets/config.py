@@ -43,7 +43,9 @@ class _SettingsResource(dg.ConfigurableResource):
         from pipeline.views import check_verdict_training
 
         ctx = RoundContext(Path(store.root()), self.run_config(), engine.pool(engine_options(self)), registry)
-        check_verdict_training(ctx.task(), ctx.config.view)  # the launchpad's settings, as `maxit run` checks them
+        view = ctx.config.view
+        if view.relabel_verdicts or view.verifier_replay:  # the launchpad's settings, as `maxit run` checks them
+            check_verdict_training(ctx.task(), view)  # (the task is built only then: a file task reads its file)
         return ctx
 
 
