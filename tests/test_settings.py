@@ -84,6 +84,20 @@ def test_presets_follow_the_loss():
     assert ppo.view.drop_zero_advantage and not ppo.view.reward_is_local
 
 
+def test_clip_range_reaches_the_loss(tmp_path, capsys):
+    ppo = Settings(loss="ppo").run_config().train.loss
+    assert (ppo.eps_low, ppo.eps_high) == (0.2, LOSS_PRESETS["ppo"]["clip_high"])
+    wide = cli_settings("--loss", "ppo", "--clip-low", "0.1", "--clip-high", "4").run_config().train.loss
+    assert (wide.eps_low, wide.eps_high) == (0.1, 4.0)
+    # a clip that would stop every gradient is refused, naming the setting, before anything is written
+    assert main(["run", "--rounds", "1", "--store", str(tmp_path / "s"), "--loss", "ppo", "--clip-low", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "clip_low" in err and "Traceback" not in err
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(ConfigError, match="clip_high"):
+        Settings(loss="ppo", clip_high=-0.5)
+
+
 def test_rs_with_a_mixed_reward_is_an_error(tmp_path, capsys):
     with pytest.raises(ConfigError, match="alpha"):
         Settings(loss="rs", alpha=1.0).run_config()
