@@ -33,6 +33,9 @@ Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) 
   ppo-pos-5e-4 ppo-local with positive advantages only (negative_weight 0) at lr 5e-4
   ppo-nw-5e-4  ppo-local-nw at lr 5e-4
   ppo-batch    ppo-local with the batch baseline (the round's mean reward per strategy, agent and turn)
+  ppo-wideclip ppo without the upper clip (clip_high 10: a right sample's tokens may rise past 1.28 q)
+  ppo-wide-nw25  ppo-wideclip with negative advantages at a quarter
+  is-batch     the plain importance-sampling estimator (no clip) with the ppo preset's reward and baseline
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ VARIANTS = {
     "ppo-pos-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0", "--lr", "5e-4", "--baseline", "group"],
     "ppo-nw-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5", "--lr", "5e-4", "--baseline", "group"],
     "ppo-batch": ["--loss", "ppo", "--alpha", "0", "--baseline", "batch", "--negative-weight", "1"],
+    "ppo-wideclip": ["--loss", "ppo", "--clip-high", "10"],
+    "is-batch": ["--loss", "is", "--alpha", "0", "--baseline", "batch", "--negative-weight", "0.5"],
+    "ppo-wide-nw25": ["--loss", "ppo", "--clip-high", "10", "--negative-weight", "0.25"],
 }
 
 

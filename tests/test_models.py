@@ -197,3 +197,17 @@ def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():
     assert {t for m, t in plain if "Proposed answer" in m[-1]["content"]} == {"yes", "no"}
     with pytest.raises(ConfigError, match="verifier_target"):
         WarmStartConfig(verifier_target="answers")
+
+
+def test_verifier_right_share_sets_the_share_of_right_proposals():
+    import random
+
+    task = ArithmeticTask()
+    for share, low, high in ((0.2, 0.12, 0.28), (0.5, 0.4, 0.6)):
+        examples = sft_examples(
+            task, random.Random(3), 600, WarmStartConfig(mix_verifier=1.0, mix_plain=1e-9, mix_hint=0.0, mix_feedback=0.0, verifier_right_share=share)
+        )
+        verdicts = [t.split(" ")[1] for m, t in examples if "Proposed answer" in m[-1]["content"]]
+        assert low < verdicts.count("yes") / len(verdicts) < high, share
+    with pytest.raises(ConfigError, match="verifier_right_share"):
+        WarmStartConfig(verifier_right_share=1.5)

@@ -65,12 +65,16 @@ class WarmStartConfig:
     min_steps: int = 200
     """No probe (and so no stopping) before this many steps."""
     # Parameters that control the stopping rule.
-    target_accuracy: float = 0.3
-    """Stop at the first probe whose plain-Solver T=1 accuracy (train split) reaches this."""
+    target_accuracy: float = 0.35
+    """Stop at the first probe whose plain-Solver T=1 accuracy (train split) reaches this (35%:
+    on the 2-core machine the Verifier, which checks by working the sum out again, stayed at
+    chance when the Solver started near 25%)."""
     probe_every: int = 25
     """Steps between probes."""
-    probe_size: int = 128
-    """Train-split problems sampled once each at each probe."""
+    probe_size: int = 512
+    """Train-split problems sampled once each at each probe. 512 (standard error ~2 points near
+    30%): with 128 the probe's noise (~4 points) decided where the model stopped, and the same
+    build gave held-out T=1 accuracies from 25.9% to 36.6% on two machines of one kind."""
     # Parameters that control the example mix (normalized to sum 1).
     mix_plain: float = 0.55
     """Share of plain Solver examples."""
@@ -86,6 +90,8 @@ class WarmStartConfig:
     Verifier"): with "verdict" the 1M model's yes/no never discriminated (balanced accuracy ~50%);
     its yes/no word after its own answer does not follow that answer either (51% of replies), but
     the answer itself does the checking; "answer" alone made it copy the proposal more often."""
+    verifier_right_share: float = 0.5
+    """Share of Verifier examples whose proposal is right (the rest are near misses)."""
     mix_feedback: float = 0.1
     """Share of second-attempt examples after feedback."""
     seed: int = 0
@@ -101,6 +107,8 @@ class WarmStartConfig:
             raise ConfigError(f"warm_start.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0 or self.min_steps < 0:
             raise ConfigError("warm_start.warmup_steps and warm_start.min_steps must be >= 0")
+        if not 0 <= self.verifier_right_share <= 1:
+            raise ConfigError(f"warm_start.verifier_right_share must be in [0, 1], got {self.verifier_right_share}")
         if not 0 < self.target_accuracy <= 1:
             raise ConfigError(f"warm_start.target_accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.verifier_target not in VERIFIER_TARGETS:
@@ -164,7 +172,7 @@ def sft_examples(task, rng: random.Random, n: int, config: WarmStartConfig) -> l
             hint = make_hint(ans, rng.choice(["tens", "prefix"]))
             out.append(([Message(role="system", content=HINT_PREFIX + hint), *plain], p.answer))
         elif kind == 2:
-            right = rng.random() < 0.5
+            right = rng.random() < config.verifier_right_share
             proposed = str(ans if right else _near_miss(ans, rng))
             verdict = "yes" if right else "no"
             target = {"answer": p.answer, "verdict": verdict, "answer_verdict": f"{p.answer} {verdict}"}[config.verifier_target]
