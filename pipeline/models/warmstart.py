@@ -89,7 +89,9 @@ class WarmStartConfig:
     "no" alone; "answer": the right answer alone. Measured on the main job (README, "The
     Verifier"): with "verdict" the 1M model's yes/no never discriminated (balanced accuracy ~50%);
     its yes/no word after its own answer does not follow that answer either (51% of replies), but
-    the answer itself does the checking; "answer" alone made it copy the proposal more often."""
+    the answer itself does the checking; "answer" alone made it copy the proposal more often.
+    A blind Verifier (a task template whose Verifier does not see the proposal,
+    `PromptTemplate.verifier_sees_solution` False) is always taught the right answer alone."""
     verifier_right_share: float = 0.5
     """Share of Verifier examples whose proposal is right (the rest are near misses)."""
     mix_feedback: float = 0.1
@@ -157,6 +159,8 @@ def sft_examples(task, rng: random.Random, n: int, config: WarmStartConfig) -> l
     from pipeline.tasks.base import RIGHT_FEEDBACK, WRONG_FEEDBACK
 
     weights = [config.mix_plain, config.mix_hint, config.mix_verifier, config.mix_feedback]
+    prompts = getattr(task, "prompts", None)
+    blind_verifier = prompts is not None and not prompts.verifier_sees_solution
     out: list[tuple[list[Message], str]] = []
     while len(out) < n:
         a, op, b = task.sample_operands(rng)
@@ -175,7 +179,10 @@ def sft_examples(task, rng: random.Random, n: int, config: WarmStartConfig) -> l
             right = rng.random() < config.verifier_right_share
             proposed = str(ans if right else _near_miss(ans, rng))
             verdict = "yes" if right else "no"
-            target = {"answer": p.answer, "verdict": verdict, "answer_verdict": f"{p.answer} {verdict}"}[config.verifier_target]
+            if blind_verifier:  # it does not see the proposal: a verdict word would be a guess
+                target = p.answer
+            else:
+                target = {"answer": p.answer, "verdict": verdict, "answer_verdict": f"{p.answer} {verdict}"}[config.verifier_target]
             out.append((task.verifier_messages(p, proposed), target))
         else:
             right = rng.random() < 0.3

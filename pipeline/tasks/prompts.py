@@ -88,7 +88,9 @@ class PromptTemplate:
     answer_format: str = ""
     """How the final answer is to be written; replaces `{answer_format}` in the templates."""
     verifier_user: str = "{question}\nProposed answer: {solution}\nIs it right? Answer yes or no."
-    """The Verifier's user message; must hold `{solution}` (the Solver's whole reply, stripped)."""
+    """The Verifier's user message; holds `{solution}` (the Solver's whole reply, stripped), which
+    only a "compare" Verifier may leave out: it then works the problem out blind, without seeing
+    the proposal, and the comparison reads the proposal (`verifier_sees_solution`)."""
     verifier_system: str | None = None
     """The Verifier's system message, or None for none."""
     verdict: str = "first_word"
@@ -118,8 +120,11 @@ class PromptTemplate:
                 raise ConfigError(f"prompt template: {f.name} must be a string{' or absent' if optional else ''}, got {type(value).__name__}")
         if "{question}" not in self.user:
             raise ConfigError(f"prompt template: user must hold the placeholder {{question}}, got {self.user!r}")
-        if "{solution}" not in self.verifier_user:
-            raise ConfigError(f"prompt template: verifier_user must hold the placeholder {{solution}}, got {self.verifier_user!r}")
+        if "{solution}" not in self.verifier_user and self.verdict != "compare":
+            raise ConfigError(
+                f"prompt template: verifier_user must hold the placeholder {{solution}} (only a Verifier whose verdict is "
+                f"\"compare\" may work the problem out without seeing the proposal), got {self.verifier_user!r}"
+            )
         if self.rejection is not None and "{verifier_text}" not in self.rejection:
             raise ConfigError(f"prompt template: rejection must hold the placeholder {{verifier_text}}, got {self.rejection!r}")
         if self.verdict not in VERDICT_STYLES:
@@ -158,6 +163,13 @@ class PromptTemplate:
         solution = solution.strip()
         msgs = [] if self.verifier_system is None else [Message(role="system", content=self.fill(self.verifier_system, question, solution))]
         return msgs + [Message(role="user", content=self.fill(self.verifier_user, question, solution))]
+
+    @property
+    def verifier_sees_solution(self) -> bool:
+        """False for a blind Verifier: a "compare" template whose Verifier messages do not show
+        the proposal (it cannot copy it; its verdict is still the comparison with it)."""
+        texts = (self.verifier_user, self.verifier_system or "")
+        return any("{solution}" in t for t in texts)
 
     @property
     def verdict_reads_solution(self) -> bool:
