@@ -199,6 +199,25 @@ def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():
         WarmStartConfig(verifier_target="answers")
 
 
+def test_a_blind_verifier_is_taught_the_answer_alone(monkeypatch):
+    import random
+    from dataclasses import replace
+
+    import pipeline.tasks.prompts as prompts
+
+    blind = replace(prompts.ARITHMETIC_PROMPTS, verifier_user="{question}\nCheck it: work it out again.")
+    task = ArithmeticTask()
+    monkeypatch.setattr(task, "prompts", blind)
+    assert not task.prompts.verifier_sees_solution
+    examples = sft_examples(task, random.Random(7), 200, WarmStartConfig(mix_verifier=1.0, mix_hint=0.0, mix_feedback=0.0, mix_plain=1e-9))
+    verifier = [(m, t) for m, t in examples if "Check it" in m[-1]["content"]]
+    assert len(verifier) > 150
+    for messages, target in verifier:
+        assert "Proposed" not in messages[-1]["content"]
+        a, b = (int(x) for x in messages[-1]["content"].split("\n")[0].rstrip("=").split("+"))
+        assert target == str(a + b)  # no verdict word: it cannot know the proposal
+
+
 def test_verifier_right_share_sets_the_share_of_right_proposals():
     import random
 

@@ -361,7 +361,7 @@ def test_prompt_files_override_the_tasks_prompts(tmp_path):
     "name, content, match",
     [("a.toml", 'usr = "{question}"', r"unknown key\(s\) \['usr'\]"),
      ("b.toml", 'user = "no placeholder"', r"user must hold the placeholder \{question\}"),
-     ("c.json", '{"verifier_user": "{question}"}', r"verifier_user must hold the placeholder \{solution\}"),
+     ("c.json", '{"verifier_user": "{question}", "verdict": "marked"}', r"verifier_user must hold the placeholder \{solution\}"),
      ("d.toml", 'verdict = "last_word"', "verdict must be one of"),
      ("e.toml", "user = [1, 2]", "user must be a string"),
      ("f.toml", "user = ", "is not valid TOML"),
@@ -481,3 +481,15 @@ def test_bad_task_files_stop_the_cli_with_exit_2_before_anything_is_written(tmp_
     err = capsys.readouterr().err
     assert f"maxit {command}: error:" in err and "bad.jsonl: row 1 has an empty 'answer'" in err
     assert not store.exists()
+
+
+def test_a_comparing_verifier_may_work_blind():
+    # without {solution} only a "compare" Verifier: it never sees the proposal, the comparison reads it
+    blind = PromptTemplate(verdict="compare", verifier_user="{question}\nCheck it: work it out again.")
+    assert not blind.verifier_sees_solution and ARITHMETIC_PROMPTS.verifier_sees_solution
+    assert blind.verifier_messages("12+30=", "41") == [{"role": "user", "content": "12+30=\nCheck it: work it out again."}]
+    assert blind.parse_verdict("42", "41") is False and blind.parse_verdict("42", "42") is True
+    assert PromptTemplate(verdict="compare", verifier_user="{question}", verifier_system="Proposal: {solution}").verifier_sees_solution
+    for verdict in ("first_word", "marked"):
+        with pytest.raises(ConfigError, match=r"verifier_user must hold the placeholder \{solution\}.*compare"):
+            PromptTemplate(verdict=verdict, verifier_user="{question}\nCheck it.")
