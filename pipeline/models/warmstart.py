@@ -1,12 +1,15 @@
 """Warm-start SFT of the default model on the default task's formats, so the first round of
-expert iteration starts from a Solver that is sometimes right (and a Verifier that answers
-yes/no), with clear room to improve.
+expert iteration starts from a Solver that is sometimes right (and a Verifier that works the
+sum out again), with clear room to improve.
 
 Examples (mixed in every batch, loss on the completion tokens only, EOS included; each batch is
 run as two length buckets so short Solver prompts are not padded to the Verifier's length):
 - Solver plain:   user "123+45="                                    -> "168"
 - Solver hinted:  system "Hint: the tens digit is 6" (or "16_"), user -> "168"
-- Verifier:       user "<q>\\nProposed answer: <a>\\nIs it right? ..." -> "<right answer> yes" /
+- Verifier:       blind (the arithmetic default): user "<q>\\nCheck it: work it out again." -> the
+                  right answer ("168"); the task compares it with the proposal.
+                  Shown the proposal (a template with `{solution}`):
+                  user "<q>\\nProposed answer: <a>\\nIs it right? ..." -> "<right answer> yes" /
                   "<right answer> no" (`verifier_target="answer_verdict"`, the default; the
                   arithmetic task reads the verdict by comparing that answer with the proposal);
                   "verdict" teaches "yes" / "no" alone, "answer" the right answer alone

@@ -3,8 +3,9 @@
 Formats (what the default model is warm-started on, see `pipeline.models.warmstart`):
 - Solver: one user message with the question, e.g. "123+45="; the answer is the bare number
   ("168") and the assistant turn ends with EOS.
-- Verifier: user message "<question>\\nProposed answer: <solver text>\\nIs it right? Answer yes or no.";
-  the Verifier answers "yes" or "no".
+- Verifier: user message "<question>\\nCheck it: work it out again." (it is not shown the
+  Solver's answer); it replies with the sum ("168"), and its verdict is whether that sum equals
+  the Solver's answer (verdict style "compare").
 - Hint (`Problem.hint`, shown by the `prompt_aug` strategy as a system message "Hint: ..."): by
   default the tens digit of the answer ("the tens digit is 6"). Errors of a small model sit in
   the middle digits (the carries), not in the first one, so the hint names exactly the digit

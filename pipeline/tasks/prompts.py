@@ -13,10 +13,10 @@ assistant's reply, before the problem's own user turn (few-shot in the chat's ow
 
 Two templates ship:
 - `ARITHMETIC_PROMPTS`, the arithmetic task's: the bare question for the Solver, and
-  "<question>\\nProposed answer: <reply>\\nIs it right? Answer yes or no." for the Verifier,
-  who replies with the sum as it works it out, then yes or no ("168 no"); its verdict is whether
-  that sum equals the proposal (verdict style "compare"; the yes/no word is not read: see README,
-  "The Verifier"). The embedded default model is warm-started on exactly these texts.
+  "<question>\\nCheck it: work it out again." for the Verifier, who is not shown the proposal
+  (a blind Verifier) and replies with the sum as it works it out ("168"); its verdict is whether
+  that sum equals the proposal (verdict style "compare": see README, "The Verifier"). The
+  embedded default model is warm-started on exactly these texts.
 - `CHAIN_OF_THOUGHT_PROMPTS`, the file tasks' (GSM8K-style word problems): the Solver is asked
   to solve the problem in a few short steps and end with "#### <number>", after three short
   worked examples (`COT_EXAMPLES`, written for maxit, not taken from any data set) shown as
@@ -120,15 +120,15 @@ class PromptTemplate:
                 raise ConfigError(f"prompt template: {f.name} must be a string{' or absent' if optional else ''}, got {type(value).__name__}")
         if "{question}" not in self.user:
             raise ConfigError(f"prompt template: user must hold the placeholder {{question}}, got {self.user!r}")
-        if "{solution}" not in self.verifier_user and self.verdict != "compare":
+        if self.verdict not in VERDICT_STYLES:
+            raise ConfigError(f"prompt template: verdict must be one of {list(VERDICT_STYLES)}, got {self.verdict!r}")
+        if not self.verifier_sees_solution and self.verdict != "compare":
             raise ConfigError(
                 f"prompt template: verifier_user must hold the placeholder {{solution}} (only a Verifier whose verdict is "
                 f"\"compare\" may work the problem out without seeing the proposal), got {self.verifier_user!r}"
             )
         if self.rejection is not None and "{verifier_text}" not in self.rejection:
             raise ConfigError(f"prompt template: rejection must hold the placeholder {{verifier_text}}, got {self.rejection!r}")
-        if self.verdict not in VERDICT_STYLES:
-            raise ConfigError(f"prompt template: verdict must be one of {list(VERDICT_STYLES)}, got {self.verdict!r}")
         for name in ("wrong_feedback", "right_feedback"):
             if not getattr(self, name).strip():
                 raise ConfigError(f"prompt template: {name} must not be empty")
@@ -186,10 +186,12 @@ class PromptTemplate:
         return parse_verdict(text) if self.verdict == "first_word" else parse_marked_verdict(text)
 
 
-ARITHMETIC_PROMPTS = PromptTemplate(verdict="compare")
+ARITHMETIC_PROMPTS = PromptTemplate(verdict="compare", verifier_user="{question}\nCheck it: work it out again.")
 """The arithmetic task's prompts (what the default model is warm-started on: a change here
 changes the default model, which the build's cache key follows). The Verifier works the sum out
-again and its verdict is whether its answer equals the proposal ("compare")."""
+again, blind (it is not shown the proposal, so it cannot copy it), and its verdict is whether its
+answer equals the proposal ("compare"). README, "The Verifier": shown the proposal, the same
+model copied it and stayed at chance on one machine of the CI kind."""
 
 GSM8K_ANSWER_FORMAT = 'Write the final answer as a number on the last line, in the form "#### <number>".'
 """GSM8K's answer convention: the final answer after "#### "."""
