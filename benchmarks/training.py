@@ -12,6 +12,7 @@ both alike; the best of each is reported. Goal: trainer >= 80% of the plain loop
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
@@ -27,27 +28,36 @@ from pipeline.models.chat import encode_prompt  # noqa: E402
 from pipeline.strategies import IID  # noqa: E402
 from pipeline.training.config import TrainConfig  # noqa: E402
 from pipeline.training.trainer import batch_loss, collate, set_threads, train_policy  # noqa: E402
-from pipeline.views import build_training_view, to_dataset  # noqa: E402
+from pipeline.views import ViewConfig, build_training_view, to_dataset  # noqa: E402
 from tiny import advantage_row, advantages_table, tiny_model_dir, tiny_tokenizer  # noqa: E402
 
 
-def synthetic_view(tok, n: int, seed: int = 0):
+def synthetic_view(tok, n: int, seed: int = 0, half_rewarded: bool = False):
+    """`n` arithmetic-sized rows with random advantages +-1; with `half_rewarded`, every other row
+    is rewarded (reward 1, advantage +1) and the rest not (reward 0, advantage -1), all kept (for rs too)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         msgs = [{"role": "user", "content": f"{rng.randint(10, 999)}+{rng.randint(10, 999)}="}]
         completion = [rng.randint(20, 60) for _ in range(rng.randint(3, 5))] + [1]
+        logprobs = [rng.uniform(-6.0, -5.0) for _ in completion]
+        if half_rewarded:
+            right = i % 2 == 0
+            extra = {"reward": float(right), "local_reward": float(right), "advantage": 1.0 if right else -1.0}
+        else:
+            extra = {"advantage": rng.choice([-1.0, 1.0])}
         rows.append(
             advantage_row(
                 f"r{i}",
                 sampling_messages=msgs,
                 prompt_ids=encode_prompt(tok, msgs),
                 completion_ids=completion,
-                completion_logprobs=[rng.uniform(-6.0, -5.0) for _ in completion],
-                advantage=rng.choice([-1.0, 1.0]),
+                completion_logprobs=logprobs,
+                **extra,
             )
         )
-    return build_training_view(advantages_table(rows), {"iid": IID()}, tok)[0]
+    config = ViewConfig(drop_zero_advantage=False) if half_rewarded else ViewConfig()
+    return build_training_view(advantages_table(rows), {"iid": IID()}, tok, config)[0]
 
 
 def cpu_clock_callback():
@@ -90,20 +100,33 @@ def plain_loop(view, init_dir: Path, config: TrainConfig, pad_id: int) -> tuple[
     return time.perf_counter() - t0, time.process_time() - c0, tokens
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every training benchmark takes: --rows, --repeats, --threads."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1024)
-    ap.add_argument("--minibatch", type=int, default=64)
-    ap.add_argument("--micro", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores)")
-    args = ap.parse_args()
+    return ap
+
+
+@contextlib.contextmanager
+def bench_setup(args, half_rewarded: bool = False):
+    """Torch threads, a temporary folder with the ~1M-parameter model, its tokenizer and the
+    synthetic view: yields (threads, tmp, init_dir, tok, view)."""
     threads = set_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         init_dir = tiny_model_dir(tmp / "base", hidden=128, layers=4)
         tok = tiny_tokenizer()
-        view = synthetic_view(tok, args.rows)
+        yield threads, tmp, init_dir, tok, synthetic_view(tok, args.rows, half_rewarded=half_rewarded)
+
+
+def main() -> None:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--minibatch", type=int, default=64)
+    ap.add_argument("--micro", type=int, default=64)
+    args = ap.parse_args()
+    with bench_setup(args) as (threads, tmp, init_dir, tok, view):
         config = TrainConfig(epochs=1, minibatch_size=args.minibatch, micro_batch_size=args.micro, report_to="none", num_threads=threads)
         n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(init_dir).parameters())
         plain, trainer, plain_cpu, trainer_cpu = [], [], [], []
