@@ -1,7 +1,7 @@
 """What each training loss costs per completion token, against the rs loss in the same run.
 
 All losses train the same rows of one synthetic training view (arithmetic-sized prompts and
-completions, half of them rewarded, advantages +-1) on the same ~1M-parameter model, one epoch
+completions, half of them rewarded, advantages +-1) on the same 0.66M-parameter model, one epoch
 each, through the maxit trainer (`train_policy`), after one untimed warm-up run. Runs alternate (rs, ppo, is, ppo + proximal
 anchor, rs, ...) so background load hits all alike; the best of each is reported, as completion
 tokens per second and as a ratio to rs. Every loss runs the same forward and backward pass over
@@ -41,8 +41,8 @@ def main() -> None:
         train_policy(view, "shared", init_dir, tmp / "warm-up", base)  # one-time costs (imports, first allocations) out of the timings
         best: dict[str, float] = {}
         for r in range(args.repeats):
-            for name, loss in LOSSES.items():
-                result = train_policy(view, "shared", init_dir, tmp / f"ckpt-{r}-{len(best)}", replace(base, loss=loss))
+            for i, (name, loss) in enumerate(LOSSES.items()):
+                result = train_policy(view, "shared", init_dir, tmp / f"ckpt-{r}-{i}", replace(base, loss=loss))
                 best[name] = max(best.get(name, 0.0), result.tokens_per_second)
                 print(f"repeat {r}: {name:22s} {result.tokens_per_second:7.0f} completion tokens/s ({result.train_seconds:.2f} s, {result.steps} steps)", flush=True)
         print(f"\nrows {args.rows}, threads {threads}, best of {args.repeats}")

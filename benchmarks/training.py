@@ -28,13 +28,13 @@ from pipeline.models.chat import encode_prompt  # noqa: E402
 from pipeline.strategies import IID  # noqa: E402
 from pipeline.training.config import TrainConfig  # noqa: E402
 from pipeline.training.trainer import batch_loss, collate, set_threads, train_policy  # noqa: E402
-from pipeline.views import ViewConfig, build_training_view, to_dataset  # noqa: E402
+from pipeline.views import build_training_view, to_dataset  # noqa: E402
 from tiny import advantage_row, advantages_table, tiny_model_dir, tiny_tokenizer  # noqa: E402
 
 
 def synthetic_view(tok, n: int, seed: int = 0, half_rewarded: bool = False):
     """`n` arithmetic-sized rows with random advantages +-1; with `half_rewarded`, every other row
-    is rewarded (reward 1, advantage +1) and the rest not (reward 0, advantage -1), all kept (for rs too)."""
+    is rewarded (reward 1, advantage +1) and the rest not (reward 0, advantage -1)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -56,8 +56,7 @@ def synthetic_view(tok, n: int, seed: int = 0, half_rewarded: bool = False):
                 **extra,
             )
         )
-    config = ViewConfig(drop_zero_advantage=False) if half_rewarded else ViewConfig()
-    return build_training_view(advantages_table(rows), {"iid": IID()}, tok, config)[0]
+    return build_training_view(advantages_table(rows), {"iid": IID()}, tok)[0]
 
 
 def cpu_clock_callback():
@@ -111,7 +110,7 @@ def bench_parser(doc: str) -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def bench_setup(args, half_rewarded: bool = False):
-    """Torch threads, a temporary folder with the ~1M-parameter model, its tokenizer and the
+    """Torch threads, a temporary folder with the 0.66M-parameter model, its tokenizer and the
     synthetic view: yields (threads, tmp, init_dir, tok, view)."""
     threads = set_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
