@@ -35,6 +35,10 @@ Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) 
   ppo-batch    ppo-local with the batch baseline (the round's mean reward per strategy, agent and turn)
   ppo-wideclip ppo without the upper clip (clip_high 10: a right sample's tokens may rise past 1.28 q)
   ppo-wide-nw25  ppo-wideclip with negative advantages at a quarter
+  ppo-5e-4     ppo at rs's learning rate (5e-4)
+  ppo-3e-4     ppo at lr 3e-4
+  ppo-prox     ppo with the clip against the policy at the start of the round's update (proximal: decoupled PPO)
+  ppo-nw25     ppo with negative advantages at a quarter
   is-batch     the plain importance-sampling estimator (no clip) with the ppo preset's reward and baseline
 """
 
@@ -79,6 +83,10 @@ VARIANTS = {
     "ppo-wideclip": ["--loss", "ppo", "--clip-high", "10"],
     "is-batch": ["--loss", "is", "--alpha", "0", "--baseline", "batch", "--negative-weight", "0.5"],
     "ppo-wide-nw25": ["--loss", "ppo", "--clip-high", "10", "--negative-weight", "0.25"],
+    "ppo-5e-4": ["--loss", "ppo", "--lr", "5e-4"],
+    "ppo-3e-4": ["--loss", "ppo", "--lr", "3e-4"],
+    "ppo-prox": ["--loss", "ppo", "--anchor", "proximal"],
+    "ppo-nw25": ["--loss", "ppo", "--negative-weight", "0.25"],
 }
 
 
