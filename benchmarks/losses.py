@@ -2,8 +2,8 @@
 
 All losses train the same rows of one synthetic training view (arithmetic-sized prompts and
 completions, half of them rewarded, advantages +-1) on the same 0.66M-parameter model, one epoch
-each, through the maxit trainer (`train_policy`), after one untimed warm-up run. Runs alternate (rs, ppo, is, ppo + proximal
-anchor, rs, ...) so background load hits all alike; the best of each is reported, as completion
+each, through the maxit trainer (`train_policy`), after one untimed warm-up run. Runs alternate
+(rs, ppo, is, ppo + proximal anchor, rs, ...) so background load hits all alike; the best of each is reported, as completion
 tokens per second and as a ratio to rs. Every loss runs the same forward and backward pass over
 every row (rs masks the unrewarded rows out of its mean), so the ratios show the loss arithmetic
 and, for the proximal anchor, its extra forward pass over the round's rows before the first step.
