@@ -8,38 +8,45 @@ variants are reused. The tables printed at the end (markdown) give, per run, hel
 accuracy (T=1, no hint) per round, the gain over the starting checkpoint, the Verifier's balanced
 verdict accuracy in the last round, the optimizer steps and the wall time; and per variant the
 mean and spread (min..max) of the gain over the seeds.
-Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) groups unless named):
+Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) groups unless named).
+"ppo-2e-4" is the ppo preset until the positive-half preset (lr 2e-4, negatives halved); the ppo-*
+variants measured against it name it as their base, so their runs stay what the README reports:
   rs           rejection-sampling expert iteration (the default run)
   ppo          the ppo preset: importance-weighted PG with PPO clip, each call's own correctness as its
-               reward (alpha 0), the batch baseline, negative advantages halved, lr 2e-4
-  ppo-atgrpo   the earlier ppo preset: AT-GRPO's mixed reward (alpha 1), group baseline, full negatives
+               reward (alpha 0), the batch baseline, positive advantages only (negative_weight 0), lr 5e-4
+  ppo-2e-4     the previous ppo preset: the same with negative advantages halved, at lr 2e-4
+  ppo-atgrpo   the earlier ppo preset: AT-GRPO's mixed reward (alpha 1), group baseline, full negatives, lr 2e-4
   ppo-local    ppo-atgrpo with each call's own correctness as its reward (alpha 0: no team term)
   is           the plain importance-sampling estimator (no clip), as the expert-iteration plan writes it
   sft          step-matched SFT on the reference answers (as many rows/steps as rs trains each round)
   ppo-drmas    ppo-atgrpo with DrMAS's groups (uid, strategy, agent) and its team reward (local weight 0)
   ppo-grpo     ppo-atgrpo with plain GRPO groups (uid, strategy)
-  ppo-notree   ppo without the tree strategy (iid + prompt_aug + feedback, 5 samples each: 15 per problem vs 16)
-  ppo-strat    ppo with stratified strategy weights (equal mixture over the four strategies)
-  ppo-trunc    ppo, hinted rows' ratios truncated at 3 instead of masked to [1/3, 3]
-  ppo-noratio  ppo, hinted rows without sequence-ratio handling
-  ppo-drophint ppo, hinted rows sampled but not trained
+  ppo-notree   ppo-2e-4 without the tree strategy (iid + prompt_aug + feedback, 5 samples each: 15 per problem vs 16)
+  ppo-strat    ppo-2e-4 with stratified strategy weights (equal mixture over the four strategies)
+  ppo-trunc    ppo-2e-4, hinted rows' ratios truncated at 3 instead of masked to [1/3, 3]
+  ppo-noratio  ppo-2e-4, hinted rows without sequence-ratio handling
+  ppo-drophint ppo-2e-4, hinted rows sampled but not trained
   no-balance   rs without equal weight for the Verifier's yes/no rows
   rs-relabel   rs with every Verifier row trained on the right verdict (relabel_verdicts)
   rs-replay    rs with the Verifier trained on its relabelled calls of every round so far (verifier_replay 5)
-  ppo-replay   ppo with the Solver's own correctness as its reward (alpha 0) and the Verifier's replay
+  ppo-replay   ppo-local with the Verifier's replay
   ppo-replay-nw  ppo-replay with negative advantages halved (negative_weight 0.5)
   ppo-local-nw ppo-local with negative advantages halved (negative_weight 0.5)
   rs-replay-sep  rs-replay with separate policies (the Verifier its own model, trained on its replay alone)
   ppo-pos-5e-4 ppo-local with positive advantages only (negative_weight 0) at lr 5e-4
   ppo-nw-5e-4  ppo-local-nw at lr 5e-4
   ppo-batch    ppo-local with the batch baseline (the round's mean reward per strategy, agent and turn)
-  ppo-wideclip ppo without the upper clip (clip_high 10: a right sample's tokens may rise past 1.28 q)
+  ppo-wideclip ppo-2e-4 without the upper clip (clip_high 10: a right sample's tokens may rise past 1.28 q)
   ppo-wide-nw25  ppo-wideclip with negative advantages at a quarter
-  ppo-5e-4     ppo at rs's learning rate (5e-4)
-  ppo-3e-4     ppo at lr 3e-4
-  ppo-prox     ppo with the clip against the policy at the start of the round's update (proximal: decoupled PPO)
-  ppo-nw25     ppo with negative advantages at a quarter
-  is-batch     the plain importance-sampling estimator (no clip) with the ppo preset's reward and baseline
+  ppo-5e-4     ppo-2e-4 at lr 5e-4
+  ppo-3e-4     ppo-2e-4 at lr 3e-4
+  ppo-prox     ppo-2e-4 with the clip against the policy at the start of the round's update (proximal: decoupled PPO)
+  ppo-nw25     ppo-2e-4 with negative advantages at a quarter
+  is-batch     the plain importance-sampling estimator (no clip) with ppo-2e-4's reward, baseline and negatives
+  ppo-5e-4-nw0   ppo-2e-4 at lr 5e-4 with positive advantages only (negative_weight 0): the ppo preset's flags
+  ppo-5e-4-nw25  ppo-2e-4 at lr 5e-4 with negative advantages at a quarter
+  ppo-5e-4-1ep   ppo-2e-4 at lr 5e-4, one pass over each round's rows (epochs 1)
+  ppo-2e-4-nw0   ppo-2e-4 with positive advantages only
 """
 
 from __future__ import annotations
@@ -54,39 +61,47 @@ from pathlib import Path
 import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
+# the ppo preset until the positive-half one: the base of the ppo-* variants measured against it
+PPO_2E4 = ["--loss", "ppo", "--lr", "2e-4", "--negative-weight", "0.5"]
+PG_2E4 = ["--loss", "ppo", "--lr", "2e-4"]
 # Same sample budget: the default samples 4 strategies x 4 samples per problem, so a variant with
 # fewer strategies draws proportionally more samples per strategy.
 VARIANTS = {
     "rs": [],
     "ppo": ["--loss", "ppo"],
-    "ppo-atgrpo": ["--loss", "ppo", "--alpha", "1", "--baseline", "group", "--negative-weight", "1"],
-    "ppo-local": ["--loss", "ppo", "--alpha", "0", "--baseline", "group", "--negative-weight", "1"],
+    "ppo-2e-4": PPO_2E4,
+    "ppo-atgrpo": [*PG_2E4, "--alpha", "1", "--baseline", "group", "--negative-weight", "1"],
+    "ppo-local": [*PG_2E4, "--alpha", "0", "--baseline", "group", "--negative-weight", "1"],
     "is": ["--loss", "is"],
     "sft": ["--train-on", "ground_truth"],
-    "ppo-drmas": ["--loss", "ppo", "--group-by", "agent_id", "--alpha", "1", "--local-weight", "0", "--baseline", "group", "--negative-weight", "1"],
-    "ppo-grpo": ["--loss", "ppo", "--group-by", "none", "--alpha", "1", "--baseline", "group", "--negative-weight", "1"],
-    "ppo-notree": ["--loss", "ppo", "--strategies", "iid", "prompt_aug", "feedback", "--samples", "5"],
-    "ppo-strat": ["--loss", "ppo", "--strategy-weights", "iid=1", "prompt_aug=1", "feedback=1", "tree=1"],
-    "ppo-trunc": ["--loss", "ppo", "--hinted-rows", "truncate"],
-    "ppo-noratio": ["--loss", "ppo", "--hinted-rows", "none"],
-    "ppo-drophint": ["--loss", "ppo", "--hinted-rows", "drop"],
+    "ppo-drmas": [*PG_2E4, "--group-by", "agent_id", "--alpha", "1", "--local-weight", "0", "--baseline", "group", "--negative-weight", "1"],
+    "ppo-grpo": [*PG_2E4, "--group-by", "none", "--alpha", "1", "--baseline", "group", "--negative-weight", "1"],
+    "ppo-notree": [*PPO_2E4, "--strategies", "iid", "prompt_aug", "feedback", "--samples", "5"],
+    "ppo-strat": [*PPO_2E4, "--strategy-weights", "iid=1", "prompt_aug=1", "feedback=1", "tree=1"],
+    "ppo-trunc": [*PPO_2E4, "--hinted-rows", "truncate"],
+    "ppo-noratio": [*PPO_2E4, "--hinted-rows", "none"],
+    "ppo-drophint": [*PPO_2E4, "--hinted-rows", "drop"],
     "no-balance": ["--no-balance-verdicts"],
     "rs-relabel": ["--relabel-verdicts"],
     "rs-replay": ["--verifier-replay", "5"],
-    "ppo-replay": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5", "--baseline", "group", "--negative-weight", "1"],
-    "ppo-replay-nw": ["--loss", "ppo", "--alpha", "0", "--verifier-replay", "5", "--negative-weight", "0.5", "--baseline", "group"],
-    "ppo-local-nw": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5", "--baseline", "group"],
+    "ppo-replay": [*PG_2E4, "--alpha", "0", "--verifier-replay", "5", "--baseline", "group", "--negative-weight", "1"],
+    "ppo-replay-nw": [*PG_2E4, "--alpha", "0", "--verifier-replay", "5", "--negative-weight", "0.5", "--baseline", "group"],
+    "ppo-local-nw": [*PG_2E4, "--alpha", "0", "--negative-weight", "0.5", "--baseline", "group"],
     "rs-replay-sep": ["--verifier-replay", "5", "--separate-policies"],
     "ppo-pos-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0", "--lr", "5e-4", "--baseline", "group"],
     "ppo-nw-5e-4": ["--loss", "ppo", "--alpha", "0", "--negative-weight", "0.5", "--lr", "5e-4", "--baseline", "group"],
-    "ppo-batch": ["--loss", "ppo", "--alpha", "0", "--baseline", "batch", "--negative-weight", "1"],
-    "ppo-wideclip": ["--loss", "ppo", "--clip-high", "10"],
+    "ppo-batch": [*PG_2E4, "--alpha", "0", "--baseline", "batch", "--negative-weight", "1"],
+    "ppo-wideclip": [*PPO_2E4, "--clip-high", "10"],
     "is-batch": ["--loss", "is", "--alpha", "0", "--baseline", "batch", "--negative-weight", "0.5"],
-    "ppo-wide-nw25": ["--loss", "ppo", "--clip-high", "10", "--negative-weight", "0.25"],
-    "ppo-5e-4": ["--loss", "ppo", "--lr", "5e-4"],
-    "ppo-3e-4": ["--loss", "ppo", "--lr", "3e-4"],
-    "ppo-prox": ["--loss", "ppo", "--anchor", "proximal"],
-    "ppo-nw25": ["--loss", "ppo", "--negative-weight", "0.25"],
+    "ppo-wide-nw25": [*PG_2E4, "--clip-high", "10", "--negative-weight", "0.25"],
+    "ppo-5e-4": ["--loss", "ppo", "--lr", "5e-4", "--negative-weight", "0.5"],
+    "ppo-3e-4": ["--loss", "ppo", "--lr", "3e-4", "--negative-weight", "0.5"],
+    "ppo-prox": [*PPO_2E4, "--anchor", "proximal"],
+    "ppo-nw25": [*PG_2E4, "--negative-weight", "0.25"],
+    "ppo-5e-4-nw0": ["--loss", "ppo", "--lr", "5e-4", "--negative-weight", "0"],
+    "ppo-5e-4-nw25": ["--loss", "ppo", "--lr", "5e-4", "--negative-weight", "0.25"],
+    "ppo-5e-4-1ep": ["--loss", "ppo", "--lr", "5e-4", "--negative-weight", "0.5", "--epochs", "1"],
+    "ppo-2e-4-nw0": ["--loss", "ppo", "--lr", "2e-4", "--negative-weight", "0"],
 }
 
 

@@ -72,14 +72,15 @@ def test_group_by_none_is_plain_grpo():
 def test_presets_follow_the_loss():
     ppo = Settings(loss="ppo").run_config()
     assert (ppo.advantage.alpha, ppo.advantage.local_weight) == (0.0, 1.0)
-    assert ppo.advantage.baseline == "batch" and ppo.train.loss.negative_weight == 0.5
+    assert ppo.advantage.baseline == "batch" and ppo.train.loss.negative_weight == 0.0
     rs, is_ = RunConfig(), Settings(loss="is").run_config()
     assert rs.advantage.baseline == is_.advantage.baseline == "group" and is_.train.loss.negative_weight == 1.0
     assert (is_.advantage.alpha, is_.advantage.local_weight) == (1.0, 1.0)
     # AT-GRPO's PG, the earlier preset, is a set of flags away
     atgrpo = cli_settings("--loss", "ppo", "--alpha", "1", "--baseline", "group", "--negative-weight", "1").run_config()
     assert (atgrpo.advantage.alpha, atgrpo.advantage.baseline, atgrpo.train.loss.negative_weight) == (1.0, "group", 1.0)
-    assert ppo.train.lr == LOSS_PRESETS["ppo"]["lr"] == 2e-4 and RunConfig().train.lr == LOSS_PRESETS["rs"]["lr"] == 5e-4
+    assert ppo.train.lr == LOSS_PRESETS["ppo"]["lr"] == RunConfig().train.lr == LOSS_PRESETS["rs"]["lr"] == 5e-4
+    assert Settings(loss="is").run_config().train.lr == 2e-4
     assert Settings(loss="ppo", lr=1e-3).run_config().train.lr == 1e-3
     assert ppo.view.drop_zero_advantage and not ppo.view.reward_is_local
 
