@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", default=None, help="starting checkpoint (default: the embedded tiny model)")
     p.add_argument("--out", required=True, help="checkpoint folder to write (atomically)")
     p.add_argument("--loss", choices=LOSS_KINDS, default=setting_default("loss"), help="default: rs, as maxit run")
-    p.add_argument("--lr", type=float, default=None, help="default: the loss's preset, as maxit run (rs 5e-4, ppo/is 2e-4)")
+    p.add_argument("--lr", type=float, default=None, help="default: the loss's preset, as maxit run (rs, ppo 5e-4; is 2e-4)")
     p.add_argument("--epochs", type=int, default=setting_default("epochs"))
     p.add_argument("--temperature", type=float, default=None, help="temperature of p_train (default: the view's sampling temperature; it must match)")
     p.add_argument("--report-to", default="tensorboard")
