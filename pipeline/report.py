@@ -63,8 +63,9 @@ def _now() -> str:
 
 
 def record_experiment(store: str | Path, settings, engine: str) -> dict:
-    """Write `<store>/experiment.json` with `settings` (a `pipeline.settings.Settings`) and the
-    engine; the creation time of the first record is kept. Returns the record. When the
+    """Write `<store>/experiment.json` with `settings` (a `pipeline.settings.Settings`), the
+    values in effect of the settings left to the loss's preset (`effective`: a preset may change
+    between versions) and the engine; the creation time of the first record is kept. Returns the record. When the
     settings differ from those recorded before, the record keeps the earlier ones under
     `previous_settings` (the store's earlier rounds were made with them)."""
     from pipeline.settings import Settings
@@ -80,6 +81,7 @@ def record_experiment(store: str | Path, settings, engine: str) -> dict:
         "updated": _now(),
         "engine": engine,
         "settings": values,
+        "effective": st.jsonable(settings.preset_values()),
     }
     if old.get("settings") not in (None, values):
         record["previous_settings"] = old["settings"]

@@ -249,6 +249,11 @@ class Settings:
         value = getattr(self, name)
         return LOSS_PRESETS[self.loss][name] if value is None else value
 
+    def preset_values(self) -> dict[str, Any]:
+        """The value in effect of every setting that defaults to the loss's preset (what the run
+        used, whatever the preset says later: `experiment.json` records it as `effective`)."""
+        return {name: self.preset(name) for name in LOSS_PRESETS[self.loss]}
+
     def learning_rate(self) -> float:
         """The `lr` setting, or the loss's preset where it is None."""
         return float(self.preset("lr"))

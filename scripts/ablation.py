@@ -4,10 +4,10 @@
 
 Every variant runs `maxit run` with the same problems x samples per round (the same sample
 budget) into its own store, sequentially (the machine's cores go to one run at a time); finished
-variants are reused when they ran what the variant's flags ask for now (each run records its
-settings with the loss's preset filled in, `<variant>-seed<s>.settings.json`; a finished run that
-differs, or that has no record and left a setting to a preset that may have changed since, is an
-error naming it). The tables printed at the end (markdown) give, per run, held-out Solver
+variants are reused when they ran what the variant's flags ask for now (judged by the store's
+experiment.json, which records the settings and the values in effect of those left to the loss's
+preset; a finished run that differs, or whose record predates those values and left a setting to
+a preset that may have changed since, is an error naming it). The tables printed at the end (markdown) give, per run, held-out Solver
 accuracy (T=1, no hint) per round, the gain over the starting checkpoint, the Verifier's balanced
 verdict accuracy in the last round, the optimizer steps and the wall time; and per variant the
 mean and spread (min..max) of the gain over the seeds.
@@ -55,7 +55,6 @@ variants measured against it name it as their base, so their runs stay what the 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import sys
@@ -66,7 +65,10 @@ import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pipeline.settings import LOSS_PRESETS, Settings, add_setting_flags, settings_from_args  # noqa: E402
+from pipeline.errors import DataError  # noqa: E402
+from pipeline.report import read_experiment  # noqa: E402
+from pipeline.settings import LOSS_PRESETS, add_setting_flags, settings_from_args  # noqa: E402
+from pipeline.store import jsonable  # noqa: E402
 # the ppo preset until the positive-half one: the base of the ppo-* variants measured against it
 PPO_2E4 = ["--loss", "ppo", "--lr", "2e-4", "--negative-weight", "0.5"]
 PG_2E4 = ["--loss", "ppo", "--lr", "2e-4"]
@@ -112,58 +114,48 @@ VARIANTS = {
 
 
 def resolved_settings(flags: list[str], seed: int) -> dict:
-    """The settings a run's flags give, with the loss's preset filled in where they leave a
-    setting to it (a preset may change between commits; the record must say what ran)."""
+    """The settings a run's flags give, with the values in effect of those left to the loss's
+    preset (as `maxit run` records them in the store's experiment.json: `effective`)."""
     ap = argparse.ArgumentParser(add_help=False)
     add_setting_flags(ap)
     ns, _ = ap.parse_known_args([*flags, "--seed", str(seed)])
-    return _resolve(settings_from_args(ns))
+    settings = settings_from_args(ns)
+    return {**jsonable(settings), **jsonable(settings.preset_values())}
 
 
-def _resolve(settings: Settings) -> dict:
-    values = json.loads(json.dumps(dataclasses.asdict(settings)))
-    values.update({name: settings.preset(name) for name in LOSS_PRESETS[settings.loss]})
-    return values
-
-
-def check_reusable(store: Path, record: Path, want: dict) -> None:
-    """A finished run is reused only when it ran what the variant's flags ask for now. Runs made
-    before this script recorded their resolved settings are judged by their store's
-    experiment.json, and refused when they left a preset-dependent setting to the preset of the
-    day (the ppo preset changed at commit e215d74: an old `ppo` run is the previous preset)."""
-    if record.exists():
-        have = json.loads(record.read_text())
-    else:
-        meta = store / "experiment.json"
-        stored = json.loads(meta.read_text()).get("settings", {}) if meta.exists() else {}
-        left = sorted(name for name in LOSS_PRESETS["rs"] if stored.get(name) is None)
+def check_reusable(store: Path, want: dict) -> None:
+    """A finished run is reused only when it ran what the variant's flags ask for now, judged by
+    the store's experiment.json. A store recorded before it kept the preset values in effect is
+    refused when its settings left one to the preset of the day (the ppo preset changed at
+    commit e215d74: an old `ppo` run is the previous preset)."""
+    try:
+        record = read_experiment(store) or {}
+    except DataError as err:
+        raise SystemExit(str(err)) from None
+    stored = record.get("settings", {})
+    if "effective" not in record:
+        left = sorted(name for name in LOSS_PRESETS[stored.get("loss", "rs")] if stored.get(name) is None)
         if not stored or left:
             raise SystemExit(
-                f"{store}: a finished run without a record of the settings it ran with ({record.name}), and its "
-                f"settings leave {', '.join(left) or 'everything'} to the loss's preset, which may have changed since; "
+                f"{store}: a finished run whose experiment.json does not record the values of "
+                f"{', '.join(left) or 'its settings'} it ran with (left to the loss's preset, which may have changed since); "
                 "move the directory away (or pass another --out) to run it again"
             )
-        try:
-            have = _resolve(Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}))
-        except Exception as exc:  # settings of another version of the code
-            raise SystemExit(f"{store}: its experiment.json settings do not load here ({exc}); move the directory away to run it again")
+    have = {**stored, **record.get("effective", {})}
     diff = sorted(k for k in want if have.get(k) != want[k])
     if diff:
         shown = ", ".join(f"{k}: ran {have.get(k)!r}, asked {want[k]!r}" for k in diff)
         raise SystemExit(f"{store}: a finished run of other settings than this variant's ({shown}); move it away (or pass another --out) to run it again")
-    if not record.exists():
-        record.write_text(json.dumps(have, indent=1, sort_keys=True))
 
 
 def run_variant(name: str, seed: int, rounds: int, out: Path, extra: list[str]) -> dict:
     store = out / f"{name}-seed{seed}"
     cmd = [str(ROOT / ".venv/bin/maxit"), "run", "--rounds", str(rounds), "--store", str(store), "--seed", str(seed), *VARIANTS[name], *extra]
     want = resolved_settings([*VARIANTS[name], *extra], seed)
-    record = out / f"{name}-seed{seed}.settings.json"
     t0 = time.perf_counter()
     log = out / f"{name}-seed{seed}.log"
     if (store / f"round={rounds - 1}" / "evaluation.parquet").exists() and (out / f"{name}-seed{seed}.seconds").exists():
-        check_reusable(store, record, want)
+        check_reusable(store, want)
         seconds = float((out / f"{name}-seed{seed}.seconds").read_text())
         return _result(name, seed, store, seconds, cmd)
     with open(log, "w") as fh:
@@ -171,7 +163,6 @@ def run_variant(name: str, seed: int, rounds: int, out: Path, extra: list[str]) 
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         return {"variant": name, "seed": seed, "error": f"exit {proc.returncode}, see {log}", "cmd": " ".join(cmd[1:])}
-    record.write_text(json.dumps(want, indent=1, sort_keys=True))
     (out / f"{name}-seed{seed}.seconds").write_text(str(seconds))
     return _result(name, seed, store, seconds, cmd)
 

@@ -1,13 +1,14 @@
 """scripts/ablation.py reuses a finished run only when it ran what the variant asks for now."""
 
-import dataclasses
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from pipeline.report import EXPERIMENT_FILE, record_experiment
 from pipeline.settings import Settings
+from pipeline.store import jsonable
 
 
 def _ablation():
@@ -17,11 +18,11 @@ def _ablation():
     return module
 
 
-def _store(tmp_path, settings: Settings) -> Path:
+def _old_store(tmp_path, settings: Settings) -> Path:
+    """A store recorded before experiment.json kept the preset values in effect."""
     store = tmp_path / "ppo-seed0"
     store.mkdir()
-    values = json.loads(json.dumps(dataclasses.asdict(settings)))
-    (store / "experiment.json").write_text(json.dumps({"settings": values}))
+    (store / EXPERIMENT_FILE).write_text(json.dumps({"settings": jsonable(settings)}))
     return store
 
 
@@ -35,30 +36,36 @@ def test_the_record_fills_in_the_preset():
 
 def test_a_run_left_to_an_old_preset_is_refused_not_reused(tmp_path):
     ab = _ablation()
-    # made by the script before it kept records: `--loss ppo`, lr and negatives left to the preset
-    store = _store(tmp_path, Settings(loss="ppo", seed=0))
-    record = tmp_path / "ppo-seed0.settings.json"
-    with pytest.raises(SystemExit, match=r"ppo-seed0: a finished run without a record.*lr.*negative_weight"):
-        ab.check_reusable(store, record, ab.resolved_settings(ab.VARIANTS["ppo"], 0))
-    assert not record.exists()
+    # `--loss ppo`, lr and negatives left to the preset, recorded without the values in effect
+    store = _old_store(tmp_path, Settings(loss="ppo", seed=0))
+    with pytest.raises(SystemExit, match=r"ppo-seed0: a finished run whose experiment.json does not record.*lr.*negative_weight"):
+        ab.check_reusable(store, ab.resolved_settings(ab.VARIANTS["ppo"], 0))
 
 
 def test_a_recorded_run_of_other_settings_is_refused(tmp_path):
     ab = _ablation()
-    store = _store(tmp_path, Settings(loss="ppo", seed=0))
-    record = tmp_path / "ppo-seed0.settings.json"
-    record.write_text(json.dumps(ab.resolved_settings(ab.VARIANTS["ppo-2e-4"], 0)))
+    store = tmp_path / "ppo-seed0"
+    record_experiment(store, Settings(loss="ppo", seed=0, lr=2e-4, negative_weight=0.5), "hf")
     with pytest.raises(SystemExit, match=r"ppo-seed0: a finished run of other settings.*lr: ran 0.0002, asked 0.0005"):
-        ab.check_reusable(store, record, ab.resolved_settings(ab.VARIANTS["ppo"], 0))
-    ab.check_reusable(store, record, ab.resolved_settings(ab.VARIANTS["ppo-2e-4"], 0))  # the same run: reused
+        ab.check_reusable(store, ab.resolved_settings(ab.VARIANTS["ppo"], 0))
+    ab.check_reusable(store, ab.resolved_settings(ab.VARIANTS["ppo-2e-4"], 0))  # the same run: reused
+    record_experiment(store, Settings(loss="ppo", seed=0), "hf")  # the preset, recorded with its values
+    ab.check_reusable(store, ab.resolved_settings(ab.VARIANTS["ppo"], 0))
 
 
-def test_an_unrecorded_run_with_every_preset_setting_given_is_judged_and_recorded(tmp_path):
+def test_an_unrecorded_run_with_every_preset_setting_given_is_judged_by_its_settings(tmp_path):
     ab = _ablation()
     explicit = Settings(loss="ppo", seed=0, alpha=0.0, local_weight=1.0, lr=5e-4, baseline="batch", negative_weight=0.0, clip_high=0.28)
-    store = _store(tmp_path, explicit)
-    record = tmp_path / "ppo-seed0.settings.json"
-    ab.check_reusable(store, record, ab.resolved_settings(ab.VARIANTS["ppo"], 0))
-    assert json.loads(record.read_text())["lr"] == 5e-4
+    store = _old_store(tmp_path, explicit)
+    ab.check_reusable(store, ab.resolved_settings(ab.VARIANTS["ppo"], 0))
     with pytest.raises(SystemExit, match="seed: ran 0, asked 1"):
-        ab.check_reusable(store, record, ab.resolved_settings(ab.VARIANTS["ppo"], 1))
+        ab.check_reusable(store, ab.resolved_settings(ab.VARIANTS["ppo"], 1))
+
+
+def test_a_broken_record_is_named(tmp_path):
+    ab = _ablation()
+    store = tmp_path / "ppo-seed0"
+    store.mkdir()
+    (store / EXPERIMENT_FILE).write_text("{not json")
+    with pytest.raises(SystemExit, match=r"ppo-seed0/experiment.json: not valid JSON"):
+        ab.check_reusable(store, ab.resolved_settings(ab.VARIANTS["ppo"], 0))

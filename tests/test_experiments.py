@@ -167,3 +167,15 @@ def test_experiment_record_keeps_creation_and_previous_settings(tmp_path):
     table = experiments_table([tmp_path])
     assert table["store"].to_list() == [str(tmp_path)] and table["rounds"].to_list() == [0]
     assert table["settings"][0] == "seed=3"
+
+
+def test_experiment_record_keeps_the_preset_values_in_effect(tmp_path):
+    """A store says what its run used even where the settings left it to the loss's preset
+    (a preset may change between versions)."""
+    from pipeline.settings import LOSS_PRESETS, Settings
+
+    ppo = record_experiment(tmp_path / "ppo", Settings(loss="ppo"), "hf")
+    assert ppo["settings"]["lr"] is None and ppo["effective"] == dict(LOSS_PRESETS["ppo"])
+    given = record_experiment(tmp_path / "is", Settings(loss="is", lr=1e-4), "hf")
+    assert given["effective"]["lr"] == 1e-4 and given["effective"]["alpha"] == LOSS_PRESETS["is"]["alpha"]
+    assert read_experiment(tmp_path / "ppo")["effective"]["negative_weight"] == LOSS_PRESETS["ppo"]["negative_weight"]
