@@ -65,28 +65,32 @@ def _now() -> str:
 def record_experiment(store: str | Path, settings, engine: str) -> dict:
     """Write `<store>/experiment.json` with `settings` (a `pipeline.settings.Settings`), the
     values in effect of the settings left to the loss's preset (`effective`: a preset may change
-    between versions) and the engine; the creation time of the first record is kept. Returns the record. When the
-    settings differ from those recorded before, the record keeps the earlier ones under
-    `previous_settings` (the store's earlier rounds were made with them)."""
+    between versions) and the engine; the creation time of the first record is kept. Returns the
+    record. When the settings or the values in effect differ from those recorded before, the
+    record keeps the earlier ones under `previous_settings` and `previous_effective` (the store's
+    earlier rounds were made with them)."""
     from pipeline.settings import Settings
 
     if not isinstance(settings, Settings):
         raise ConfigError(f"record_experiment: settings must be pipeline.settings.Settings, got {type(settings).__name__}")
     root = Path(store)
     old = read_experiment(root) or {}
-    values = st.jsonable(settings)
+    values, effective = st.jsonable(settings), st.jsonable(settings.preset_values())
     record = {
         "store": str(root.resolve()),
         "created": old.get("created", _now()),
         "updated": _now(),
         "engine": engine,
         "settings": values,
-        "effective": st.jsonable(settings.preset_values()),
+        "effective": effective,
     }
-    if old.get("settings") not in (None, values):
-        record["previous_settings"] = old["settings"]
-    elif "previous_settings" in old:
-        record["previous_settings"] = old["previous_settings"]
+    # a record from before `effective` was kept cannot show a preset change: judged by its settings
+    changed = old.get("settings") not in (None, values) or old.get("effective", effective) != effective
+    for key in ("settings", "effective"):
+        if changed and key in old:
+            record[f"previous_{key}"] = old[key]
+        elif not changed and f"previous_{key}" in old:
+            record[f"previous_{key}"] = old[f"previous_{key}"]
     root.mkdir(parents=True, exist_ok=True)
     st.atomic_write_text(root / EXPERIMENT_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record

@@ -179,3 +179,19 @@ def test_experiment_record_keeps_the_preset_values_in_effect(tmp_path):
     given = record_experiment(tmp_path / "is", Settings(loss="is", lr=1e-4), "hf")
     assert given["effective"]["lr"] == 1e-4 and given["effective"]["alpha"] == LOSS_PRESETS["is"]["alpha"]
     assert read_experiment(tmp_path / "ppo")["effective"]["negative_weight"] == LOSS_PRESETS["ppo"]["negative_weight"]
+
+
+def test_a_preset_change_between_resumes_keeps_the_earlier_values_in_effect(tmp_path, monkeypatch):
+    """The same settings resumed after the loss's preset changed: the earlier rounds' values are
+    kept under previous_effective, as changed settings are kept under previous_settings."""
+    from pipeline import settings as settings_module
+    from pipeline.settings import LOSS_PRESETS, Settings
+
+    record_experiment(tmp_path, Settings(loss="ppo"), "hf")
+    monkeypatch.setitem(settings_module.LOSS_PRESETS, "ppo", {**LOSS_PRESETS["ppo"], "lr": 1e-3})
+    again = record_experiment(tmp_path, Settings(loss="ppo"), "hf")
+    assert again["effective"]["lr"] == 1e-3 and again["previous_effective"]["lr"] == 5e-4
+    assert again["previous_settings"] == again["settings"]
+    # a later resume with nothing changed keeps what the earlier rounds used
+    kept = record_experiment(tmp_path, Settings(loss="ppo"), "hf")
+    assert kept["previous_effective"]["lr"] == 5e-4 and "previous_settings" in kept
