@@ -336,7 +336,10 @@ def build_training_view(
         i = int(i)
         sampling = messages_col[i].as_py()
         strategy = strategies[strat_col[i]]
-        training = strategy.training_messages(sampling, int(turns[i]), agents[i])
+        try:
+            training = strategy.training_messages(sampling, int(turns[i]), agents[i])
+        except DataError as err:
+            raise DataError(f"training context of step_id {table.column('step_id')[i].as_py()!r} (strategy {strat_col[i]!r}): {err}") from None
         stored = prompt_col[i].as_py()
         if [(m["role"], m["content"]) for m in training] == [(m["role"], m["content"]) for m in sampling]:
             ids = stored

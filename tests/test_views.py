@@ -242,7 +242,8 @@ def test_strategy_weights_count_each_policys_training_rows(tok):
     """n_s is counted over the rows each policy trains on, after the view's filters: the
     verifier's rows and the skipped first attempts do not shift the Solver's strategy mix."""
     rows = [advantage_row(f"i{k}", strategy="iid", policy_id="solver") for k in range(2)]
-    rows += [advantage_row(f"f{k}", strategy="feedback", turn=1, policy_id="solver") for k in range(2)]
+    second = [{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "4"}, {"role": "user", "content": "Wrong."}]
+    rows += [advantage_row(f"f{k}", strategy="feedback", turn=1, policy_id="solver", sampling_messages=second) for k in range(2)]
     rows += [advantage_row(f"f0-{k}", strategy="feedback", turn=0, policy_id="solver") for k in range(2)]  # skipped
     rows += [advantage_row(f"v{k}", strategy="iid", agent_id="verifier", policy_id="verifier") for k in range(4)]
     strategies = {"iid": IID(), "feedback": Feedback(first_attempt="skip")}
@@ -389,3 +390,74 @@ def test_verdict_training_on_yes_no_replies_is_refused_for_a_verifier_that_solve
             check_verdict_training(ArithmeticTask(), config)
         check_verdict_training(ArithmeticTask(prompts=PromptTemplate()), config)  # a yes/no Verifier
     check_verdict_training(ArithmeticTask(), ViewConfig())
+
+
+class _ScriptedWordSampler:
+    """Answers every Solver prompt with "#### 3" and every Verifier prompt with "Verdict: no"
+    (the chain-of-thought template's Verifier is asked for a verdict line), one token per char."""
+
+    engine = "scripted"
+    model_version = "scripted-v0"
+
+    def __init__(self) -> None:
+        from fakes import FakeTokenizer
+
+        self.tokenizer = FakeTokenizer()
+
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
+        from pipeline.types import Sample
+
+        out = []
+        for prompt in prompt_ids:
+            text = self.tokenizer.decode(prompt)
+            reply = "Verdict: no" if "Verdict:" in text.rsplit("\x02", 1)[-1] else "#### 3"
+            ids = self.tokenizer.encode(reply)
+            out.append([Sample(token_ids=ids, logprobs=[-0.5] * len(ids), text=reply, finish_reason="stop") for _ in range(n)])
+        return out
+
+
+@pytest.mark.parametrize("train_context", ["problem", "attempt"])
+def test_feedback_second_attempt_trains_under_its_own_question_on_a_few_shot_file_task(train_context):
+    """The GSM8K-style file task shows worked examples as earlier chat turns: every second
+    attempt's training prompt holds its own question (and the examples), never the feedback."""
+    from pathlib import Path
+
+    from fakes import FakeTokenizer
+    from pipeline.advantages import compute_advantages
+    from pipeline.agents import MathOrchestra, default_agents
+    from pipeline.config import AdvantageConfig
+    from pipeline.rollouts import RolloutConfig, run_rollouts
+    from pipeline.tasks.files import load_task_file
+
+    task = load_task_file(Path(__file__).parent / "data" / "gsm8k" / "train_sample.jsonl")
+    assert len(task.prompts.examples) >= 2  # the point of the test: a few-shot opening
+    problems = task.problems("train", 3, seed=0)
+    tok = FakeTokenizer()
+    steps = run_rollouts(problems, default_agents(), MathOrchestra(task), [Feedback(group_size=2, train_context=train_context)], _ScriptedWordSampler(), RolloutConfig(max_tokens=16), tokenizer=tok)
+    adv = compute_advantages(pl.from_arrow(steps), AdvantageConfig(alpha=0.0, local_weight=1.0))
+    view, _ = build_training_view(adv.to_arrow(), {"feedback": Feedback(train_context=train_context)}, tok, ViewConfig(drop_zero_advantage=False))
+    rows = view.filter(pa.compute.and_(pa.compute.equal(view.column("agent_id"), "solver"), pa.compute.equal(view.column("turn"), 1))).to_pylist()
+    assert len(rows) == 3 * 2
+    question = {p.uid: p.question for p in problems}
+    uid_of = dict(zip(steps.column("step_id").to_pylist(), steps.column("uid").to_pylist()))
+    wrong = task.prompts.fill(task.prompts.wrong_feedback, "")
+    right = task.prompts.fill(task.prompts.right_feedback, "")
+    for row in rows:
+        text = tok.decode(row["train_prompt_ids"])
+        own = question[uid_of[row["step_id"]]]
+        assert own in text, row["step_id"]
+        in_examples = sum(solution.count("#### 3") for _, solution in task.prompts.examples)
+        assert text.count("#### 3") == in_examples + (train_context == "attempt")  # attempt1 only under "attempt"
+        assert text.index(own) > max(text.index(q) for q, _ in task.prompts.examples)  # after the examples
+        for feedback in (wrong, right):
+            assert feedback.strip() not in text, row["step_id"]
+        for ex_question, _ in task.prompts.examples:
+            assert ex_question in text  # the worked examples stay
+        assert row["context_swapped"] is True
+
+
+def test_feedback_context_of_the_wrong_shape_is_a_named_error(tok):
+    odd = [{"role": "user", "content": "5+5="}, {"role": "user", "content": "Wrong."}]
+    rows = [advantage_row("bad-row", strategy="feedback", turn=1, sampling_messages=odd, prompt_ids=encode_prompt(tok, odd))]
+    with pytest.raises(DataError, match="step_id 'bad-row'.*assistant, user"):
+        build_training_view(advantages_table(rows), {"feedback": Feedback()}, tok)

@@ -14,8 +14,9 @@ Strategies:
 - `iid`: sampling context = training context (on-policy, ratio 1).
 - `prompt_aug`: a hint is shown while sampling (a system message starting with `HINT_PREFIX`)
   and dropped for training.
-- `feedback`: problem -> attempt1 -> feedback -> attempt2; attempt2 is trained under the problem
-  only (`train_context="problem"`) or problem + attempt1 (`"attempt"`, feedback dropped);
+- `feedback`: problem -> attempt1 -> feedback -> attempt2; attempt2 is trained under the opening
+  only (`train_context="problem"`: the first-turn context with its worked examples and the
+  problem) or the opening + attempt1 (`"attempt"`, feedback dropped);
   attempt1 rows are trained as plain iid rows (`first_attempt="iid"`) or not at all ("skip").
 - `tree`: AT-GRPO tree-structured best-of-N sampling; contexts are kept (identity).
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar, Literal, Sequence
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DataError
 from pipeline.types import Message, Problem
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Feedback",
     "Tree",
     "make_strategy",
+    "split_opening",
     "STRATEGY_IDS",
 ]
 
@@ -47,6 +49,26 @@ SOLVER = "solver"
 
 def _copy(messages: Sequence[Message]) -> list[Message]:
     return [Message(role=m["role"], content=m["content"]) for m in messages]
+
+
+def split_opening(messages: Sequence[Message], turn: int) -> tuple[list[Message], list[Message]]:
+    """Split an agent's context at turn `turn` into its opening (the first-turn context: system
+    text, worked examples as earlier chat turns, the problem) and what came after it: one
+    (assistant attempt, user reply) pair per earlier turn.
+
+    The cut is counted from the end, never found by searching for "the first user message": a
+    few-shot opening holds several user turns before the problem's own."""
+    msgs = list(messages)
+    cut = len(msgs) - 2 * int(turn)
+    later = msgs[cut:] if cut >= 1 else msgs
+    expected = ["assistant", "user"] * int(turn)
+    if cut < 1 or [m["role"] for m in later] != expected:
+        roles = [m["role"] for m in msgs]
+        raise DataError(
+            f"a turn-{turn} context must be the opening followed by {turn} (assistant, user) pair(s); "
+            f"its roles are {roles}"
+        )
+    return msgs[:cut], msgs[cut:]
 
 
 @dataclass(frozen=True)
@@ -120,13 +142,11 @@ class Feedback(Strategy):
         msgs = _copy(sampling_messages)
         if turn == 0 or agent_id != SOLVER:
             return msgs
-        user_idx = [i for i, m in enumerate(msgs) if m["role"] == "user"]
-        if len(user_idx) < 2:
-            return msgs
+        opening, later = split_opening(msgs, turn)
         if self.train_context == "problem":
-            return msgs[: user_idx[0] + 1]
-        # problem + attempt1: drop the feedback message(s) after the first attempt
-        return [m for i, m in enumerate(msgs) if not (m["role"] == "user" and i in user_idx[1:])]
+            return opening
+        # the opening and the agent's own attempts; the feedback replies are dropped
+        return opening + [m for m in later if m["role"] == "assistant"]
 
     def trainable(self, turn: int, agent_id: str) -> bool:
         if agent_id == SOLVER and turn == 0:
