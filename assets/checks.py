@@ -38,8 +38,8 @@ def _load(store: StoreResource, context, table: str) -> pl.DataFrame:
 def problems_disjoint_from_heldout(context: dg.AssetCheckExecutionContext, settings: RunSettings, store: StoreResource) -> dg.AssetCheckResult:
     df = _load(store, context, "problems")
     run = settings.run_config()
-    ctx_task = settings.context(store, _NoEngine()).task()
-    heldout = {p.uid for p in ctx_task.problems("heldout", run.evaluation.problems, run.evaluation.seed)}
+    workflow = settings.context(store, _NoEngine()).workflow()
+    heldout = {p.uid for p in workflow.problems("heldout", run.evaluation.problems, run.evaluation.seed)}
     overlap = sorted(set(df["uid"].to_list()) & heldout)
     not_train = df.filter(pl.col("split") != "train")["uid"].to_list()
     return dg.AssetCheckResult(

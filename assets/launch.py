@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Sequence
 
 import polars as pl
 
@@ -67,24 +67,26 @@ STAGE_COLUMNS = {"problems": "s_prob", "rollouts": "s_roll", "advantages": "s_ad
 """Column of the round table holding each stage's seconds (the store's `timings` table)."""
 
 
-def round_summary(store: Path, rounds: list[int]) -> pl.DataFrame:
-    """One row per round: held-out Solver accuracy (no hints), Verifier verdict accuracy (plain and
-    balanced), trajectory success by strategy, rollout tokens/s (completion tokens over the
-    rollouts stage's seconds) and the seconds of every stage (the `timings` table)."""
+def round_summary(store: Path, rounds: list[int], metrics: Sequence[tuple[str, str, str]] | None = None) -> pl.DataFrame:
+    """One row per round: the workflow's held-out metrics (`metrics`: (agent_id, metric, column)
+    triples, by default the math workflow's: Solver accuracy, Verifier verdict accuracies),
+    trajectory success by strategy, rollout tokens/s (completion tokens over the rollouts stage's
+    seconds) and the seconds of every stage (the `timings` table)."""
+    if metrics is None:
+        from pipeline.workflows.math import MathWorkflow
+
+        metrics = MathWorkflow.table_metrics
+    columns = {(agent, metric): column for agent, metric, column in metrics}
     ev = scan_table(store, "evaluation").filter(pl.col("round").is_in(rounds)).collect()
-    table = (
-        ev.filter(pl.col("metric").is_in(["accuracy", "accuracy_greedy", "accuracy_hint", "verdict_accuracy", "verdict_balanced_accuracy", "verdict_balanced_accuracy_greedy"]))
-        .pivot(on="metric", index="round", values="value", aggregate_function="first")
-        .sort("round")
-    )
-    rename = {"accuracy": "solver_acc", "accuracy_greedy": "greedy", "accuracy_hint": "with_hint", "verdict_accuracy": "verifier_acc", "verdict_balanced_accuracy": "verifier_bal_acc", "verdict_balanced_accuracy_greedy": "verifier_bal_greedy"}
-    table = table.rename({k: v for k, v in rename.items() if k in table.columns})
+    picked = ev.with_columns(pl.struct("agent_id", "metric").map_elements(lambda k: columns.get((k["agent_id"], k["metric"])), return_dtype=pl.String).alias("column"))
+    picked = picked.filter(pl.col("column").is_not_null())
+    table = picked.pivot(on="column", index="round", values="value", aggregate_function="first") if picked.height else pl.DataFrame({"round": sorted(set(ev["round"].to_list()))}, schema={"round": pl.Int32})
+    table = table.select("round", *[c for c in columns.values() if c in table.columns]).sort("round")
     trained = [r for r in rounds if r >= 0]
     if trained:
         steps = scan_table(store, "steps").filter(pl.col("round").is_in(trained))
         success = (
-            steps.filter(pl.col("agent_id") == "solver")
-            .group_by("round", "strategy", "traj_uid")
+            steps.group_by("round", "strategy", "traj_uid")
             .agg(pl.col("global_reward").first())
             .group_by("round", "strategy")
             .agg(pl.col("global_reward").mean())
@@ -238,6 +240,9 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
     location = url.url if url is not None else str(store.resolve())  # what the stages are given
     resources = make_resources(location, engine, settings)
     run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
+    from pipeline.rounds import build_workflow
+
+    metrics = build_workflow(settings.settings().run_config()).table_metrics
     t_start = time.perf_counter()
     done: list[int] = []
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
@@ -296,12 +301,12 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
             if url is not None:
                 url.push([BASE_ROUND, r])
             bar.set_postfix_str(f"round {r}: {time.perf_counter() - t0:.0f}s")
-            summary = round_summary(store, [BASE_ROUND, *done])
+            summary = round_summary(store, [BASE_ROUND, *done], metrics)
             _print_table(summary, f"after round {r} ({time.perf_counter() - t_start:.0f}s, peak memory {_peak_rss_mb():.0f} MB)", out)
     finally:
         bar.close()
         close_engines()
-    return round_summary(store, [BASE_ROUND, *done])
+    return round_summary(store, [BASE_ROUND, *done], metrics)
 
 
 SHARDED_JOB = "expert_iteration_round_multiprocess"

@@ -18,7 +18,7 @@ import time
 
 
 def main(argv=None) -> None:
-    from pipeline.agents import MathOrchestra, default_agents
+    from pipeline.workflows.math import MathWorkflow
     from pipeline.engines import make_sampler
     from pipeline.models import default_model, load_tokenizer
     from pipeline.models.chat import encode_prompt
@@ -57,14 +57,14 @@ def main(argv=None) -> None:
     sampler.generate = timed_generate
 
     # warm-up (engine start, kernels, first imports)
-    run_rollouts(problems[:2], default_agents(), MathOrchestra(task), strategies, sampler, config, tokenizer=tokenizer)
+    run_rollouts(problems[:2], MathWorkflow(task), strategies, sampler, config, tokenizer=tokenizer)
     sampler.generate(prompts[:2], 2, config.temperature, args.max_tokens, 0)
 
     best_round = best_raw = 0.0
     for rep in range(args.repeats):
         engine_seconds[0] = 0.0
         t0 = time.perf_counter()
-        table = run_rollouts(problems, default_agents(), MathOrchestra(task), strategies, sampler, RolloutConfig(max_tokens=args.max_tokens, seed=rep), tokenizer=tokenizer)
+        table = run_rollouts(problems, MathWorkflow(task), strategies, sampler, RolloutConfig(max_tokens=args.max_tokens, seed=rep), tokenizer=tokenizer)
         t_round = time.perf_counter() - t0
         round_tokens = sum(table.column("completion_ids").combine_chunks().value_lengths().to_pylist())
         calls = len(set(table.column("step").to_pylist()))

@@ -132,21 +132,31 @@ def check_scale_out(settings, store_dir: str) -> None:
             )
 
 
-def check_run_inputs(settings, store_dir: str) -> None:
-    """Before any work of `maxit run` / `maxit rollout`: the task (and prompt) file, the store
-    and the model folder of `settings` (a `Settings` or a `RunConfig`), each a named error."""
+def check_run_inputs(settings, store_dir: str):
+    """Before any work of `maxit run` / `maxit rollout`: the workflow (imported and checked, with
+    its task and prompt files), the strategies it must run, the store and the model folder of
+    `settings` (a `Settings` or a `RunConfig`), each a named error. Returns the workflow."""
     from pipeline.models.chat import check_model_dir
     from pipeline.store import check_writable, is_url, working_copy
-    from pipeline.tasks import build_task
+    from pipeline.rounds import build_workflow, run_strategies
     from pipeline.views import check_verdict_training
 
     check_scale_out(settings, store_dir)
-    task = build_task(settings.task, settings.task_file, settings.prompt_file)
-    check_verdict_training(task, settings.view if hasattr(settings, "view") else settings.view_config())  # a RunConfig or a Settings
+    config = settings.run_config() if hasattr(settings, "run_config") else settings  # a Settings or a RunConfig
+    workflow = build_workflow(config)  # imports and checks the workflow; a math task reads its file
+    run_strategies(config, workflow)  # strategies the workflow cannot run are named here
+    check_verdict_training(getattr(workflow, "task", None), config.view)
     # a URL store is worked on in a local copy under the project's cache
     check_writable(working_copy(store_dir) if is_url(store_dir) else store_dir, "--store", "folder")
     if settings.model_dir:
         check_model_dir(settings.model_dir, "--model-dir")
+    return workflow
+
+
+def run_strategies_of(settings, workflow) -> list[str]:
+    from pipeline.rounds import run_strategies
+
+    return list(run_strategies(settings.run_config(), workflow))
 
 
 def cmd_run(args) -> int:
@@ -158,7 +168,8 @@ def cmd_run(args) -> int:
 
     settings = settings_from_args(args)
     settings.run_config()  # validate every flag before anything starts
-    check_run_inputs(settings, args.store)
+    workflow = check_run_inputs(settings, args.store)
+    print(f"maxit run: workflow {workflow.describe()}, loss {settings.loss}, strategies {' '.join(run_strategies_of(settings, workflow))}", flush=True)
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
@@ -373,6 +384,43 @@ def cmd_model(args) -> int:
     return 0
 
 
+def add_sandbox_parser(sub) -> None:
+    """`maxit sandbox run PROGRAM.py`: one untrusted program in the sandbox (pipeline/sandbox.py,
+    docs/SANDBOX.md), answered with one line of JSON."""
+    p = sub.add_parser("sandbox", help="run an untrusted Python program in the sandbox (docs/SANDBOX.md)")
+    actions = p.add_subparsers(dest="sandbox_command", required=True)
+    r = actions.add_parser(
+        "run",
+        help="run PROGRAM.py in the sandbox and print one line of JSON (status, exit_code, seconds, reason, isolation, user); "
+        "exit code 0 when it ran, whatever the program did, 1 when the sandbox could not start it, 2 on bad input",
+    )
+    r.add_argument("program", metavar="PROGRAM.py")
+    r.add_argument("--timeout", type=float, default=10.0, metavar="S", help="wall-clock seconds (default 10); the CPU time limit is the same, rounded up")
+    r.add_argument("--memory-mb", type=int, default=512, metavar="M", help="address-space limit of the program in MB (default 512)")
+    r.add_argument(
+        "--allow-network-unisolated", action="store_true",
+        help="run even where neither bubblewrap nor a network namespace works (otherwise refused): the program can then reach "
+        "the network and every service listening on this machine (127.0.0.1 included); it still runs as an unprivileged user "
+        "with its limits, but without bubblewrap it also sees every world-readable file and can write to world-writable folders such as /tmp",
+    )
+    r.set_defaults(func=cmd_sandbox_run)
+
+
+def cmd_sandbox_run(args) -> int:
+    from pipeline.sandbox import run_program
+
+    path = Path(args.program)
+    if not path.is_file():
+        raise MaxitError(f"no such program file: {args.program}")
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise MaxitError(f"cannot read {args.program}: {err}") from None
+    result = run_program(source, timeout=args.timeout, memory_mb=args.memory_mb, allow_unisolated_network=args.allow_network_unisolated)
+    print(result.to_json())
+    return 1 if result.status == "error" else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="maxit", description="Multi-Agent eXpert ITeration: train teams of LLM agents by expert iteration.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -462,6 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--store", default="runs/default", help="a store folder, or a URL (its tables are downloaded to its local working copy first)")
     p.set_defaults(func=cmd_sql)
+
+    add_sandbox_parser(sub)
     return parser
 
 

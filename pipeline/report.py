@@ -5,9 +5,9 @@ A store is one experiment: its tables (`round=<r>/*.parquet`), checkpoints, poli
 Dagster instance (`.dagster/`), console log (`maxit.log`) and `experiment.json`, which records
 the settings `maxit run` last ran it with.
 
-The report is one HTML file with plotly.js inlined (it opens offline): Solver accuracy per
-round (each accuracy metric the evaluation table has), Verifier balanced verdict accuracy,
-trajectory success per strategy, importance-ratio diagnostics, rollout tokens/s and seconds per
+The report is one HTML file with plotly.js inlined (it opens offline): held-out accuracy or team
+success per round (each such metric the evaluation table has), per-agent held-out metrics (the
+Verifier's balanced verdict accuracy, or each agent's mean reward), trajectory success per strategy, importance-ratio diagnostics, rollout tokens/s and seconds per
 stage. Every figure draws each store in its own colour. plotly is imported only here, when a
 report is built.
 """
@@ -44,9 +44,14 @@ EXPERIMENT_FILE = "experiment.json"
 LOG_FILE = "maxit.log"
 """The store's log of engine and library output (warnings, vLLM and Dagster log lines)."""
 
-SOLVER_METRICS = ("accuracy", "accuracy_greedy", "accuracy_hint")
-"""Solver accuracies drawn when the evaluation table has them: sampled at the run's
-temperature, greedy, and with the problem's hint in the prompt."""
+HEADLINE_METRICS = ("accuracy", "accuracy_greedy", "accuracy_hint", "success", "success_greedy")
+"""The held-out numbers drawn first when the evaluation table has them: the math workflows'
+answer accuracy (sampled at the run's temperature, greedy, with the problem's hint) and any
+workflow's team success (sampled, greedy)."""
+
+AGENT_METRICS = ("verdict_balanced_accuracy", "reward")
+"""Per-agent held-out numbers drawn second: a checking agent's balanced verdict accuracy (the
+math Verifier's), else every agent's mean local reward (`evaluate_workflow`)."""
 
 STAGE_ORDER = ("problems", "rollouts", "advantages", "view", "training", "evaluation", "other")
 
@@ -152,8 +157,8 @@ def _complete_rounds(store: Path) -> list[int]:
 
 
 def experiments_table(roots: Sequence[str | Path]) -> pl.DataFrame:
-    """One row per store under `roots`: its complete rounds, the last one's held-out Solver
-    accuracy and Verifier balanced accuracy, when it last ran, and its settings (those that
+    """One row per store under `roots`: its complete rounds, the last one's held-out accuracy
+    (math: the Solver's; other workflows: team success) and balanced verdict accuracy, when it last ran, and its settings (those that
     differ from the defaults)."""
     rows = []
     for store in find_stores(roots):
@@ -164,21 +169,21 @@ def experiments_table(roots: Sequence[str | Path]) -> pl.DataFrame:
         if last is not None:
             ev = pl.read_parquet(st.table_path(store, last, "evaluation"))
             get = lambda m: ev.filter(pl.col("metric") == m)["value"]  # noqa: E731
-            acc = float(get("accuracy")[0]) if get("accuracy").len() else None
+            acc = next((float(get(m)[0]) for m in ("accuracy", "success") if get(m).len()), None)
             bal = float(get("verdict_balanced_accuracy")[0]) if get("verdict_balanced_accuracy").len() else None
         rows.append(
             {
                 "store": str(store),
                 "rounds": len(done),
                 "last_round": last,
-                "solver_acc": acc,
+                "heldout": acc,
                 "verifier_bal_acc": bal,
                 "updated": rec.get("updated", ""),
                 "engine": rec.get("engine", ""),
                 "settings": _changed_settings(rec["settings"]) if "settings" in rec else "(no experiment.json)",
             }
         )
-    schema = {"store": pl.String, "rounds": pl.Int64, "last_round": pl.Int64, "solver_acc": pl.Float64, "verifier_bal_acc": pl.Float64,
+    schema = {"store": pl.String, "rounds": pl.Int64, "last_round": pl.Int64, "heldout": pl.Float64, "verifier_bal_acc": pl.Float64,
               "updated": pl.String, "engine": pl.String, "settings": pl.String}
     return pl.DataFrame(rows, schema=schema)
 
@@ -196,8 +201,8 @@ def store_metrics(store: str | Path) -> dict[str, pl.DataFrame]:
     """The per-round series a report draws, from the store's tables (a table the store lacks
     gives an empty frame):
 
-    - `evaluation`: round, metric, value (every Solver and Verifier metric; round -1 = start);
-    - `success`: round, strategy, success (mean global reward of the Solver's trajectories);
+    - `evaluation`: round, agent_id, metric, value (every metric; round -1 = start);
+    - `success`: round, strategy, success (mean global reward of the trajectories);
     - `ratio`: round, policy_id and the overall importance-ratio diagnostics;
     - `timings`: round, stage, seconds;
     - `speed`: round, completion_tokens, rollout_seconds, tokens_per_s."""
@@ -205,16 +210,15 @@ def store_metrics(store: str | Path) -> dict[str, pl.DataFrame]:
     out: dict[str, pl.DataFrame] = {}
     ev = _scan(store, "evaluation")
     out["evaluation"] = (
-        ev.select("round", "metric", "value").collect().group_by("round", "metric").agg(pl.col("value").first()).sort("round", "metric")
+        ev.select("round", "agent_id", "metric", "value").collect().group_by("round", "agent_id", "metric").agg(pl.col("value").first()).sort("round", "agent_id", "metric")
         if ev is not None
-        else pl.DataFrame(schema={"round": pl.Int32, "metric": pl.String, "value": pl.Float64})
+        else pl.DataFrame(schema={"round": pl.Int32, "agent_id": pl.String, "metric": pl.String, "value": pl.Float64})
     )
     steps = _scan(store, "steps")
     if steps is not None:
         steps = steps.filter(pl.col("round") >= 0)
         out["success"] = (
-            steps.filter(pl.col("agent_id") == "solver")
-            .group_by("round", "strategy", "traj_uid")
+            steps.group_by("round", "strategy", "traj_uid")
             .agg(pl.col("global_reward").first())
             .group_by("round", "strategy")
             .agg(pl.col("global_reward").mean().alias("success"))
@@ -267,28 +271,31 @@ def _figures(data: Sequence[tuple[str, str, dict[str, pl.DataFrame]]]) -> list[t
     figs: list[tuple[str, object]] = []
     layout = dict(template="plotly_white", height=420, legend=dict(orientation="h", y=-0.2), margin=dict(t=50, l=60, r=20, b=40))
 
-    # Solver accuracy: one colour per store, one dash per metric
+    # headline: one colour per store, one dash per metric
     fig = go.Figure()
     for label, colour, m in data:
         ev = m["evaluation"]
-        for j, metric in enumerate(SOLVER_METRICS):
+        for j, metric in enumerate(HEADLINE_METRICS):
             s = ev.filter(pl.col("metric") == metric).sort("round")
             if s.height:
                 fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s["value"].to_list(), mode="lines+markers", name=f"{label} · {metric}",
                                          line=dict(color=colour, dash=DASHES[j % len(DASHES)]), legendgroup=label))
-    fig.update_layout(title="Solver held-out accuracy per round (round -1: the starting model)", xaxis_title="round", yaxis_title="accuracy", **layout)
-    figs.append(("solver_accuracy", fig))
+    fig.update_layout(title="Held-out accuracy / team success per round (round -1: the starting model)", xaxis_title="round", yaxis_title="fraction right", **layout)
+    figs.append(("heldout", fig))
 
-    # Verifier balanced verdict accuracy (plain verdict accuracy where a store has no balanced one)
+    # per agent: a checker's balanced verdict accuracy (plain verdict accuracy where a store has
+    # no balanced one), else each agent's mean local reward
     fig = go.Figure()
     for label, colour, m in data:
         ev = m["evaluation"]
-        metric = "verdict_balanced_accuracy" if ev.filter(pl.col("metric") == "verdict_balanced_accuracy").height else "verdict_accuracy"
-        s = ev.filter(pl.col("metric") == metric).sort("round")
-        if s.height:
-            fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s["value"].to_list(), mode="lines+markers", name=f"{label} · {metric}", line=dict(color=colour)))
-    fig.update_layout(title="Verifier verdict balanced accuracy per round", xaxis_title="round", yaxis_title="balanced accuracy", **layout)
-    figs.append(("verifier_accuracy", fig))
+        present = set(ev["metric"].to_list())
+        metric = next((x for x in AGENT_METRICS if x in present), "verdict_accuracy")
+        for j, agent in enumerate(sorted(set(ev.filter(pl.col("metric") == metric)["agent_id"].to_list()))):
+            s = ev.filter(pl.col("metric") == metric, pl.col("agent_id") == agent).sort("round")
+            fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s["value"].to_list(), mode="lines+markers", name=f"{label} · {agent} · {metric}",
+                                     line=dict(color=colour, dash=DASHES[j % len(DASHES)]), legendgroup=label))
+    fig.update_layout(title="Per-agent held-out metrics per round (balanced verdict accuracy, or mean reward)", xaxis_title="round", yaxis_title="value", **layout)
+    figs.append(("agents", fig))
 
     # success per strategy: one panel per strategy
     strategies = sorted({s for _, _, m in data for s in m["success"]["strategy"].to_list()})
@@ -300,7 +307,7 @@ def _figures(data: Sequence[tuple[str, str, dict[str, pl.DataFrame]]]) -> list[t
                 if s.height:
                     fig.add_trace(go.Scatter(x=s["round"].to_list(), y=s["success"].to_list(), mode="lines+markers", name=label, line=dict(color=colour),
                                              legendgroup=label, showlegend=i == 1), row=1, col=i)
-        fig.update_layout(title="Trajectory success per strategy per round (mean global reward of the Solver's trajectories)", **layout)
+        fig.update_layout(title="Trajectory success per strategy per round (mean team reward of the round's trajectories)", **layout)
         figs.append(("success_by_strategy", fig))
 
     # ratio diagnostics: one panel per statistic, one dash per policy

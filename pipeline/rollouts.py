@@ -1,45 +1,52 @@
 """One round of multi-agent rollouts -> the `steps` table.
 
-`run_rollouts(problems, agents, orchestra, strategies, sampler, config)` lets the team act on every
-problem under every search strategy and returns one row per agent call (every candidate of a
-tree step is a row), validated against `schemas.STEPS`. `write_steps` stores it atomically at
-`<store>/round=<r>/steps.parquet`.
+`run_rollouts(problems, workflow, strategies, sampler, config)` lets a workflow's team act on
+every problem under every search strategy and returns one row per agent call (every candidate of
+a tree step is a row), validated against `schemas.STEPS`. `write_steps` stores it atomically at
+`<store>/round=<r>/steps.parquet`. The workflow contract (what an environment observes, steps and
+rewards) is in `pipeline.workflows.base`.
 
 Strategies (pipeline.strategies) and what they sample:
-- `iid`, `prompt_aug`, `feedback`: `group_size` independent trajectories per problem
-  (`sample_idx` 0..K-1), each a DrMAS Solver/Verifier loop (pipeline.agents.orchestra documents
-  the loop, the Solver's replies and when a sample stops). The Solver's first-turn sampling
-  context is `strategy.augment(task.solver_messages(problem), problem)`.
-- `tree` (AT-GRPO, docs/ALGORITHMS.md#tree-sampling): one tree per problem. At each agent step the current state (one
-  node) gets N = `group_size` candidates from the same context (`prompt_hash` equal), every
-  candidate is a row, its immediate reward is computed, the best (greedy argmax of `reward`,
-  first on ties, nulls last; candidate 0 when `greedy=False`) is marked `selected` and its state
-  is the state of all N branches for the next step. Branch i's rows share
-  `traj_uid=...-s{i}` and `sample_idx=i`; the next step's rows have `parent_node_id` = the
-  selected row's `node_id`, so a (uid, agent_id, turn) group of the tree is exactly the N
-  siblings of one node.
+- `iid`, `prompt_aug`, `feedback`: `group_size` independent episodes per problem (`sample_idx`
+  0..K-1), each from its own `workflow.reset(problem, strategy)`. Under `prompt_aug` the agents
+  in `workflow.hinted_agents` see `strategy.augment(observation, problem)`.
+- `tree` (AT-GRPO, docs/ALGORITHMS.md#tree-sampling): one tree per problem. At each agent step the
+  current state (one node) gets N = `group_size` candidates from the same context (`prompt_hash`
+  equal); every candidate is a row and steps its own copy of the environment (`env.copy()`);
+  its immediate reward is alpha * the team reward right after its step + local_weight * its
+  local reward; the best (greedy argmax, first on ties, nulls last; candidate 0 when
+  `greedy=False`) is marked `selected` and its environment state is the state of all N branches
+  for the next step. Branch i's rows share `traj_uid=...-s{i}` and `sample_idx=i`; the next
+  step's rows have `parent_node_id` = the selected row's `node_id`, so a (uid, agent_id, turn)
+  group of the tree is exactly the N siblings of one node.
 
-Batching and seeds: the orchestra's schedule is a list of agent steps (loop t: Solver, then
-Verifier). At each agent step every active trajectory and tree node of every strategy and problem
-is sampled. Identical prompts of one problem are merged into one request (so the K samples of a
-first Solver turn go out as one prompt with n=K, a tree node as one prompt with n=N), and each
-request carries its own seed (`request_seed`: run seed, round, step and the request's first
-`traj_uid`). Requests are sent in one engine call per distinct sample count. What a request draws
-depends on the request alone, not on the other prompts of the call, so splitting a round's
-problems into shards (`shard_of`, `merge_shards`) gives the same rows.
+Rewards: `local_reward` is what `env.step` returned for the call; `global_reward` is the
+episode's team reward at its end (`env.team_reward()`) on every row of an ordinary trajectory,
+and the team reward right after the step on a tree row. Workflow code runs guarded (`safe_map`,
+the reward timeout per call): a call that raises, hangs or returns nonsense ends its episode, the
+row it happened on gets a null reward with the message in `reward_error`, and the round goes on.
+
+Batching and seeds: the schedule is `workflow.max_turns` turns of `workflow.turn_order` (agent
+step `step = turn * len(turn_order) + position`). At each agent step every active trajectory and
+tree node of every strategy and problem is sampled. Identical prompts of one problem are merged
+into one request (so the K samples of a first turn go out as one prompt with n=K, a tree node as
+one prompt with n=N), and each request carries its own seed (`request_seed`: run seed, round,
+step and the request's first `traj_uid`). Requests are sent in one engine call per distinct
+sample count. What a request draws depends on the request alone, not on the other prompts of
+the call, so splitting a round's problems into shards (`shard_of`, `merge_shards`) gives the
+same rows.
 
 Row ids (deterministic): `traj_uid = r{round}-{strategy}-{uid}-s{sample}`,
 `step_id = node_id = {traj_uid}-{agent_id}-t{turn}`; `parent_node_id` is the previous row of
-the trajectory (in a tree, the selected candidate of the previous step), null at the first step;
-`step` is the schedule index (2 * turn + 0 for the Solver, + 1 for the Verifier).
+the trajectory (in a tree, the selected candidate of the previous step), null at the first step.
 
-Columns the rows carry for context swaps (docs/ALGORITHMS.md#the-context-swap): `sampling_messages` are the exact messages
-the call was rendered from, `prompt_ids == encode_prompt(tokenizer, sampling_messages)` are the
-exact ids sent to the engine, `completion_ids`/`completion_logprobs` are the engine's Sample
-verbatim (equal lengths, checked). `active` is True on every row: the orchestra's active mask
-decides which samples are called at all, so an approved sample simply has no later rows.
-`seed` is the request's seed (`request_seed`); the engine draws sample j of it with its own seed
-derived from it (`pipeline.engines.config.sample_seeds`).
+Columns the rows carry for context swaps (docs/ALGORITHMS.md#the-context-swap): `sampling_messages`
+are the exact messages the call was rendered from, `prompt_ids == encode_prompt(tokenizer,
+sampling_messages)` are the exact ids sent to the engine, `completion_ids`/`completion_logprobs`
+are the engine's Sample verbatim (equal lengths, checked). `active` is True on every row: an
+episode that is done simply has no later rows. `seed` is the request's seed (`request_seed`);
+the engine draws sample j of it with its own seed derived from it
+(`pipeline.engines.config.sample_seeds`).
 """
 
 from __future__ import annotations
@@ -53,21 +60,13 @@ from typing import Mapping, Sequence
 
 import pyarrow as pa
 
-from pipeline.agents import SOLVER, VERIFIER, Agent, AgentStep, MathOrchestra, Utterance
+from pipeline.agents.agent import Agent
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
-from pipeline.rewards import (
-    Outcome,
-    global_reward,
-    parse_verdicts,
-    safe_map,
-    row_reward,
-    score_attempts,
-    solver_local_reward,
-    verifier_local_reward,
-)
+from pipeline.rewards import Outcome, row_reward, safe_map
 from pipeline.store import table_path, write_table
 from pipeline.strategies import Feedback, Strategy
+from pipeline.workflows.base import StepResult, check_messages, check_workflow, finite_reward
 from pipeline.types import Message, Problem, Sample, Sampler
 from schemas import STEPS, validate
 
@@ -86,8 +85,6 @@ class RolloutConfig:
     """Completion budget of an agent call, for agents not in `max_tokens_by_agent`."""
     max_tokens_by_agent: Mapping[str, int] = field(default_factory=dict)
     """Per-agent completion budgets, e.g. {"verifier": 16}."""
-    max_loop_num: int = 2
-    """Solver/Verifier loops at most per sample (DrMAS's `max_loop_num`); `feedback` always runs 2."""
     alpha: float = 1.0
     """Mixed reward: reward = alpha * global_reward + local_weight * local_reward (the run passes
     its advantage settings' values; the tree strategy selects its best candidate by it)."""
@@ -107,7 +104,6 @@ class RolloutConfig:
 
         whole("round", self.round, 0)
         whole("max_tokens", self.max_tokens, 1)
-        whole("max_loop_num", self.max_loop_num, 1)
         whole("seed", self.seed, 0)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ConfigError(f"RolloutConfig.temperature must be a finite number >= 0, got {self.temperature!r}")
@@ -291,12 +287,7 @@ class _Row:
     engine: str
     seed: int
     selected: bool = True
-    correct: Outcome | None = None
-    """Solver rows: the reward of this attempt."""
-    verdict: Outcome | None = None
-    """Verifier rows: the parsed verdict."""
-    judged: Outcome | None = None
-    """Verifier rows: the reward of the attempt judged."""
+    verdict: bool | None = None
     global_: Outcome | None = None
     local: Outcome | None = None
 
@@ -310,16 +301,14 @@ class _Episode:
     traj_uid: str
     """Trajectory id; for a tree, the prefix of its branches' ids."""
     sample_idx: int
-    opening: list[Message]
-    attempts: list[str] = field(default_factory=list)
-    replies: list[Utterance] = field(default_factory=list)
+    env: object = None
+    """The workflow's environment state (`Env`); for a tree, the selected branch's."""
     active: bool = True
     parent: str | None = None
-    last_solver: _Row | None = None
     rows: list[_Row] = field(default_factory=list)
     error: str | None = None
-    """Why the trajectory stopped early (the task's feedback raised or timed out): its rows get
-    null rewards with this message in `reward_error`."""
+    """Why the episode stopped early (the workflow's code raised, hung or returned nonsense):
+    its team reward is null with this message in `reward_error`."""
 
     @property
     def tree(self) -> bool:
@@ -348,7 +337,7 @@ def _tokenizer_of(sampler: Sampler):
     return load_tokenizer(sampler.model_dir)
 
 
-def _check_inputs(problems: Sequence[Problem], agents: Sequence[Agent], strategies: Sequence[Strategy]) -> dict[str, Agent]:
+def _check_inputs(problems: Sequence[Problem], workflow, strategies: Sequence[Strategy]) -> None:
     if not strategies:
         raise ConfigError("strategies: at least one strategy is needed")
     ids = [s.strategy_id for s in strategies]
@@ -358,27 +347,17 @@ def _check_inputs(problems: Sequence[Problem], agents: Sequence[Agent], strategi
     for s in strategies:
         if not isinstance(s, Strategy):
             raise ConfigError(f"strategies: expected Strategy records, got {type(s).__name__}")
-    agent_ids = [a.agent_id for a in agents]
-    if len(set(agent_ids)) != len(agent_ids):
-        raise ConfigError(f"agents: agent ids must be unique, got {agent_ids}")
-    by_role: dict[str, Agent] = {}
-    for a in agents:
-        if a.role in by_role:
-            raise ConfigError(f"agents: the math orchestra takes one agent per role; two have role {a.role!r}")
-        by_role[a.role] = a
-    for role in (SOLVER, VERIFIER):
-        if role not in by_role:
-            raise ConfigError(f"agents: the math orchestra needs an agent with role {role!r}")
-    if any(isinstance(s, Feedback) for s in strategies) and by_role[SOLVER].agent_id != SOLVER:
-        raise ConfigError(
-            f"agents: the feedback strategy's training transform knows the Solver by agent_id {SOLVER!r}; "
-            f"the Solver here is {by_role[SOLVER].agent_id!r}"
-        )
+    check_workflow(workflow, strategies)
+    for s in strategies:
+        if isinstance(s, Feedback) and s.agent_id is not None and s.agent_id != workflow.feedback_agent:
+            raise ConfigError(
+                f"strategies: the feedback strategy trains agent {s.agent_id!r} context-swapped, but workflow "
+                f"{workflow.name!r} gives feedback to {workflow.feedback_agent!r}"
+            )
     uids = [p.uid for p in problems]
     if len(set(uids)) != len(uids):
         dup = sorted({u for u in uids if uids.count(u) > 1})
         raise DataError(f"problems: uids must be unique within a round; repeated: {dup[:10]}")
-    return by_role
 
 
 def _best(rewards: Sequence[float | None], greedy: bool) -> int:
@@ -392,179 +371,181 @@ def _best(rewards: Sequence[float | None], greedy: bool) -> int:
     return best_i
 
 
+def _observe(env, agent_id: str) -> list[Message]:
+    return check_messages(env.observe(agent_id), "observe")
+
+
+def _advance(env, agent_id: str, text: str, branch: bool):
+    """One guarded unit of workflow code: step `env` (a copy of it for a tree candidate) with
+    the agent's text; a tree candidate also reads its team reward right after the step."""
+    if branch:
+        env = env.copy()
+        if env is None:
+            raise ValueError("copy returned None")
+    result = env.step(agent_id, text)
+    if not isinstance(result, StepResult):
+        raise ValueError(f"step returned {type(result).__name__}, expected a StepResult")
+    reward = finite_reward(result.reward, "step")
+    if result.verdict not in (True, False, None):
+        raise ValueError(f"step returned verdict {result.verdict!r}, expected True, False or None")
+    team = finite_reward(env.team_reward(), "team_reward") if branch else None
+    return env, result, reward, team
+
+
+def _team_reward(env):
+    return finite_reward(env.team_reward(), "team_reward")
+
+
 def run_rollouts(
     problems: Sequence[Problem],
-    agents: Sequence[Agent],
-    orchestra: MathOrchestra,
+    workflow,
     strategies: Sequence[Strategy],
     sampler: Sampler | Mapping[str, Sampler],
     config: RolloutConfig,
     *,
     tokenizer=None,
 ) -> pa.Table:
-    """Run one round and return its `steps` table (validated).
+    """Run one round of `workflow` (`pipeline.workflows.Workflow`) and return its `steps` table
+    (validated).
 
     `sampler` is one engine for every policy, or a mapping policy_id -> engine when agents have
     their own policies. `tokenizer` renders prompts (`encode_prompt`); by default the sampler's
     `tokenizer` attribute, else `pipeline.models.load_tokenizer(sampler.model_dir)`."""
     if not isinstance(config, RolloutConfig):
         raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
-    by_role = _check_inputs(problems, agents, strategies)
-    samplers = _samplers(sampler, agents)
+    _check_inputs(problems, workflow, strategies)
+    agents = {a.agent_id: a for a in workflow.agents}
+    samplers = _samplers(sampler, workflow.agents)
     tokenizers: dict[str, object] = {}
-    task = orchestra.task
     r = config.round
+    timeout = config.reward_timeout
+    order = tuple(workflow.turn_order)
+    hinted = set(workflow.hinted_agents)
+    max_turns = int(workflow.max_turns)
 
     episodes: list[_Episode] = []
     for strategy in strategies:
         sid = strategy.strategy_id
         for problem in problems:
-            opening = orchestra.opening(strategy, problem)
             if strategy.tree:
-                episodes.append(_Episode(problem, strategy, f"r{r}-{sid}-{problem.uid}", 0, opening))
+                episodes.append(_Episode(problem, strategy, f"r{r}-{sid}-{problem.uid}", 0))
             else:
                 for k in range(strategy.group_size):
-                    episodes.append(_Episode(problem, strategy, f"r{r}-{sid}-{problem.uid}-s{k}", k, opening))
+                    episodes.append(_Episode(problem, strategy, f"r{r}-{sid}-{problem.uid}-s{k}", k))
+    resets = safe_map(workflow.reset, [(e.problem, e.strategy) for e in episodes], timeout, label="reset")
+    for e, env in zip(episodes, resets):
+        if env.ok and env.value is not None:
+            e.env = env.value
+        else:
+            e.active, e.error = False, f"reset: {env.error or 'returned None'}"
 
     all_rows: list[_Row] = []
     encoded: dict[tuple, list[int]] = {}
-    for agent_step in orchestra.schedule(config.max_loop_num, strategies):
+    schedule = [(t, t * len(order) + i, agent_id) for t in range(max_turns) for i, agent_id in enumerate(order)]
+    for turn, step, agent_id in schedule:
         live = [e for e in episodes if e.active]
         if not live:
             break
-        agent = by_role[agent_step.role]
+        agent = agents[agent_id]
         eng = samplers[agent.policy_id]
         if agent.policy_id not in tokenizers:
             tokenizers[agent.policy_id] = tokenizer if tokenizer is not None else _tokenizer_of(eng)
         tok = tokenizers[agent.policy_id]
 
+        # what each live episode's agent sees (workflow code: guarded)
+        seen = safe_map(_observe, [(e.env, agent_id) for e in live], timeout, label="observe")
         contexts: list[list[Message]] = []
         prompts: list[list[int]] = []
-        for e in live:
-            if agent_step.role == SOLVER:
-                msgs = agent.solver_view(e.opening, e.attempts, e.replies)
-            else:
-                msgs = agent.verifier_view(task, e.problem, e.attempts[-1])
+        acting: list[_Episode] = []
+        for e, out in zip(live, seen):
+            if not out.ok:
+                e.active, e.error = False, f"observe({agent_id!r}) at turn {turn}: {out.error}"
+                continue
+            msgs = e.strategy.augment(out.value, e.problem) if agent_id in hinted else out.value
             key = (agent.policy_id, tuple((m["role"], m["content"]) for m in msgs))
             if key not in encoded:
                 encoded[key] = encode_prompt(tok, msgs)
+            acting.append(e)
             contexts.append(msgs)
             prompts.append(encoded[key])
+        if not acting:
+            continue
 
-        drawn = _sample_requests(eng, live, prompts, config, agent_step.step, agent.agent_id)
+        drawn = _sample_requests(eng, acting, prompts, config, step, agent_id)
         version, engine_name = eng.model_version, eng.engine
 
         new_rows: list[list[_Row]] = []
-        for e, msgs, prompt, (seed, samples) in zip(live, contexts, prompts, drawn):
+        for e, msgs, prompt, (seed, samples) in zip(acting, contexts, prompts, drawn):
             rows = []
             for c, sample in enumerate(samples):
                 sample_idx = c if e.tree else e.sample_idx
                 traj_uid = f"{e.traj_uid}-s{c}" if e.tree else e.traj_uid
-                step_id = f"{traj_uid}-{agent.agent_id}-t{agent_step.turn}"
+                step_id = f"{traj_uid}-{agent_id}-t{turn}"
                 if len(sample.token_ids) != len(sample.logprobs):
                     raise DataError(
                         f"engine {engine_name!r} returned {len(sample.token_ids)} token ids but {len(sample.logprobs)} logprobs for step_id {step_id!r}"
                     )
                 rows.append(
                     _Row(
-                        step_id=step_id,
-                        strategy=e.strategy.strategy_id,
-                        uid=e.problem.uid,
-                        traj_uid=traj_uid,
-                        sample_idx=sample_idx,
-                        agent_id=agent.agent_id,
-                        policy_id=agent.policy_id,
-                        turn=agent_step.turn,
-                        step=agent_step.step,
-                        parent_node_id=e.parent,
-                        messages=msgs,
-                        prompt_ids=prompt,
-                        sample=sample,
-                        model_version=version,
-                        engine=engine_name,
-                        seed=seed,
+                        step_id=step_id, strategy=e.strategy.strategy_id, uid=e.problem.uid, traj_uid=traj_uid, sample_idx=sample_idx,
+                        agent_id=agent_id, policy_id=agent.policy_id, turn=turn, step=step, parent_node_id=e.parent, messages=msgs,
+                        prompt_ids=prompt, sample=sample, model_version=version, engine=engine_name, seed=seed,
                     )
                 )
             new_rows.append(rows)
             all_rows.extend(rows)
             e.rows.extend(rows)
 
-        if agent_step.role == SOLVER:
-            _after_solver(live, new_rows, task, config)
-        else:
-            _after_verifier(live, new_rows, task, orchestra, config, agent_step)
+        # the environment takes every completion (workflow code: guarded, one batch)
+        calls = [(e.env, agent_id, row.sample.text, e.tree) for e, rows in zip(acting, new_rows) for row in rows]
+        outcomes = iter(safe_map(_advance, calls, timeout, label="step"))
+        for e, rows in zip(acting, new_rows):
+            results = []
+            for row in rows:
+                out = next(outcomes)
+                if not out.ok:
+                    row.local = Outcome(None, f"step({agent_id!r}): {out.error}")
+                    row.global_ = Outcome(None, "the episode ended at this step")
+                    results.append(None)
+                    continue
+                env, result, reward, team = out.value
+                row.local = Outcome(reward, result.error) if reward is not None else Outcome(None, result.error or "step returned reward None")
+                row.verdict = result.verdict
+                if e.tree:
+                    row.global_ = Outcome(team) if team is not None else Outcome(None, "team_reward returned None")
+                results.append((env, result))
+            if e.tree:
+                mixed = [row_reward(config.alpha, row.global_, row.local, config.local_weight).reward for row in rows]
+                best = _best(mixed, getattr(e.strategy, "greedy", True))
+                for i, row in enumerate(rows):
+                    row.selected = i == best
+                chosen, outcome = rows[best], results[best]
+            else:
+                chosen, outcome = rows[0], results[0]
+            e.parent = chosen.step_id
+            if outcome is None:
+                e.active, e.error = False, chosen.local.error
+                continue
+            e.env = outcome[0]
+            if outcome[1].done:
+                e.active = False
 
-    _final_rewards(episodes)
+    _final_rewards(episodes, timeout)
     return validate(_to_table(all_rows, r, config), STEPS)
 
 
-def _after_solver(live: list[_Episode], new_rows: list[list[_Row]], task, config: RolloutConfig) -> None:
-    """Score every new attempt (one guarded batch); trees select their best candidate."""
-    items = [(e.problem, row.sample.text) for e, rows in zip(live, new_rows) for row in rows]
-    scores = iter(score_attempts(task, items, config.reward_timeout))
-    for e, rows in zip(live, new_rows):
-        for row in rows:
-            row.correct = next(scores)
-            row.local = solver_local_reward(row.correct)
-            if e.tree:
-                row.global_ = global_reward(row.correct)
-        chosen = _select(e, rows, config) if e.tree else rows[0]
-        e.attempts.append(chosen.sample.text)
-        e.last_solver = chosen
-        e.parent = chosen.step_id
-
-
-def _after_verifier(live: list[_Episode], new_rows: list[list[_Row]], task, orchestra: MathOrchestra, config: RolloutConfig, agent_step: AgentStep) -> None:
-    """Parse every new verdict (one guarded batch), score it, let trees select, and apply the
-    orchestra's active mask: stopped samples get no further calls."""
-    texts = [row.sample.text for rows in new_rows for row in rows]
-    judged_texts = [e.attempts[-1] for e, rows in zip(live, new_rows) for _ in rows]
-    verdicts = iter(parse_verdicts(task, texts, config.reward_timeout, judged_texts))
-    # a Verifier that checks by solving again is rewarded only for a right verdict from a right answer
-    compare = getattr(task, "verdict_reads_solution", False)
-    own = iter(score_attempts(task, [(e.problem, row.sample.text) for e, rows in zip(live, new_rows) for row in rows], config.reward_timeout) if compare else [])
-    going: list[tuple[_Episode, _Row]] = []
-    for e, rows in zip(live, new_rows):
-        judged = e.last_solver.correct
-        for row in rows:
-            row.verdict = next(verdicts)
-            row.judged = judged
-            row.local = verifier_local_reward(row.verdict, judged, next(own) if compare else None)
-            if e.tree:
-                row.global_ = global_reward(judged)
-        chosen = _select(e, rows, config) if e.tree else rows[0]
-        e.parent = chosen.step_id
-        approved = chosen.verdict.ok and chosen.verdict.value is True
-        if orchestra.continues(e.strategy, agent_step.turn, approved, config.max_loop_num):
-            going.append((e, chosen))
+def _final_rewards(episodes: list[_Episode], timeout: float | None) -> None:
+    """Ordinary trajectories: every row gets the episode's team reward at its end as its global
+    reward (tree rows were scored right after their step)."""
+    ordinary = [e for e in episodes if not e.tree and e.rows]
+    live = [e for e in ordinary if e.error is None]
+    teams = dict(zip(map(id, live), safe_map(_team_reward, [(e.env,) for e in live], timeout, label="team_reward")))
+    for e in ordinary:
+        if e.error is not None:
+            final = Outcome(None, e.error)
         else:
-            e.active = False
-    # the replies run user code (the feedback strategy's `task.feedback_message`): guarded, in one batch
-    replies = safe_map(orchestra.reply, [(e.strategy, e.problem, e.attempts[-1], chosen.sample.text) for e, chosen in going], config.reward_timeout, label="feedback")
-    for (e, _chosen), reply in zip(going, replies):
-        if reply.ok:
-            e.replies.append(reply.value)
-        else:
-            e.active = False
-            e.error = reply.error
-
-
-def _select(e: _Episode, rows: list[_Row], config: RolloutConfig) -> _Row:
-    """Mark the best candidate of a tree node `selected` (the others False) and return it."""
-    mixed = [row_reward(config.alpha, row.global_, row.local, config.local_weight).reward for row in rows]
-    best = _best(mixed, getattr(e.strategy, "greedy", True))
-    for i, row in enumerate(rows):
-        row.selected = i == best
-    return rows[best]
-
-
-def _final_rewards(episodes: list[_Episode]) -> None:
-    """Ordinary trajectories: every row gets the reward of the final Solver attempt as its
-    global reward (tree rows were scored immediately)."""
-    for e in episodes:
-        if e.tree or e.last_solver is None:
-            continue
-        final = Outcome(None, e.error) if e.error else global_reward(e.last_solver.correct)
+            out = teams[id(e)]
+            final = out if not out.ok else (Outcome(out.value) if out.value is not None else Outcome(None, "team_reward returned None"))
         for row in e.rows:
             row.global_ = final
 
@@ -598,7 +579,7 @@ def _to_table(rows: list[_Row], round_: int, config: RolloutConfig) -> pa.Table:
         cols["local_reward"].append(rew.local_reward)
         cols["reward"].append(rew.reward)
         cols["reward_error"].append(rew.reward_error)
-        cols["verdict"].append(row.verdict.value if row.verdict is not None and row.verdict.ok else None)
+        cols["verdict"].append(row.verdict)
         cols["model_version"].append(row.model_version)
         cols["engine"].append(row.engine)
         cols["seed"].append(row.seed)

@@ -51,6 +51,8 @@ __all__ = [
     "record_timing",
     "STAGE_NAMES",
     "BASE_ROUND",
+    "build_workflow",
+    "run_strategies",
 ]
 
 BASE_ROUND = -1
@@ -76,6 +78,11 @@ class RunConfig:
     and the Dagster settings come too): `RunConfig() == Settings().run_config()`."""
 
     # --- Parameters that control the team and the task ----------------------------------------
+    workflow: str = setting_default("workflow")
+    """The team and its environment (`pipeline.workflows.load_workflow`): "math", "single",
+    "grid", "module:Name" or a `maxit.workflows` entry point."""
+    workflow_options: Mapping[str, object] = field(default_factory=dict)
+    """Keyword options of the workflow's constructor (those it takes)."""
     task: str = setting_default("task")
     """Task name (`pipeline.tasks.make_task`), used when `task_file` is None."""
     task_file: str | None = setting_default("task_file")
@@ -86,7 +93,7 @@ class RunConfig:
     """Starting checkpoint of every policy (a local HF model directory with a chat template);
     None = the embedded default model (built and warm-started on first use)."""
     shared_policy: bool = setting_default("shared_policy")
-    """Solver and Verifier share one policy ("shared"), or each has its own ("solver", "verifier")."""
+    """The workflow's agents share one policy ("shared"), or each has its own (named after it)."""
 
     # --- Parameters that control sampling ------------------------------------------------------
     engine: str = setting_default("engine")
@@ -103,8 +110,8 @@ class RunConfig:
     """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
     max_tokens: int | None = setting_default("max_tokens")
     """Completion budget of each agent call; None = the task's (`pipeline.tasks.budget_of`)."""
-    max_loop_num: int = setting_default("max_loop_num")
-    """Solver/Verifier loops per sample (DrMAS's `max_loop_num`)."""
+    max_loop_num: int | None = setting_default("max_loop_num")
+    """Turns at most per episode (math: DrMAS's `max_loop_num`); None = the workflow's own."""
     seed: int = setting_default("seed")
     """Seed of the problem draws and of sampling (each round derives its own)."""
 
@@ -125,7 +132,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         for name in ("problems", "samples", "max_tokens", "max_loop_num"):
             v = getattr(self, name)
-            if name == "max_tokens" and v is None:  # the task's default
+            if name in ("max_tokens", "max_loop_num") and v is None:  # the task's / the workflow's default
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
@@ -139,6 +146,9 @@ class RunConfig:
         if bad:
             raise ConfigError(f"RunConfig.strategies: unknown {bad}; choose from {sorted(STRATEGY_IDS)}")
         object.__setattr__(self, "strategies", tuple(self.strategies))
+        if not isinstance(self.workflow, str) or not self.workflow:
+            raise ConfigError(f"RunConfig.workflow must name a workflow, got {self.workflow!r}")
+        object.__setattr__(self, "workflow_options", FrozenMapping(dict(self.workflow_options)))
         unknown = sorted(set(self.strategy_options) - set(STRATEGY_IDS))
         if unknown:
             raise ConfigError(f"RunConfig.strategy_options: unknown strategy {unknown}; choose from {sorted(STRATEGY_IDS)}")
@@ -155,9 +165,42 @@ class RunConfig:
                 f"({self.temperature}): the stored logprobs are at the sampling temperature"
             )
 
-    @property
-    def policy_ids(self) -> tuple[str, ...]:
-        return ("shared",) if self.shared_policy else ("solver", "verifier")
+
+
+def build_workflow(config: RunConfig):
+    """The workflow of a run config: its name and options, its agents on one shared policy or
+    each on its own; the math workflows get the config's task and loop count."""
+    from pipeline.workflows import load_workflow
+
+    settings = dict(config.workflow_options)
+    if config.workflow in ("math", "single"):
+        from pipeline.tasks import build_task
+
+        settings.setdefault("task", build_task(config.task, config.task_file, config.prompt_file))
+    else:
+        settings.setdefault("task_file", config.task_file)
+    settings.setdefault("max_loop_num", config.max_loop_num)
+    return load_workflow(config.workflow, shared_policy=config.shared_policy, **settings)
+
+
+def run_strategies(config: RunConfig, workflow) -> dict:
+    """strategy id -> the strategy a run samples and trains with: the config's strategies and
+    options, the feedback strategy aimed at the workflow's `feedback_agent`. With the default mix,
+    a workflow without feedback runs the other strategies; an explicit feedback strategy on it is
+    refused (`check_workflow`, naming the workflow)."""
+    from pipeline.strategies import make_strategy
+    from pipeline.workflows import check_workflow
+
+    options = dict(config.strategy_options)
+    chosen = config.strategies
+    if "feedback" in chosen:
+        if not workflow.supports_feedback and chosen == setting_default("strategies"):
+            chosen = tuple(s for s in chosen if s != "feedback")
+        else:
+            options["feedback"] = {**options.get("feedback", {}), "agent_id": workflow.feedback_agent}
+    out = {s: make_strategy(s, group_size=config.samples, **options.get(s, {})) for s in chosen}
+    check_workflow(workflow, list(out.values()))
+    return out
 
 
 @dataclass
@@ -179,20 +222,26 @@ class RoundContext:
 
     # -- the team ---------------------------------------------------------------------------
     def task(self):
-        from pipeline.tasks import build_task
+        """The task of the math workflows (arithmetic, or the task file), or None for a workflow
+        that draws its own problems."""
+        return getattr(self.workflow(), "task", None)
 
-        return build_task(self.config.task, self.config.task_file, self.config.prompt_file)
+    def workflow(self):
+        """The run's workflow (`pipeline.workflows.load_workflow`), built once per context."""
+        wf = getattr(self, "_workflow", None)
+        if wf is None:
+            wf = self._workflow = build_workflow(self.config)
+        return wf
 
     def agents(self):
-        from pipeline.agents import default_agents
+        return self.workflow().agents
 
-        return default_agents(shared_policy=self.config.shared_policy)
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        return self.workflow().policy_ids
 
     def strategy_objects(self) -> dict:
-        from pipeline.strategies import make_strategy
-
-        options = self.config.strategy_options
-        return {s: make_strategy(s, group_size=self.config.samples, **options.get(s, {})) for s in self.config.strategies}
+        return run_strategies(self.config, self.workflow())
 
     def base_model(self) -> Path:
         if self.config.model_dir:
@@ -200,16 +249,17 @@ class RoundContext:
             if not (path / "config.json").is_file():
                 raise ConfigError(f"model_dir {path} is not a local HF model directory (no config.json)")
             return path
-        from pipeline.models import default_model
-
-        return default_model()
+        path = self.workflow().default_model()
+        if path is None:
+            raise ConfigError(f"workflow {self.config.workflow!r} has no embedded model: give a starting checkpoint with --model-dir")
+        return Path(path)
 
     def start_checkpoints(self, round_: int) -> dict[str, Path]:
         """policy_id -> the checkpoint round `round_` samples with and trains from: the latest
         registered before it (registering the base model as round -1 on first use)."""
         reg = self.registry
         out = {}
-        for pid in self.config.policy_ids:
+        for pid in self.policy_ids:
             path = reg.latest(pid, round_)
             if path is None:
                 reg.base(pid, self.base_model())
@@ -222,7 +272,7 @@ class RoundContext:
         if round_ == BASE_ROUND:
             return self.start_checkpoints(0)
         out = {}
-        for pid in self.config.policy_ids:
+        for pid in self.policy_ids:
             rec = self.registry.get(round_, pid)
             if rec is None:
                 raise DataError(f"round {round_} has no registered checkpoint for policy {pid!r}; materialize its policy first")
@@ -304,8 +354,7 @@ def problems_from_table(df: pl.DataFrame) -> list[Problem]:
 @_timed("problems")
 def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
     """Draw round r's training problems (a fresh draw each round, from the train split only)."""
-    task = ctx.task()
-    problems = task.problems("train", ctx.config.problems, ctx.round_seed(round_, 1))
+    problems = ctx.workflow().problems("train", ctx.config.problems, ctx.round_seed(round_, 1))
     df = problems_table(problems, round_)
     st.write_table(df, st.table_path(ctx.store, round_, "problems"), PROBLEMS)
     return df
@@ -314,26 +363,21 @@ def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
 @_timed("rollouts")
 def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa.Table:
     """Sample the team on round r's problems under every strategy -> the `steps` table."""
-    from pipeline.agents import MathOrchestra
     from pipeline.rollouts import RolloutConfig, run_rollouts, write_steps
-    from pipeline.tasks import budget_of
 
     c = ctx.config
-    task = ctx.task()
+    workflow = ctx.workflow()
     samplers = ctx.samplers(ctx.start_checkpoints(round_))
     config = RolloutConfig(
         round=round_,
         temperature=c.temperature,
-        max_tokens=budget_of(task, c.max_tokens),
-        max_loop_num=c.max_loop_num,
+        max_tokens=c.max_tokens or workflow.max_tokens(workflow.turn_order[0]) or RolloutConfig.max_tokens,
+        max_tokens_by_agent={} if c.max_tokens else {a: b for a in workflow.turn_order if (b := workflow.max_tokens(a))},
         alpha=c.advantage.alpha,
         local_weight=c.advantage.local_weight,
         seed=ctx.round_seed(round_, 2),
     )
-    prompts = getattr(task, "prompts", None)
-    rejection = prompts.rejection_template() if callable(getattr(prompts, "rejection_template", None)) else None
-    orchestra = MathOrchestra(task) if rejection is None else MathOrchestra(task, rejection_template=rejection)
-    table = run_rollouts(problems_from_table(problems), ctx.agents(), orchestra, list(ctx.strategy_objects().values()), samplers, config)
+    table = run_rollouts(problems_from_table(problems), workflow, list(ctx.strategy_objects().values()), samplers, config)
     write_steps(table, ctx.store, round_)
     return table
 
@@ -361,9 +405,14 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
     if ctx.config.train_on == "ground_truth":
         from pipeline.baselines import ground_truth_view
 
+        workflow = ctx.workflow()
+        task = ctx.task()
+        if task is None or not callable(getattr(task, "solver_messages", None)):
+            raise ConfigError(f"train_on='ground_truth' trains on a task's reference answers; workflow {workflow.name!r} has no such task")
+        first = next(a for a in workflow.agents if a.agent_id == workflow.turn_order[0])
         problems = problems_from_table(st.read_table(st.table_path(ctx.store, round_, "problems")))
         view = ground_truth_view(
-            problems, ctx.task(), tokenizer, view.num_rows, round_, policy_id=ctx.agents()[0].policy_id, temperature=ctx.config.temperature
+            problems, task, tokenizer, view.num_rows, round_, policy_id=first.policy_id, agent_id=first.agent_id, temperature=ctx.config.temperature
         )
     st.write_table(view, st.table_path(ctx.store, round_, "training_view"), "training_view")
     return view, stats
@@ -372,7 +421,6 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
 def _with_replay(ctx: RoundContext, round_: int, advantages, tokenizer, view):
     """The view with the Verifier's rows replaced by its replay over this round and the
     `verifier_replay - 1` rounds before it (`pipeline.views.verifier_replay`)."""
-    from pipeline.agents.agent import VERIFIER
     from pipeline.views import verifier_replay, with_verifier_replay
 
     tables = [advantages]
@@ -380,9 +428,12 @@ def _with_replay(ctx: RoundContext, round_: int, advantages, tokenizer, view):
         path = st.table_path(ctx.store, r, "advantages")
         if path.exists():
             tables.append(st.read_table(path))
+    checker = getattr(ctx.workflow(), "verifier_id", None)
+    if checker is None:
+        raise ConfigError(f"--verifier-replay trains a checking agent's verdicts; workflow {ctx.config.workflow!r} has none")
     replay, n_relabeled = verifier_replay(tables, ctx.strategy_objects(), tokenizer, ctx.config.view)
     log.info("verifier replay: %d rows from %d round(s), %d relabelled", replay.num_rows, len(tables), n_relabeled)
-    return with_verifier_replay(view, replay, VERIFIER)
+    return with_verifier_replay(view, replay, checker)
 
 
 @_timed("training")
@@ -456,7 +507,6 @@ def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.Da
 @_timed("evaluation")
 def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
     """Evaluate round r's checkpoints (round -1: the starting checkpoints) on the held-out split."""
-    from pipeline.evaluation import evaluate_team
     from pipeline.models import load_tokenizer
 
     checkpoints = ctx.trained_checkpoints(round_)
@@ -464,7 +514,7 @@ def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
     tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
     c = ctx.config
     cfg = replace(c.evaluation, temperature=c.temperature)  # its budget: eval_max_tokens, else the task's
-    df = evaluate_team(ctx.task(), ctx.agents(), samplers, tokenizers, cfg, round_)
+    df = ctx.workflow().evaluate(samplers, tokenizers, cfg, round_)
     st.write_table(df, st.table_path(ctx.store, round_, "evaluation"), EVALUATION)
     return df
 

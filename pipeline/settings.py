@@ -60,6 +60,16 @@ class Settings:
     each setting's help text; `run_config()` validates the whole and builds the `RunConfig`."""
 
     # --- the team and the task ------------------------------------------------------------
+    workflow: str = _s(
+        "math",
+        "the team and its environment (pipeline.workflows): math (Solver + Verifier), single (the Solver alone), grid "
+        "(a planner and a mover in a path-finding game), a module:Name path or a maxit.workflows entry point",
+        group="team and task",
+        metavar="WORKFLOW",
+    )
+    workflow_options: tuple[str, ...] = _s(
+        (), "KEY=VALUE options given to the workflow's constructor (numbers and true/false are parsed)", group="team and task", metavar="KEY=VALUE"
+    )
     task: str = _s("arithmetic", "task name (pipeline.tasks); ignored with task_file", group="team and task")
     task_file: str | None = _s(None, "local JSONL/Parquet problems file (question/answer columns) instead of the task", group="team and task")
     prompt_file: str | None = _s(
@@ -71,9 +81,9 @@ class Settings:
     model_dir: str | None = _s(None, "starting checkpoint, a local HF model folder; None = the embedded tiny model", group="team and task")
     shared_policy: bool = _s(
         True,
-        "Solver and Verifier share one policy (False: each has its own)",
+        "the workflow's agents share one policy (False: each has its own)",
         group="team and task",
-        negative_flag=("--separate-policies", "Solver and Verifier each get their own policy (default: one shared policy)"),
+        negative_flag=("--separate-policies", "each agent of the workflow gets its own policy (default: one shared policy)"),
     )
     engine: str = _s("auto", "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=("auto", "vllm", "hf"))
 
@@ -85,7 +95,9 @@ class Settings:
     )
     temperature: float = _s(1.0, "sampling temperature (training computes p_train at the same temperature)", group="sampling")
     max_tokens: int | None = _s(None, "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling")
-    max_loop_num: int = _s(2, "Solver/Verifier loops per sample (DrMAS's max_loop_num)", group="sampling")
+    max_loop_num: int | None = _s(
+        None, "turns at most per episode (math: Solver/Verifier loops per sample, DrMAS's max_loop_num); None = the workflow's (math 2)", group="sampling"
+    )
     seed: int = _s(0, "seed of the problem draws and of sampling (each round derives its own)", group="sampling")
     feedback_train_context: str = _s(
         "problem",
@@ -353,6 +365,8 @@ class Settings:
 
         self.check()
         return RunConfig(
+            workflow=self.workflow,
+            workflow_options=parse_options(self.workflow_options),
             task=self.task,
             task_file=self.task_file,
             prompt_file=self.prompt_file,
@@ -381,6 +395,28 @@ def parse_group_by(values: Sequence[str] | None, default: tuple[str, ...] = ("ag
         return tuple(default)
     values = tuple(values)
     return () if values in (("none",), ()) else values
+
+
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """KEY=VALUE items -> {key: value}, with integers, floats and true/false parsed; a malformed
+    item is a `ConfigError` naming it."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = str(item).partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"workflow options take KEY=VALUE with a Python name as KEY, got {item!r}")
+        value: Any = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(text)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    return out
 
 
 def parse_weights(items: Sequence[str]) -> dict[str, float]:

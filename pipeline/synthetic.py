@@ -74,11 +74,11 @@ def synthetic_steps(
         }
     )
     if full:
-        df = _fill_steps_columns(df, rng)
+        df = _fill_steps_columns(df, rng, agents)
     return df
 
 
-def _fill_steps_columns(df: pl.DataFrame, rng: np.random.Generator) -> pl.DataFrame:
+def _fill_steps_columns(df: pl.DataFrame, rng: np.random.Generator, agents: tuple[str, ...]) -> pl.DataFrame:
     """Add the remaining `steps` columns with short fake token lists (for schema-shaped demos)."""
     n = df.height
     lens = rng.integers(1, 5, size=n)
@@ -100,8 +100,9 @@ def _fill_steps_columns(df: pl.DataFrame, rng: np.random.Generator) -> pl.DataFr
         pl.lit("stop").alias("finish_reason"),
         (pl.col("global_reward") + pl.col("local_reward")).alias("reward"),
         pl.lit(None, dtype=pl.String).alias("reward_error"),
-        # a verifier's verdict agrees with the judged answer when its local reward is 1
-        pl.when(pl.col("agent_id") == "verifier").then((pl.col("local_reward") >= 0.5) == (pl.col("global_reward") >= 0.5)).alias("verdict"),
+        # the last agent gives verdicts (the math Verifier): its verdict agrees with the judged
+        # answer when its local reward is 1
+        pl.when(pl.col("agent_id") == agents[-1]).then((pl.col("local_reward") >= 0.5) == (pl.col("global_reward") >= 0.5)).alias("verdict"),
         pl.lit("synthetic").alias("model_version"),
         pl.lit("synthetic").alias("engine"),
         pl.lit(0, dtype=pl.Int64).alias("seed"),

@@ -425,9 +425,9 @@ def check_verdict_training(task, config: ViewConfig) -> None:
 
 
 def relabel_verdicts(table: pa.Table) -> tuple[pa.Table, int]:
-    """`table` with every Verifier row whose parsable verdict was wrong (reward 0) turned into a
-    row of the right verdict: completion ids and logprobs of the most common completion among the
-    rows whose verdict of that kind was right, reward 1, verdict flipped. A kind no row got right
+    """`table` with every row whose parsable verdict was wrong (reward 0; math: the Verifier's)
+    turned into a row of the right verdict: completion ids and logprobs of the most common
+    completion among the same agent's rows whose verdict of that kind was right, reward 1, verdict flipped. A kind no row got right
     this round has no completion to take and its wrong rows stay as they are. Returns the table
     and the number of rows relabelled (see `ViewConfig.relabel_verdicts`)."""
     agents = table.column("agent_id").to_pylist()
@@ -435,22 +435,24 @@ def relabel_verdicts(table: pa.Table) -> tuple[pa.Table, int]:
     rewards = table.column("reward").to_pylist()
     completions = table.column("completion_ids").to_pylist()
     logprobs = table.column("completion_logprobs").to_pylist()
-    counts: dict[bool, dict[tuple, int]] = {True: {}, False: {}}
+    # per agent that gives verdicts (the rows with a parsed verdict), per verdict
+    counts: dict[tuple[str, bool], dict[tuple, int]] = {}
     first: dict[tuple, int] = {}
     for i, (a, v, r) in enumerate(zip(agents, verdicts, rewards)):
-        if a == "verifier" and v is not None and r is not None and r >= 1.0:
+        if v is not None and r is not None and r >= 1.0:
             key = tuple(completions[i])
-            counts[v][key] = counts[v].get(key, 0) + 1
+            kind = counts.setdefault((a, v), {})
+            kind[key] = kind.get(key, 0) + 1
             first.setdefault(key, i)
-    canonical = {v: first[max(c, key=lambda k: (c[k], -first[k]))] for v, c in counts.items() if c}
+    canonical = {k: first[max(c, key=lambda t: (c[t], -first[t]))] for k, c in counts.items() if c}
     changed = [
         i for i, (a, v, r) in enumerate(zip(agents, verdicts, rewards))
-        if a == "verifier" and v is not None and r is not None and r < 1.0 and (not v) in canonical
+        if v is not None and r is not None and r < 1.0 and (a, not v) in canonical
     ]
     if not changed:
         return table, 0
     for i in changed:
-        src = canonical[not verdicts[i]]
+        src = canonical[(agents[i], not verdicts[i])]
         completions[i], logprobs[i] = completions[src], logprobs[src]
         verdicts[i], rewards[i] = not verdicts[i], 1.0
     for name, values in (("completion_ids", completions), ("completion_logprobs", logprobs), ("verdict", verdicts), ("reward", rewards)):
@@ -603,7 +605,7 @@ def verifier_replay(tables, strategies: Mapping[str, object], tokenizer, config:
     return view.replace_schema_metadata(None).cast(TRAINING_VIEW.schema), n_relabeled
 
 
-def with_verifier_replay(view: pa.Table, replay: pa.Table, verifier_id: str = "verifier") -> pa.Table:
+def with_verifier_replay(view: pa.Table, replay: pa.Table, verifier_id: str) -> pa.Table:
     """`view` with its own Verifier rows replaced by the replay rows (same schema, metadata kept)."""
     meta = view.schema.metadata
     own = view.filter(pc.not_equal(view.column("agent_id"), verifier_id))

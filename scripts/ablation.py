@@ -169,7 +169,7 @@ def run_variant(name: str, seed: int, rounds: int, out: Path, extra: list[str]) 
 
 def _result(name: str, seed: int, store: Path, seconds: float, cmd: list[str]) -> dict:
     ev = pl.read_parquet(str(store / "round=*" / "evaluation.parquet"), hive_partitioning=True)
-    acc = ev.filter((pl.col("metric") == "accuracy") & (pl.col("agent_id") == "solver")).sort("round")["value"].to_list()
+    acc = ev.filter(pl.col("metric") == "accuracy").sort("round")["value"].to_list()  # the answering agent's
     ver = ev.filter(pl.col("metric") == "verdict_balanced_accuracy").sort("round")["value"].to_list()
     steps = 0
     for meta in store.glob("checkpoints/round=*/*/maxit_checkpoint.json"):

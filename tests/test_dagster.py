@@ -110,9 +110,9 @@ def test_evaluation_metadata_plots_accuracy_by_round(one_round):
     _instance, store, _settings, result = one_round
     meta = result.asset_materializations_for_node("evaluation")[0].metadata
     ev = pl.read_parquet(table_path(store, 0, "evaluation"))
-    assert meta["solver_accuracy"].value == ev.filter(pl.col("metric") == "accuracy")["value"][0]
+    assert meta["solver_acc"].value == ev.filter(pl.col("metric") == "accuracy")["value"][0]
     balanced = ev.filter(pl.col("metric") == "verdict_balanced_accuracy")["value"]  # absent when every answer is right, or every one wrong
-    assert meta["verifier_balanced_accuracy"].value == (balanced[0] if balanced.len() else None)
+    assert meta["verifier_bal_acc"].value == (balanced[0] if balanced.len() else None)
     md = meta["accuracy_plot"].value
     png = base64.b64decode(re.search(r"!\[accuracy per round\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", md).group(1))
     img = Image.open(io.BytesIO(png))

@@ -8,7 +8,8 @@ import pytest
 
 from fakes import FakeSampler, FakeTask
 from pipeline.agents import default_agents
-from pipeline.evaluation import EvalConfig, evaluate_team
+from pipeline.evaluation import EvalConfig
+from pipeline.workflows.math import evaluate_team
 from pipeline.rewards import CORRECT_THRESHOLD, Outcome, is_correct
 
 

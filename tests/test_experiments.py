@@ -63,7 +63,7 @@ def test_each_store_has_its_own_dagster_instance(two_stores):
             # partition "0" of this instance is this store's round 0, with its numbers
             assert Path(meta["path"].value).resolve() == table_path(store, 0, "evaluation").resolve()
             ev = pl.read_parquet(table_path(store, 0, "evaluation"))
-            assert meta["solver_accuracy"].value == pytest.approx(ev.filter(pl.col("metric") == "accuracy")["value"][0])
+            assert meta["solver_acc"].value == pytest.approx(ev.filter(pl.col("metric") == "accuracy")["value"][0])
             runs_here = instance.get_runs()
             assert len(runs_here) == 1 and runs_here[0].tags["maxit/store"] == str(store.resolve())
         finally:

@@ -40,3 +40,42 @@ def test_comments_cite_only_documents_in_the_repository():
                 if outside.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+MATH_MODULES = {
+    "pipeline/agents/__init__.py",  # re-exports the orchestra's names
+    "pipeline/agents/orchestra.py",
+    "pipeline/workflows/math.py",
+    "scripts/verifier_probe.py",  # a study of the math Verifier
+}
+MATH_PACKAGES = ("pipeline/tasks/", "pipeline/models/")  # the math tasks and their embedded arithmetic model
+
+
+def _role_names(path: Path):
+    """(line, token) of every "solver"/"verifier" string literal and SOLVER/VERIFIER name."""
+    import io
+    import tokenize
+
+    for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if (tok.type == tokenize.STRING and tok.string.strip("\"'") in ("solver", "verifier")) or (
+            tok.type == tokenize.NAME and tok.string in ("SOLVER", "VERIFIER")
+        ):
+            yield tok.start[0], tok.line, tok.start[1], tok.string
+
+
+def test_no_math_role_name_outside_the_math_workflow_except_as_a_default():
+    """Nothing downstream knows the math workflow's roles: a role name outside its own modules
+    may only stand as a default value (right of a single "=": a parameter's, a field's, a
+    keyword's), never in a comparison or a filter."""
+    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files += [str(p.relative_to(ROOT)) for p in (ROOT / "pipeline").rglob("*.py")]  # new files not yet added
+    bad = []
+    for name in sorted(set(files)):
+        if name.startswith("tests/") or name in MATH_MODULES or name.startswith(MATH_PACKAGES):
+            continue
+        for line_no, line, col, token in _role_names(ROOT / name):
+            left = line[:col]
+            is_default = "=" in left.replace("==", "").replace("!=", "") and "==" not in line and "!=" not in line
+            if not is_default:
+                bad.append(f"{name}:{line_no}: {token}")
+    assert not bad, "math role names outside the math workflow:\n" + "\n".join(bad)

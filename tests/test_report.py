@@ -69,15 +69,15 @@ def test_report_draws_every_section_for_every_store(stores, tmp_path):
     assert len(re.findall(r'<div id="fig-', page)) == 6
     assert page.count("plotly.js v") >= 1  # the library's own banner: inlined
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=", page)
-    solver = figure_data(page, "solver_accuracy")
+    solver = figure_data(page, "heldout")
     names = {t["name"] for t in solver}
     assert {"exp-a · accuracy", "exp-a · accuracy_greedy", "exp-a · accuracy_hint", "exp-b · accuracy"} <= names
     a_acc = next(t for t in solver if t["name"] == "exp-a · accuracy")
     assert a_acc["x"] == [-1, 0, 1, 2] and a_acc["y"] == pytest.approx([0.25, 0.3, 0.35, 0.4])
     colours = {t["name"].split(" · ")[0]: t["line"]["color"] for t in solver}
     assert colours["exp-a"] != colours["exp-b"]
-    verifier = figure_data(page, "verifier_accuracy")
-    assert {t["name"] for t in verifier} == {"exp-a · verdict_balanced_accuracy", "exp-b · verdict_balanced_accuracy"}
+    verifier = figure_data(page, "agents")
+    assert {t["name"] for t in verifier} == {"exp-a · verifier · verdict_balanced_accuracy", "exp-b · verifier · verdict_balanced_accuracy"}
     success = figure_data(page, "success_by_strategy")
     assert {t["name"] for t in success} == {"exp-a", "exp-b"} and len(success) == 2 * 3  # 2 stores x 3 strategies
     ratio = figure_data(page, "ratio_diagnostics")

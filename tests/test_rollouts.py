@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from fakes import FakeSampler, FakeTask
-from pipeline.agents import Agent, MathOrchestra, default_agents
+from pipeline.agents import Agent, default_agents
+from pipeline.workflows.math import MathWorkflow
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
 from pipeline.rollouts import RolloutConfig, merge_shards, plan_call, request_seed, run_rollouts, shard_of, write_steps
@@ -29,13 +30,14 @@ class RecordingSampler(FakeSampler):
         return out
 
 
-def run(strategies=ALL, n_problems=5, sampler=None, config=None, task=None, agents=None, keep_uids=None):
+def run(strategies=ALL, n_problems=5, sampler=None, config=None, task=None, agents=None, keep_uids=None, loops=2):
     task = task or FakeTask()
     sampler = sampler or RecordingSampler()
     problems = task.problems("train", n_problems, 0)
     if keep_uids is not None:
         problems = [p for p in problems if p.uid in keep_uids]
-    table = run_rollouts(problems, agents or default_agents(), MathOrchestra(task), list(strategies), sampler, config or RolloutConfig())
+    workflow = MathWorkflow(task, agents or default_agents(), max_loop_num=loops)
+    table = run_rollouts(problems, workflow, list(strategies), sampler, config or RolloutConfig())
     return table, pl.from_arrow(table), sampler
 
 
@@ -154,7 +156,7 @@ def test_tree_invariants():
 
 
 def test_tree_broadcasts_the_selected_state():
-    _, df, _ = run([Tree(group_size=3)], n_problems=6, sampler=RecordingSampler(verifier_accuracy=0.5, garbage=0.0), config=RolloutConfig(max_loop_num=3))
+    _, df, _ = run([Tree(group_size=3)], n_problems=6, sampler=RecordingSampler(verifier_accuracy=0.5, garbage=0.0), loops=3)
     mixed_verifier_nodes = 0
     for uid, tree in df.group_by("uid"):
         for s in sorted(set(tree["step"])):
@@ -183,13 +185,13 @@ def test_tree_not_greedy_selects_candidate_zero():
 
 def test_active_mask_stops_approved_samples():
     # a Verifier that always approves: every ordinary sample stops after loop 0
-    _, df, _ = run([IID(), PromptAug()], sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=1.0), config=RolloutConfig(max_loop_num=4))
+    _, df, _ = run([IID(), PromptAug()], sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=1.0), loops=4)
     assert set(df["turn"]) == {0}
     # a Verifier that never approves: every sample loops max_loop_num times
-    _, df, _ = run([IID()], sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=0.0), config=RolloutConfig(max_loop_num=3))
+    _, df, _ = run([IID()], sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=0.0), loops=3)
     assert df.group_by("traj_uid").len()["len"].unique().to_list() == [6]
     # mixed: no trajectory has rows after an approval, and an unapproved one runs to the end
-    _, df, _ = run([IID(group_size=8)], n_problems=8, config=RolloutConfig(max_loop_num=3))
+    _, df, _ = run([IID(group_size=8)], n_problems=8, loops=3)
     task = FakeTask()
     for traj, rows in df.sort("step").group_by("traj_uid"):
         verdicts = [task.parse_verdict(t) for t in rows.filter(pl.col("agent_id") == "verifier")["completion_text"]]
@@ -215,7 +217,7 @@ def test_solver_retries_after_a_rejection_see_attempt_and_rejection():
 def test_feedback_gives_every_sample_a_second_attempt_after_task_feedback():
     task = FakeTask()
     fb = Feedback(group_size=4, train_context="problem")
-    _, df, _ = run([fb], task=task, sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=1.0), config=RolloutConfig(max_loop_num=1))
+    _, df, _ = run([fb], task=task, sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=1.0), loops=1)
     second = df.filter((pl.col("agent_id") == "solver") & (pl.col("turn") == 1))
     assert second.height == 5 * 4  # even after an approved, correct attempt1
     assert df["turn"].max() == 1
@@ -242,7 +244,7 @@ def test_rewards_of_ordinary_trajectories():
     task = FakeTask()
     problems = {p.uid: p for p in task.problems("train", 6, 0)}
     alpha = 0.5
-    _, df, _ = run([IID(group_size=6), Feedback(group_size=3)], n_problems=6, config=RolloutConfig(alpha=alpha, max_loop_num=3))
+    _, df, _ = run([IID(group_size=6), Feedback(group_size=3)], n_problems=6, config=RolloutConfig(alpha=alpha), loops=3)
     assert df["reward_error"].is_null().all()
     for traj, rows in df.group_by("traj_uid"):
         rows = rows.sort("step")
@@ -302,10 +304,10 @@ def test_a_raising_feedback_message_stops_that_sample_with_an_error():
 
 
 def test_a_hanging_reward_times_out():
-    _, df, _ = run([IID(group_size=2)], task=HangingTask(), n_problems=3, config=RolloutConfig(reward_timeout=0.1, max_loop_num=1))
+    _, df, _ = run([IID(group_size=2)], task=HangingTask(), n_problems=3, config=RolloutConfig(reward_timeout=0.1), loops=1)
     bad = df.filter(pl.col("uid").str.ends_with("-2"))
     assert bad["reward"].is_null().all()
-    assert bad["reward_error"].str.contains("reward timed out after 0.1s").all()
+    assert bad["reward_error"].str.contains("step timed out after 0.1s").all()
     assert df.filter(~pl.col("uid").str.ends_with("-2"))["reward"].is_not_null().all()
 
 
@@ -313,7 +315,7 @@ def test_agents_on_their_own_policies_use_their_own_engines():
     solver_engine, verifier_engine = RecordingSampler(), RecordingSampler()
     _, df, _ = run(
         [IID(group_size=2)], agents=default_agents(shared_policy=False), sampler={"solver": solver_engine, "verifier": verifier_engine},
-        config=RolloutConfig(max_loop_num=2),
+        loops=2,
     )
     assert df.filter(pl.col("agent_id") == "solver")["policy_id"].unique().to_list() == ["solver"]
     assert df.filter(pl.col("agent_id") == "verifier")["policy_id"].unique().to_list() == ["verifier"]
@@ -342,7 +344,6 @@ def test_round_is_in_every_id():
     [
         ({"round": -1}, "round"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"max_loop_num": 0}, "max_loop_num"),
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
         ({"alpha": float("inf")}, "alpha"),
@@ -366,16 +367,20 @@ def test_bad_inputs_are_named():
         run([IID(), IID(group_size=2)])
     with pytest.raises(ConfigError, match="at least one strategy"):
         run([])
-    with pytest.raises(ConfigError, match="role 'verifier'"):
+    with pytest.raises(ConfigError, match="workflow 'math' needs one agent per role \\['solver', 'verifier'\\]"):
         run(agents=[Agent("solver", "solver")])
-    with pytest.raises(ConfigError, match="knows the Solver by agent_id 'solver'"):
+    with pytest.raises(ConfigError, match="MathWorkflow.max_loop_num|max_loop_num must be an integer >= 1"):
+        run(loops=0)
+    with pytest.raises(ConfigError, match="feedback strategy trains agent 'solver' context-swapped, but workflow 'math' gives feedback to 'alice'"):
         run([Feedback()], agents=[Agent("alice", "solver"), Agent("bob", "verifier")])
+    _, df, _ = run([Feedback(agent_id="alice")], agents=[Agent("alice", "solver"), Agent("bob", "verifier")])
+    assert set(df["agent_id"]) == {"alice", "bob"}
     _, df, _ = run([IID(group_size=2)], agents=[Agent("alice", "solver"), Agent("bob", "verifier")])
     assert set(df["agent_id"]) == {"alice", "bob"}
     task = FakeTask()
     p = task.problems("train", 1, 0)[0]
     with pytest.raises(DataError, match="uids must be unique"):
-        run_rollouts([p, p], default_agents(), MathOrchestra(task), [IID()], FakeSampler(), RolloutConfig())
+        run_rollouts([p, p], MathWorkflow(task), [IID()], FakeSampler(), RolloutConfig())
 
 
 class LossySampler(FakeSampler):
@@ -416,7 +421,7 @@ def test_write_steps_round_trip(tmp_path):
 
 
 def test_a_group_of_each_strategy_is_well_defined():
-    _, df, _ = run(n_problems=4, config=RolloutConfig(max_loop_num=1))
+    _, df, _ = run(n_problems=4, loops=1)
     sizes = df.filter(pl.col("turn") == 0).group_by(["uid", "strategy", "agent_id"]).len()
     expected = {s.strategy_id: s.group_size for s in ALL}
     for row in sizes.iter_rows(named=True):
@@ -468,7 +473,7 @@ def test_real_model_mixed_round_is_swappable(hf_engine, default_model_dir, tmp_p
     strategies = [IID(group_size=4), PromptAug(group_size=4), Feedback(group_size=4), Tree(group_size=4)]
     engine = CountingSampler(hf_engine)
     tokenizer = load_tokenizer(default_model_dir)
-    table = run_rollouts(problems, default_agents(), MathOrchestra(task), strategies, engine, RolloutConfig(max_tokens=32), tokenizer=tokenizer)
+    table = run_rollouts(problems, MathWorkflow(task), strategies, engine, RolloutConfig(max_tokens=32), tokenizer=tokenizer)
     validate(table, STEPS)
     df = pl.from_arrow(table)
     assert set(df["strategy"]) == {"iid", "prompt_aug", "feedback", "tree"}
@@ -498,7 +503,7 @@ def test_real_model_rows_reproduce_the_engine_logprobs(hf_engine, default_model_
 
     task = make_task()
     temperature = 0.8
-    table = run_rollouts(task.problems("train", 3, 1), default_agents(), MathOrchestra(task), [IID(group_size=2)], hf_engine, RolloutConfig(temperature=temperature, max_tokens=16))
+    table = run_rollouts(task.problems("train", 3, 1), MathWorkflow(task), [IID(group_size=2)], hf_engine, RolloutConfig(temperature=temperature, max_tokens=16))
     model = load_model(default_model_dir)
     model.eval()
     for row in pl.from_arrow(table).head(6).iter_rows(named=True):

@@ -367,7 +367,7 @@ def test_verifier_replay_labels_dedups_balances_and_replaces_the_verifier_rows(t
     w = dict(zip(ids, replay.column("sample_weight").to_pylist()))
     assert w["r1-yes-right"] == pytest.approx(2.0) and w["r0-no-right"] == pytest.approx(2.0 / 3)  # 1 yes vs 3 no
     view, _ = build_training_view(new, {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
-    merged = with_verifier_replay(view, replay)
+    merged = with_verifier_replay(view, replay, "verifier")
     assert sorted(merged.column("step_id").to_pylist()) == sorted(ids + ["r1-solver"])
     with pytest.raises(DataError, match="local_reward"):
         verifier_replay([new.drop_columns(["local_reward"])], {"iid": IID()}, tok)
@@ -424,7 +424,7 @@ def test_feedback_second_attempt_trains_under_its_own_question_on_a_few_shot_fil
 
     from fakes import FakeTokenizer
     from pipeline.advantages import compute_advantages
-    from pipeline.agents import MathOrchestra, default_agents
+    from pipeline.workflows.math import MathWorkflow
     from pipeline.config import AdvantageConfig
     from pipeline.rollouts import RolloutConfig, run_rollouts
     from pipeline.tasks.files import load_task_file
@@ -433,7 +433,7 @@ def test_feedback_second_attempt_trains_under_its_own_question_on_a_few_shot_fil
     assert len(task.prompts.examples) >= 2  # the point of the test: a few-shot opening
     problems = task.problems("train", 3, seed=0)
     tok = FakeTokenizer()
-    steps = run_rollouts(problems, default_agents(), MathOrchestra(task), [Feedback(group_size=2, train_context=train_context)], _ScriptedWordSampler(), RolloutConfig(max_tokens=16), tokenizer=tok)
+    steps = run_rollouts(problems, MathWorkflow(task), [Feedback(group_size=2, train_context=train_context)], _ScriptedWordSampler(), RolloutConfig(max_tokens=16), tokenizer=tok)
     adv = compute_advantages(pl.from_arrow(steps), AdvantageConfig(alpha=0.0, local_weight=1.0))
     view, _ = build_training_view(adv.to_arrow(), {"feedback": Feedback(train_context=train_context)}, tok, ViewConfig(drop_zero_advantage=False))
     rows = view.filter(pa.compute.and_(pa.compute.equal(view.column("agent_id"), "solver"), pa.compute.equal(view.column("turn"), 1))).to_pylist()

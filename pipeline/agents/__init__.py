@@ -1,7 +1,19 @@
-"""Agents (roles, role views, policies) and the orchestras that make them act together."""
+"""Agents (ids, policies) and the math Solver/Verifier orchestra (the math workflow's own rules)."""
 
-from pipeline.agents.agent import ROLES, SHARED_POLICY, SOLVER, VERIFIER, Agent, Utterance, default_agents
-from pipeline.agents.orchestra import ENVIRONMENT, FEEDBACK_TURNS, AgentStep, MathOrchestra
+from pipeline.agents.agent import SHARED_POLICY, Agent
+from pipeline.agents.orchestra import (
+    ENVIRONMENT,
+    FEEDBACK_TURNS,
+    ROLES,
+    SOLVER,
+    VERIFIER,
+    AgentStep,
+    MathOrchestra,
+    Utterance,
+    default_agents,
+    solver_view,
+    verifier_view,
+)
 
 __all__ = [
     "Agent",
@@ -15,4 +27,6 @@ __all__ = [
     "VERIFIER",
     "Utterance",
     "default_agents",
+    "solver_view",
+    "verifier_view",
 ]

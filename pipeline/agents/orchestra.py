@@ -2,7 +2,7 @@
 stop and the others loop, up to `max_loop_num` loops.
 
 One loop (`turn` t) is two agent steps: the Solver's attempt t, then the Verifier's verdict on it.
-What the Solver sees in loop t > 0 (its role view, `Agent.solver_view`):
+What the Solver sees in loop t > 0 (its role view, `solver_view`):
 
     opening (strategy-augmented problem) | attempt 0 | reply 0 | ... | attempt t-1 | reply t-1
 
@@ -29,12 +29,69 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from pipeline.agents.agent import SOLVER, VERIFIER, Utterance
+from pipeline.agents.agent import Agent
 from pipeline.errors import ConfigError
 from pipeline.strategies import Feedback, Strategy
 from pipeline.types import Message, Problem
 
-__all__ = ["AgentStep", "MathOrchestra", "FEEDBACK_TURNS", "ENVIRONMENT"]
+__all__ = [
+    "AgentStep",
+    "MathOrchestra",
+    "FEEDBACK_TURNS",
+    "ENVIRONMENT",
+    "SOLVER",
+    "VERIFIER",
+    "ROLES",
+    "Utterance",
+    "solver_view",
+    "verifier_view",
+    "default_agents",
+]
+
+SOLVER = "solver"
+"""Role (and default agent id) of the agent that answers the problem."""
+VERIFIER = "verifier"
+"""Role (and default agent id) of the agent that judges the Solver's answer."""
+ROLES = (SOLVER, VERIFIER)
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One message said to the Solver after its first turn, in the order it happened."""
+
+    speaker: str
+    """The agent id that produced it, or "environment" for the task's feedback."""
+    text: str
+    """The message content exactly as the listener receives it."""
+
+
+def solver_view(opening: Sequence[Message], attempts: Sequence[str], replies: Sequence[Utterance]) -> list[Message]:
+    """The Solver's context: `opening` (its first-turn sampling context), then each of its own
+    attempts as an assistant turn followed by the reply it got as a user turn. The Verifier
+    never appears as the Solver's own turn, and the Solver's words never as the Verifier's.
+
+    `attempts[i]` is answered by `replies[i]`; there must be one reply per attempt."""
+    if len(replies) != len(attempts):
+        raise ValueError(f"solver_view needs one reply per attempt, got {len(attempts)} attempts and {len(replies)} replies")
+    out = [Message(role=m["role"], content=m["content"]) for m in opening]
+    for attempt, reply in zip(attempts, replies):
+        out.append(Message(role="assistant", content=attempt))
+        out.append(Message(role="user", content=reply.text))
+    return out
+
+
+def verifier_view(task, problem: Problem, solver_text: str) -> list[Message]:
+    """The Verifier's context: the task's verification prompt, with the Solver's answer inside a
+    user message (never as the Verifier's own assistant turn)."""
+    return [Message(role=m["role"], content=m["content"]) for m in task.verifier_messages(problem, solver_text)]
+
+
+def default_agents(shared_policy: bool = True) -> tuple[Agent, Agent]:
+    """The math team: Solver and Verifier, sharing the policy "shared" (default) or each on its
+    own policy (policy id = agent id)."""
+    if shared_policy:
+        return Agent(SOLVER, SOLVER), Agent(VERIFIER, VERIFIER)
+    return Agent(SOLVER, SOLVER, policy_id=SOLVER), Agent(VERIFIER, VERIFIER, policy_id=VERIFIER)
 
 FEEDBACK_TURNS = 2
 """Solver turns of the `feedback` strategy: attempt1 and attempt2."""

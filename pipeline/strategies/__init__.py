@@ -44,7 +44,8 @@ __all__ = [
 HINT_PREFIX = "Hint: "
 """Marks the augmentation message of `prompt_aug`; the training transform drops exactly these."""
 
-SOLVER = "solver"
+DEFAULT_FEEDBACK_AGENT = "solver"
+"""The default agent of the feedback strategy (the math workflow's Solver)."""
 
 
 def _copy(messages: Sequence[Message]) -> list[Message]:
@@ -130,6 +131,9 @@ class Feedback(Strategy):
     """Training context of attempt2: the problem only, or problem + attempt1 (feedback dropped)."""
     first_attempt: Literal["iid", "skip"] = "iid"
     """Attempt1 rows: trained as iid rows of their own, or not trained (weight 0)."""
+    agent_id: str = DEFAULT_FEEDBACK_AGENT
+    """The agent that gets the feedback and whose second attempt is context-swapped (a run sets
+    its workflow's `feedback_agent`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,7 +144,7 @@ class Feedback(Strategy):
 
     def training_messages(self, sampling_messages: Sequence[Message], turn: int, agent_id: str) -> list[Message]:
         msgs = _copy(sampling_messages)
-        if turn == 0 or agent_id != SOLVER:
+        if turn == 0 or agent_id != self.agent_id:
             return msgs
         opening, later = split_opening(msgs, turn)
         if self.train_context == "problem":
@@ -149,7 +153,7 @@ class Feedback(Strategy):
         return opening + [m for m in later if m["role"] == "assistant"]
 
     def trainable(self, turn: int, agent_id: str) -> bool:
-        if agent_id == SOLVER and turn == 0:
+        if agent_id == self.agent_id and turn == 0:
             return self.first_attempt == "iid"
         return True
 

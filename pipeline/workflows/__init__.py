@@ -1,0 +1,113 @@
+"""Workflows: a team and its environment in one object (`pipeline.workflows.base`).
+
+Built in:
+- `math` (default): DrMAS's Solver and Verifier on a task with a checkable answer;
+- `single`: the Solver alone on the same task (a team of one: GRPO's setting);
+- `grid`: a stateful path-finding game played by a planner and a mover over several turns.
+
+A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
+(a `Workflow` subclass or a function returning a workflow), or the name of a `maxit.workflows`
+entry point. docs/WORKFLOWS.md has the
+contract and a complete example.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from importlib import metadata
+from typing import Any, Callable
+
+from pipeline.errors import ConfigError
+from pipeline.workflows.base import Env, StepResult, Workflow, check_workflow, with_policies
+
+__all__ = ["Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "WORKFLOW_NAMES", "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "maxit.workflows"
+
+
+def _builtin(name: str) -> Callable[..., Workflow] | None:
+    if name in ("math", "single"):
+        from pipeline.workflows.math import MathWorkflow, SingleWorkflow
+
+        return MathWorkflow if name == "math" else SingleWorkflow
+    if name == "grid":
+        try:
+            from pipeline.workflows.grid import GridWorkflow
+        except ImportError:
+            return None
+        return GridWorkflow
+    return None
+
+
+WORKFLOW_NAMES = ("math", "single", "grid")
+
+
+def _import_file(path: str):
+    """A workflow module given as a file path ("examples/relay.py")."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise ImportError(f"no such file {path}")
+    name = f"maxit_workflow_{file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _resolve(spec: str) -> Callable[..., Workflow]:
+    builtin = _builtin(spec)
+    if builtin is not None:
+        return builtin
+    if ":" in spec:
+        module_name, _, attr = spec.rpartition(":")
+        try:
+            module = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        except ImportError as err:
+            raise ConfigError(f"workflow {spec!r}: cannot import module {module_name!r} ({err})") from None
+        except Exception as err:  # noqa: BLE001 - a user's module may fail to import in any way
+            raise ConfigError(f"workflow {spec!r}: importing {module_name!r} raised {type(err).__name__}: {err}") from None
+        obj: Any = module
+        for part in attr.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                raise ConfigError(f"workflow {spec!r}: module {module_name!r} has no {attr!r}")
+        return obj
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == spec:
+            try:
+                return ep.load()
+            except Exception as err:  # noqa: BLE001
+                raise ConfigError(f"workflow {spec!r}: loading entry point {ep.value!r} raised {type(err).__name__}: {err}") from None
+    raise ConfigError(f"unknown workflow {spec!r}; choose from {list(WORKFLOW_NAMES)}, a 'module:Name' path or a {ENTRY_POINT_GROUP!r} entry point")
+
+
+def load_workflow(spec: str | Workflow = "math", *, shared_policy: bool = True, **settings: Any) -> Workflow:
+    """The workflow named by `spec` (a built-in name, "module:Name", an entry point name, or a
+    workflow object), built with those of `settings` its constructor takes (e.g. `task`,
+    `max_loop_num`), its agents on one shared policy or each on its own, and checked
+    (`check_workflow`). A broken workflow is a one-line `ConfigError` naming it."""
+    if isinstance(spec, Workflow):
+        workflow = spec
+    else:
+        factory = _resolve(spec)
+        try:
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            params = {}
+        takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        kwargs = {k: v for k, v in settings.items() if v is not None and (takes_all or k in params)}
+        try:
+            workflow = factory(**kwargs)
+        except ConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a user's constructor may raise anything
+            raise ConfigError(f"workflow {spec!r}: building it raised {type(err).__name__}: {err}") from None
+        if not isinstance(workflow, Workflow):
+            raise ConfigError(f"workflow {spec!r}: expected a pipeline.workflows.Workflow, got {type(workflow).__name__}")
+    return check_workflow(with_policies(workflow, shared_policy))
