@@ -38,6 +38,15 @@ if [ "${MAXIT_SKIP_CHROMIUM:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1
   (apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; }) \
     && echo "chromium installed (headless report test)" || echo "chromium could not be installed: the report's browser test will skip"
 fi
+# bubblewrap gives `maxit sandbox` and pipeline/sandbox.py their mount, PID and network namespaces
+# (docs/SANDBOX.md). Installed from the system's packages where we may (root with apt-get), unless
+# MAXIT_SKIP_BWRAP=1.
+if [ "${MAXIT_SKIP_BWRAP:-0}" != 1 ] && ! command -v bwrap >/dev/null 2>&1 \
+   && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }) \
+    && echo "bubblewrap installed (sandbox for generated code)" \
+    || echo "bubblewrap could not be installed: the sandbox falls back to a network namespace alone (the program then sees the machine's world-readable files) or refuses to run, and tests/test_sandbox.py fails"
+fi
 # Build (once; cached under .cache/maxit) and warm-start the embedded default model.
 if [ "${MAXIT_SKIP_MODEL:-0}" != 1 ]; then
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} .venv/bin/python -m pipeline.models
