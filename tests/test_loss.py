@@ -1,7 +1,9 @@
 """loss.py against plain-Python references: ratios, PPO clip, per-strategy sequence caps,
 aggregations, stratified weights (the expert-iteration plan's second test), the rs loss, the plain
-importance-sampling loss, the proximal (decoupled PPO) anchor, minibatch denominators, KL,
-diagnostics, config checks."""
+importance-sampling loss, the plan's estimator ("exit": its defaults, per-strategy ratio handling,
+replay rows, KL, clamp), verl's dual clip, the proximal (decoupled PPO) anchor, minibatch
+denominators, KL, diagnostics, config checks. tests/test_loss_reference.py compares the seeds'
+losses, written out independently, with compute_loss."""
 
 from __future__ import annotations
 
@@ -236,6 +238,11 @@ def test_aggregate_modes():
         (lambda: TrainConfig(lr=0.0), "TrainConfig.lr"),
         (lambda: TrainConfig(minibatch_size=10, micro_batch_size=4), "TrainConfig.minibatch_size"),
         (lambda: TrainConfig(epochs=0), "TrainConfig.epochs"),
+        (lambda: LossConfig(kind="exit", aggregation="token-mean"), "LossConfig.aggregation"),
+        (lambda: LossConfig(kind="exit", anchor="proximal"), "LossConfig.anchor"),
+        (lambda: LossConfig(dual_clip=1.0), "LossConfig.dual_clip"),
+        (lambda: LossConfig(dual_clip=float("inf")), "LossConfig.dual_clip"),
+        (lambda: LossConfig(kind="is", dual_clip=3.0), "LossConfig.dual_clip"),
     ],
 )
 def test_config_errors_name_the_field(build, field):
@@ -376,3 +383,84 @@ def test_negative_weight_scales_only_negative_advantages():
     assert full == pytest.approx(-(1.5 - 0.5) / 2) and half == pytest.approx(-(1.5 - 0.25) / 2)
     with pytest.raises(ConfigError, match="negative_weight"):
         LossConfig(negative_weight=1.5)
+
+
+def test_defaults_per_kind():
+    # ppo / is / rs: the prototype's mask and token mean; exit: the plan's form, no mask, row mean
+    for kind in ("ppo", "is", "rs"):
+        cfg = LossConfig(kind=kind)
+        assert cfg.ratio == RatioConfig() and cfg.aggregation == "token-mean" and cfg.dual_clip is None
+    ex = LossConfig(kind="exit")
+    assert ex.ratio == RatioConfig(mode="none", level="sum") and ex.aggregation == "seq-mean-token-sum"
+    assert LossConfig(kind="exit", aggregation="seq-mean-token-sum") == ex
+    assert LossConfig() == LossConfig(ratio=RatioConfig(), aggregation="token-mean")
+    assert LossConfig(dual_clip=3.0).dual_clip == 3.0
+
+
+def test_exit_ratio_handling_is_set_per_strategy_with_an_explicit_none():
+    # three rows with the same sequence ratio 4 (> 3): masked, truncated to 3, left alone
+    logp = [[math.log(2.0), math.log(2.0)]] * 3
+    cfg = LossConfig(
+        kind="exit",
+        ratio=RatioConfig(mode="mask", level="sum"),
+        ratio_by_strategy={"prompt_aug": RatioConfig(mode="truncate", level="sum"), "feedback": RatioConfig(mode="none")},
+    )
+    b = make_batch(logp, [[0.0, 0.0]] * 3, [1.0, 1.0, 1.0], strategy=["iid", "prompt_aug", "feedback"])
+    out = compute_loss(b, cfg)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(-(0.0 + 3.0 + 4.0) / 3)  # masked rows stay in N
+    assert b.logp.grad.flatten().tolist() == pytest.approx([0.0, 0.0, -1.0, -1.0, -4.0 / 3, -4.0 / 3])
+    d = out.diagnostics.by_strategy
+    assert d["iid"].n_masked_rows == 1 and d["prompt_aug"].n_truncated_rows == 1 and d["feedback"].n_masked_rows == 0
+    # the default has no mask at all, however far the ratio
+    far = make_batch([[0.0, 0.0]], [[-2.0, -2.0]], [1.0])
+    assert compute_loss(far, LossConfig(kind="exit")).loss.item() == pytest.approx(-math.exp(4.0))
+
+
+def test_exit_weights_negative_advantages_replay_rows_and_kl_per_row():
+    # on-policy rows (r = 1): the loss is -mean_i A_i w_i; replay rows: -sum_t logp * w
+    b = make_batch(
+        [[-0.5, -0.5, -1.0], [-1.0, -2.0, -9.0], [-0.2, -0.2, -0.2]],
+        [[-0.5, -0.5, -1.0], [-5.0, -5.0, -5.0], [-0.2, -0.2, -0.2]],
+        [1.0, 1.0, -2.0],
+        weight=[2.0, 3.0, 1.0],
+        strategy=["iid", "replay", "iid"],
+        lengths=[3, 2, 3],
+    )
+    out = compute_loss(b, LossConfig(kind="exit", negative_weight=0.5))
+    assert out.loss.item() == pytest.approx((-2.0 + 3.0 * 3.0 + 1.0) / 3)
+    out.loss.backward()
+    assert b.logp.grad.flatten().tolist() == pytest.approx([-2 / 3] * 3 + [-1.0, -1.0, 0.0] + [1 / 3] * 3)
+    assert out.diagnostics.by_strategy["replay"].n_rs_rows == 1
+    # KL: k3 summed over the row's tokens, averaged over rows
+    ref = [[-1.5, -0.5]]
+    k = make_batch([[-1.0, -1.0]], [[-1.0, -1.0]], [0.0], ref=ref)
+    k3 = sum(math.exp(r + 1.0) - (r + 1.0) - 1 for r in ref[0])
+    assert compute_loss(k, LossConfig(kind="exit", beta=0.1)).loss.item() == pytest.approx(0.1 * k3)
+
+
+def test_exit_clamps_the_row_log_ratio():
+    # 4 tokens at log ratio +6: sum 24 > 20, r = e^20 (finite), no gradient; -6 each: r = e^-20
+    for lr in (6.0, -6.0):
+        b = make_batch([[lr] * 4], [[0.0] * 4], [1.0])
+        out = compute_loss(b, LossConfig(kind="exit"))
+        out.loss.backward()
+        assert out.loss.item() == pytest.approx(-math.exp(math.copysign(20.0, lr)))
+        assert b.logp.grad.abs().sum().item() == 0.0
+        assert out.diagnostics.overall.ess == pytest.approx(1.0)
+
+
+def test_dual_clip_bounds_negative_advantage_tokens_only():
+    # A < 0, rho = 5 > 3: loss -A * 3 (no gradient); A > 0, rho = 5: the usual high clip
+    logp, logq = [[math.log(5.0)], [math.log(5.0)], [math.log(2.0)]], [[0.0], [0.0], [0.0]]
+    cfg = LossConfig(dual_clip=3.0, ratio=RatioConfig(mode="none"))
+    b = make_batch(logp, logq, [-1.0, 1.0, -1.0], weight=[2.0, 1.0, 1.0])
+    out = compute_loss(b, cfg)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx((2.0 * 3.0 - 1.28 + 2.0) / 3)
+    assert b.logp.grad[:, 0].tolist() == pytest.approx([0.0, 0.0, 2.0 / 3])
+    d = out.diagnostics.overall
+    assert d.n_clipped_tokens == 2 and d.n_dual_clipped_tokens == 1
+    assert "ratio/dual_clip_fraction" in out.diagnostics.as_metrics()
+    without = compute_loss(make_batch(logp, logq, [-1.0, 1.0, -1.0], weight=[2.0, 1.0, 1.0]), LossConfig(ratio=RatioConfig(mode="none")))
+    assert without.loss.item() == pytest.approx((2.0 * 5.0 - 1.28 + 2.0) / 3)

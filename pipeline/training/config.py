@@ -4,7 +4,8 @@ LoRA (`LoraSettings`) and the run itself (`TrainConfig`).
 Every field is documented where it is declared and validated at construction: a bad value raises
 `pipeline.errors.ConfigError` naming the field. Defaults come from the prototype
 (docs/FINDINGS.md): PPO clip [0.8, 1.28], sequence-ratio mask [1/3, 3], lr 5e-4 for the
-tiny model (1e-3 collapsed), 2 epochs, minibatch 256, no KL.
+tiny model (1e-3 collapsed), 2 epochs, minibatch 256, no KL. The "exit" loss (the
+expert-iteration plan's estimator) defaults to no sequence-ratio mask and the mean over rows.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pipeline.errors import ConfigError
 __all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS", "CHECKPOINTING_PARAMETERS", "ACTIVATION_VALUES_PER_TOKEN"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-LOSS_KINDS = ("ppo", "is", "rs")
+LOSS_KINDS = ("ppo", "is", "exit", "rs")
 ANCHORS = ("sampling", "proximal")
 CHECKPOINTING_PARAMETERS = 50_000_000
 ACTIVATION_VALUES_PER_TOKEN = 4
@@ -70,10 +71,18 @@ class RatioConfig:
 class LossConfig:
     """The training loss (see `pipeline/training/loss.py` for the formulas)."""
 
-    kind: Literal["ppo", "is", "rs"] = "ppo"
-    """"ppo": importance-weighted policy gradient with PPO clip and sequence-ratio handling;
-    "is": the plain importance-sampling estimator of the expert-iteration plan,
-    -sum_t exp(logp - logq) * A per row (no clip; sequence-ratio handling still applies);
+    kind: Literal["ppo", "is", "exit", "rs"] = "ppo"
+    """"ppo": importance-weighted policy gradient with PPO clip and sequence-ratio handling
+    (AT-GRPO's loss; with `dual_clip`, verl's dual-clip PPO as DrMAS trains);
+    "exit": the expert-iteration plan's estimator exactly, g = (1/N) sum_i (p_train/q_s) A_i w_i
+    grad log p_train(y_i|x_train): per row the SEQUENCE likelihood ratio
+    r_i = exp(sum_t logp - logq) times the advantage, the loss -(1/N) sum_i r_i A_i w_i (its
+    gradient is the plan's, the row's whole grad log p summed over its tokens), N the rows of
+    the minibatch; no clip, and by default no sequence-ratio mask (`ratio` None);
+    "is": per-token importance sampling, -exp(logp - logq) * A w per token in a token mean (no
+    clip; sequence-ratio handling applies). It is NOT the plan's estimator: each token is weighted
+    by its own ratio instead of the row by the product of them (10 tokens at log ratio -0.3: 0.74
+    each under "is", e^-3 = 0.05 for the whole row under "exit"), and it divides by tokens;
     "rs": rejection-sampling expert iteration, the NLL of completions whose reward >=
     `rs_threshold` under the training context (docs/FINDINGS.md, lesson 4: best and cheapest in the
     prototype). For "rs" build the view with `drop_zero_advantage=False`, or the correct answers
@@ -84,32 +93,44 @@ class LossConfig:
     of the round's update on the training context, p_old(y|x_train), computed once before the
     first step; the clip then bounds how far the update moves, and the off-policy correction
     p_old / q is a separate, detached per-token weight truncated at `off_policy_cap`. Sequence
-    ratio handling (`ratio`) judges p_old / q with this anchor."""
+    ratio handling (`ratio`) judges p_old / q with this anchor. "exit" has no clip, so it only
+    takes "sampling"."""
     off_policy_cap: float = 3.0
     """With anchor="proximal": the per-token off-policy weight p_old/q is truncated at this."""
     eps_low: float = 0.2
     """PPO clip: token ratios below 1 - eps_low stop contributing gradient (docs/FINDINGS.md: 0.8)."""
     eps_high: float = 0.28
     """PPO clip: token ratios above 1 + eps_high stop contributing gradient (docs/FINDINGS.md: 1.28, DAPO's clip-higher)."""
-    ratio: RatioConfig = field(default_factory=RatioConfig)
-    """Sequence-ratio handling of every strategy not named in `ratio_by_strategy`."""
+    dual_clip: float | None = None
+    """"ppo" only: dual-clip PPO (verl's `clip_ratio_c`, 3.0 there, which DrMAS trains with): on
+    a token with A < 0 the clipped loss max(-rho A, -clip(rho) A) is further bounded by
+    -dual_clip * A, so a huge ratio on a wrong sample cannot push it down without limit (its
+    gradient stops where rho > dual_clip). None = off (the plain PPO clip); must be > 1."""
+    ratio: RatioConfig | None = None
+    """Sequence-ratio handling of every strategy not named in `ratio_by_strategy`. None = the
+    kind's default: `RatioConfig()` (mask at [1/3, 3] on the geometric mean) for "ppo" / "is" /
+    "rs", `RatioConfig(mode="none", level="sum")` for "exit" (the plan has no mask); after
+    construction it is always a `RatioConfig`. Give `RatioConfig(mode="none")` explicitly (here or
+    per strategy) for no handling under any kind."""
     ratio_by_strategy: Mapping[str, RatioConfig] = field(default_factory=dict)
     """Per-strategy overrides, e.g. {"prompt_aug": RatioConfig(mode="truncate")}: a context swap
     moves ratios mostly downwards (docs/FINDINGS.md, lesson 3), so masking may drop exactly the hinted
     successes."""
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None = None
     """How per-token losses become one number: mean over all completion tokens of the batch;
-    mean over rows of each row's token mean (GRPO); mean over rows of each row's token sum."""
+    mean over rows of each row's token mean (GRPO); mean over rows of each row's token sum.
+    None = the kind's default: "token-mean", or "seq-mean-token-sum" for "exit", the only one it
+    takes (its loss is per row, its gradient a token sum per row, averaged over the N rows)."""
     beta: float = 0.0
     """Weight of the KL penalty to the reference (initial) model, k3 estimator
     exp(r - p) - (r - p) - 1 per token; 0 disables it and no reference model is loaded."""
     rs_threshold: float = 1.0
     """"rs" trains on rows whose reward >= this (rewards are 1.0 right, 0.0 wrong)."""
     negative_weight: float = 1.0
-    """"ppo" / "is": negative advantages are multiplied by this (1 = the plain estimator; < 1
+    """"ppo" / "is" / "exit": negative advantages are multiplied by this (1 = the plain estimator; < 1
     leans the update towards raising the right samples over pushing the wrong ones down)."""
     sft_strategies: tuple[str, ...] = ("replay",)
-    """"ppo" / "is": rows of these strategies are trained by their NLL, as "rs" trains its rows:
+    """"ppo" / "is" / "exit": rows of these strategies are trained by their NLL, as "rs" trains its rows:
     rows whose completion was not sampled under this context (the Verifier's relabelled replay),
     so that no importance ratio exists for them."""
 
@@ -120,18 +141,34 @@ class LossConfig:
             raise ConfigError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low!r}")
         if not (math.isfinite(self.eps_high) and self.eps_high >= 0):
             raise ConfigError(f"LossConfig.eps_high must be finite and >= 0, got {self.eps_high!r}")
+        if self.ratio is None:
+            object.__setattr__(self, "ratio", RatioConfig(mode="none", level="sum") if self.kind == "exit" else RatioConfig())
         if not isinstance(self.ratio, RatioConfig):
             raise ConfigError(f"LossConfig.ratio must be a RatioConfig, got {type(self.ratio).__name__}")
         for sid, rc in dict(self.ratio_by_strategy).items():
             if not isinstance(rc, RatioConfig):
                 raise ConfigError(f"LossConfig.ratio_by_strategy[{sid!r}] must be a RatioConfig, got {type(rc).__name__}")
         object.__setattr__(self, "ratio_by_strategy", MappingProxyType(dict(self.ratio_by_strategy)))
+        if self.aggregation is None:
+            object.__setattr__(self, "aggregation", "seq-mean-token-sum" if self.kind == "exit" else "token-mean")
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"LossConfig.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.kind == "exit" and self.aggregation != "seq-mean-token-sum":
+            raise ConfigError(
+                f"LossConfig.aggregation must be 'seq-mean-token-sum' (or None) with kind='exit': the plan's estimator "
+                f"averages each row's r_i A_i w_i over the rows, got {self.aggregation!r}"
+            )
+        if self.dual_clip is not None:
+            if not (isinstance(self.dual_clip, (int, float)) and math.isfinite(self.dual_clip) and self.dual_clip > 1):
+                raise ConfigError(f"LossConfig.dual_clip must be None or a finite number > 1 (verl's clip_ratio_c), got {self.dual_clip!r}")
+            if self.kind != "ppo":
+                raise ConfigError(f"LossConfig.dual_clip is a bound of the PPO clip: it needs kind='ppo', got kind={self.kind!r}")
         if not (math.isfinite(self.beta) and self.beta >= 0):
             raise ConfigError(f"LossConfig.beta must be finite and >= 0, got {self.beta!r}")
         if self.anchor not in ANCHORS:
             raise ConfigError(f"LossConfig.anchor must be one of {ANCHORS}, got {self.anchor!r}")
+        if self.kind == "exit" and self.anchor != "sampling":
+            raise ConfigError(f"LossConfig.anchor must be 'sampling' with kind='exit' (the plan's estimator has no clip to anchor), got {self.anchor!r}")
         if not (isinstance(self.off_policy_cap, (int, float)) and math.isfinite(self.off_policy_cap) and self.off_policy_cap >= 1):
             raise ConfigError(f"LossConfig.off_policy_cap must be a finite number >= 1, got {self.off_policy_cap!r}")
         if not (isinstance(self.negative_weight, (int, float)) and math.isfinite(self.negative_weight) and 0 <= self.negative_weight <= 1):

@@ -5,37 +5,68 @@ Inputs per row i and completion token t (padding has mask 0):
   logq[i,t]  log q_s(y_t | x_sample, y_<t) stored at sampling time (never recomputed)
   A_i        group-relative advantage;  w_i  sample weight (stratified: w_s * N / n_s)
 
+Kinds (`LossConfig.kind`) and the source each one implements:
+  "exit"  the expert-iteration plan's estimator exactly (seeds/004):
+          g = (1/N) sum_i r_i A_i w_i grad sum_t log p_train(y_it),
+          r_i = p_train(y_i|x_train) / q_s(y_i|x_sample) = exp(sum_t logp[i,t] - logq[i,t]),
+          the SEQUENCE likelihood ratio. Written as the loss -(1/N) sum_i r_i A_i w_i with r_i NOT
+          detached (its gradient is exactly -g: d r_i = r_i * grad sum_t logp), so the loss value
+          is minus the importance-sampling estimate of E_p[A w]. N = the rows of the minibatch
+          (`denominator`, "seq-mean-token-sum"). No clip; no sequence-ratio mask by default.
+  "ppo"   PPO clip on per-token ratios, token mean (AT-GRPO's loss, seeds/003); with
+          `dual_clip` c, verl's dual-clip PPO (`compute_policy_loss`, clip_ratio_c) as DrMAS
+          trains (seeds/002).
+  "is"    per-token importance sampling, -rho_t A w per token, token mean. NOT the plan's
+          estimator: each token is weighted by its own ratio rho_t, not the row by r_i = prod_t
+          rho_t, and the mean is over tokens, not rows. A row of 10 tokens at log ratio -0.3 has
+          each token weighted exp(-0.3) = 0.74 under "is", the whole row exp(-3) = 0.05 under "exit".
+  "rs"    rejection sampling (SFT on the rows whose reward >= threshold).
+
 Choices, in the order the code makes them:
 1. Token ratio rho = exp(logp - logq); the log ratio is clamped to [-20, 20] before exp, so one
-   absurd token cannot turn the loss into inf/NaN (its gradient is then zero).
+   absurd token cannot turn the loss into inf/NaN (its gradient is then zero). "exit" sums the
+   clamped token log ratios of a row and clamps the sum to [-20, 20] again: r_i = exp(that);
+   outside it the row's gradient is zero (a row with p/q > e^20 is a bug, not a sample).
 2. PPO clip (eps_low, eps_high): per-token loss -min(rho * A w, clip(rho, 1-eps_low, 1+eps_high) * A w).
    The sample weight multiplies the advantage, so a row's whole contribution scales with it.
-   The "is" loss drops the clip: -rho * A w (the expert-iteration plan's estimator).
+   Dual clip (`dual_clip` = c, "ppo" only; verl: pg_losses3 = -A c, applied where A < 0): for
+   A w < 0 the per-token loss is min(max(-rho A w, -clip(rho) A w), -c A w), so a wrong sample's
+   token whose ratio exceeds c contributes the constant -c A w (no gradient).
+   The "is" loss drops the clip: -rho * A w; "exit" is per row (see above).
    With `anchor="proximal"` (decoupled PPO) the clipped ratio is r = p_theta / p_old, p_old the
    policy at the start of the update on the training context, and the loss is
-   -min(r A w, clip(r) A w) * c, with c = min(p_old / q, off_policy_cap) per token (detached).
+   -min(r A w, clip(r) A w) * c, with c = min(p_old / q, off_policy_cap) per token (detached)
+   (the dual clip bounds the bracket, as verl applies it before its rollout weights). "exit"
+   takes only the sampling anchor.
 3. Sequence ratio s_i = exp(mean_t log rho) (geometric mean; `RatioConfig.level="sum"` uses the
    sum, the exact sequence likelihood ratio); with the proximal anchor, rho is p_old / q. Per
    strategy (a context swap pushes ratios down, docs/FINDINGS.md lesson 3): "mask" zeroes rows with
    s outside [low, high]; "truncate" multiplies the loss of a row with s > high by high / s (it
-   only ever shrinks a row); "none" leaves it alone.
+   only ever shrinks a row); "none" leaves it alone. Default: "mask" at [1/3, 3] on the geometric
+   mean, but "none" for "exit" (the plan has no mask); `ratio_by_strategy` sets any of them per
+   strategy under every kind.
    Masked rows stay in the denominators: masking never up-weights the other rows.
-4. Optional KL to a reference model: beta * (exp(r - logp) - (r - logp) - 1) per token (k3).
+4. Optional KL to a reference model: beta * (exp(r - logp) - (r - logp) - 1) per token (k3);
+   under "exit" summed over the row's tokens, like the rest of its row.
 5. Aggregation: "token-mean" (sum over tokens / tokens of the batch), "seq-mean-token-mean"
-   (GRPO: mean over rows of each row's token mean) or "seq-mean-token-sum" (mean of row sums).
+   (GRPO: mean over rows of each row's token mean) or "seq-mean-token-sum" (mean of row sums;
+   the only one "exit" takes: sum of its row losses / rows).
    The denominator (tokens or rows) may be given for a whole minibatch of several micro-batches,
-   so the minibatch loss is one token mean, not a mean of micro-batch means.
+   so the minibatch loss is one token mean (or row mean), not a mean of micro-batch means.
 The "rs" loss (rejection-sampling expert iteration) replaces 1-3: per-token -logp * w on rows whose
 reward >= threshold, aggregated the same way over those rows only (SFT on the good samples).
-Under "ppo" / "is", rows of a strategy named in `LossConfig.sft_strategies` (the Verifier's
-relabelled replay, `pipeline.views.verifier_replay`) are trained the rs way, -logp * w, in the same
-token mean: their completions were not sampled from q under this context, so they have no ratio.
+Under "ppo" / "is" / "exit", rows of a strategy named in `LossConfig.sft_strategies` (the
+Verifier's relabelled replay, `pipeline.views.verifier_replay`) are trained the rs way, -logp * w,
+in the same aggregation (under "exit" the row's NLL summed over its tokens, in the row mean):
+their completions were not sampled from q under this context, so they have no ratio.
 Negative advantages are scaled by `LossConfig.negative_weight` (1 = the plain estimator).
 
 Diagnostics (`LossDiagnostics`) are additive sums, so micro-batches merge exactly: mean log ratio,
-clip fraction (tokens where the clip stops the gradient), masked / truncated fraction (rows),
+clip fraction (tokens where the clip, or the dual clip, stops the gradient; 0 under "is" / "exit"),
+dual-clip fraction (tokens where the dual clip binds), masked / truncated fraction (rows),
 effective sample size (sum r)^2 / sum r^2 of the sequence likelihood ratios r_i = exp(sum_t log rho)
-(whatever level step 3 decides on), overall, per strategy, per agent, per (agent, strategy).
+(whatever level step 3 decides on; under "exit" the r_i of its loss), overall, per strategy, per
+agent, per (agent, strategy).
 """
 
 from __future__ import annotations
@@ -91,7 +122,11 @@ class RatioStats:
     sum_log_ratio: float = 0.0
     """Sum over tokens of log p_train - log q_sample."""
     n_clipped_tokens: int = 0
-    """Tokens whose gradient the PPO clip stopped (rho < 1-eps_low with A < 0, or rho > 1+eps_high with A > 0)."""
+    """Tokens whose gradient the PPO clip stopped (rho < 1-eps_low with A < 0, or rho > 1+eps_high
+    with A > 0, or, with the dual clip, rho > dual_clip with A < 0)."""
+    n_dual_clipped_tokens: int = 0
+    """Tokens where the dual clip bound the loss (A < 0 and rho > dual_clip); also counted in
+    `n_clipped_tokens`."""
     n_masked_rows: int = 0
     """Rows zeroed by a sequence-ratio mask."""
     n_truncated_rows: int = 0
@@ -115,6 +150,10 @@ class RatioStats:
     @property
     def clip_fraction(self) -> float:
         return self.n_clipped_tokens / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def dual_clip_fraction(self) -> float:
+        return self.n_dual_clipped_tokens / self.n_tokens if self.n_tokens else 0.0
 
     @property
     def masked_fraction(self) -> float:
@@ -141,6 +180,7 @@ class RatioStats:
         return {
             "mean_log_ratio": self.mean_log_ratio,
             "clip_fraction": self.clip_fraction,
+            "dual_clip_fraction": self.dual_clip_fraction,
             "masked_fraction": self.masked_fraction,
             "truncated_fraction": self.truncated_fraction,
             "ess_fraction": self.ess_fraction,
@@ -275,7 +315,27 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
         adv = torch.where(adv < 0, adv * config.negative_weight, adv)
     weighted_adv = (adv * batch.sample_weight.to(batch.logp.dtype))[:, None]
     clipped_tok = torch.zeros_like(mask, dtype=torch.bool)
-    if config.kind in ("ppo", "is"):
+    dual_tok = torch.zeros_like(mask, dtype=torch.bool)
+    exit_rows = config.kind == "exit"
+    if exit_rows:
+        # the plan's estimator: one sequence likelihood ratio per row, r_i = exp(sum_t log rho),
+        # not detached, so d(-r A w) = -r A w * grad sum_t logp; the sum is clamped again
+        r = torch.exp(log_ratio.sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        seq_ratio = r.detach()
+        # one "token" per row holding the row's loss: summed over rows / rows (seq-mean-token-sum)
+        per_token = (-r * weighted_adv[:, 0] * row_factor)[:, None]
+        row_mask = torch.ones_like(per_token)
+        rows = None
+        rs_rows = torch.zeros_like(s)
+        if config.sft_strategies:
+            sft = torch.tensor([st in config.sft_strategies for st in batch.strategy], device=s.device)
+            if bool(sft.any()):
+                nll = -(batch.logp * mask).sum(-1) * batch.sample_weight.to(batch.logp.dtype)
+                per_token = torch.where(sft[:, None], nll[:, None], per_token)
+                rs_rows = sft.to(s.dtype)
+                masked = masked & ~sft
+                truncated = truncated & ~sft
+    elif config.kind in ("ppo", "is"):
         if config.kind == "ppo":
             # 2. PPO clip on the weighted advantage
             unclipped = rho * weighted_adv
@@ -283,6 +343,13 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
             per_token = -torch.min(unclipped, clipped)
             with torch.no_grad():
                 clipped_tok = (((rho < 1.0 - config.eps_low) & (weighted_adv < 0)) | ((rho > 1.0 + config.eps_high) & (weighted_adv > 0))) & (mask > 0)
+            if config.dual_clip is not None:
+                # verl's dual clip: where A < 0, min(-A c, max(-rho A, -clip(rho) A))
+                bound = -config.dual_clip * weighted_adv
+                per_token = torch.where(weighted_adv < 0, torch.min(per_token, bound), per_token)
+                with torch.no_grad():
+                    dual_tok = (weighted_adv < 0) & (rho > config.dual_clip) & (mask > 0)
+                    clipped_tok = clipped_tok | dual_tok
         else:
             per_token = -rho * weighted_adv
         if off_weight is not None:
@@ -298,6 +365,7 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
                 per_token = torch.where(sft[:, None], nll, per_token)
                 rs_rows = sft.to(s.dtype)
                 clipped_tok = clipped_tok & ~sft[:, None]
+                dual_tok = dual_tok & ~sft[:, None]
                 masked = masked & ~sft
                 truncated = truncated & ~sft
     else:
@@ -310,27 +378,34 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
         truncated = torch.zeros_like(truncated)
 
     # 4. KL to the reference model (k3), unweighted
-    kl = torch.zeros_like(per_token)
+    kl = torch.zeros_like(mask)
     if config.beta > 0:
         if batch.ref_logp is None:
             raise ValueError("LossConfig.beta > 0 needs ref_logp in the batch")
         d = (batch.ref_logp.to(batch.logp.dtype) - batch.logp) * mask
         kl = torch.exp(d) - d - 1.0
-        per_token = per_token + config.beta * kl
+        if exit_rows:
+            per_token = per_token + config.beta * (kl * mask).sum(-1, keepdim=True)
+        else:
+            per_token = per_token + config.beta * kl
 
     # 5. aggregation
-    loss = aggregate(per_token, mask, config.aggregation, rows=rows, denominator=denominator)
+    if exit_rows:
+        loss = aggregate(per_token, row_mask, config.aggregation, denominator=denominator)
+    else:
+        loss = aggregate(per_token, mask, config.aggregation, rows=rows, denominator=denominator)
 
-    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, seq_ratio, kl))
+    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, clipped_tok, dual_tok, masked, truncated, rs_rows, seq_ratio, kl))
 
 
-def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, masked, truncated, rs_rows, seq_ratio, kl) -> LossDiagnostics:
+def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, dual_tok, masked, truncated, rs_rows, seq_ratio, kl) -> LossDiagnostics:
     with torch.no_grad():
         cols = torch.stack(
             [
                 mask.sum(-1),
                 (log_ratio * mask).sum(-1),
                 (clipped_tok.to(mask.dtype)).sum(-1),
+                (dual_tok.to(mask.dtype)).sum(-1),
                 masked.to(mask.dtype),
                 truncated.to(mask.dtype),
                 rs_rows.to(mask.dtype),
@@ -346,12 +421,13 @@ def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, masked, truncat
             n_tokens=int(c[0]),
             sum_log_ratio=c[1],
             n_clipped_tokens=int(c[2]),
-            n_masked_rows=int(c[3]),
-            n_truncated_rows=int(c[4]),
-            n_rs_rows=int(c[5]),
-            sum_seq_ratio=c[6],
-            sum_seq_ratio_sq=c[7],
-            sum_kl=c[8],
+            n_dual_clipped_tokens=int(c[3]),
+            n_masked_rows=int(c[4]),
+            n_truncated_rows=int(c[5]),
+            n_rs_rows=int(c[6]),
+            sum_seq_ratio=c[7],
+            sum_seq_ratio_sq=c[8],
+            sum_kl=c[9],
         )
         for c in cols
     ]
