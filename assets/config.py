@@ -21,6 +21,10 @@ def _pydantic_field(hint, default, help_text: str):
     if typing.get_origin(hint) is tuple:
         (item, _ellipsis) = typing.get_args(hint)
         return (list[item], Field(default=list(default), description=help_text))
+    tuples = [a for a in typing.get_args(hint) if typing.get_origin(a) is tuple]
+    if tuples:  # tuple | None: a list, or None for "the algorithm's preset"
+        (item, _ellipsis) = typing.get_args(tuples[0])
+        return (list[item] | None, Field(default=None if default is None else list(default), description=help_text))
     return (hint, Field(default=default, description=help_text))
 
 

@@ -26,7 +26,7 @@ from typing import IO, Iterator, Sequence
 import polars as pl
 
 from pipeline.errors import MaxitError
-from pipeline.report import LOG_FILE, record_experiment
+from pipeline.report import LOG_FILE, record_experiment, trajectory_success
 from pipeline.rounds import BASE_ROUND, record_timing, round_complete
 from pipeline.store import UrlStore, is_url, scan_table, table_path
 
@@ -86,8 +86,7 @@ def round_summary(store: Path, rounds: list[int], metrics: Sequence[tuple[str, s
     if trained:
         steps = scan_table(store, "steps").filter(pl.col("round").is_in(trained))
         success = (
-            steps.group_by("round", "strategy", "traj_uid")
-            .agg(pl.col("global_reward").first())
+            trajectory_success(steps)
             .group_by("round", "strategy")
             .agg(pl.col("global_reward").mean())
             .collect()

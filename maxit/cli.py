@@ -169,7 +169,11 @@ def cmd_run(args) -> int:
     settings = settings_from_args(args)
     settings.run_config()  # validate every flag before anything starts
     workflow = check_run_inputs(settings, args.store)
-    print(f"maxit run: workflow {workflow.describe()}, loss {settings.loss}, strategies {' '.join(run_strategies_of(settings, workflow))}", flush=True)
+    print(
+        f"maxit run: algorithm {settings.algorithm} (loss {settings.loss}), workflow {workflow.describe()}, "
+        f"strategies {' '.join(run_strategies_of(settings, workflow))}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024

@@ -36,6 +36,7 @@ __all__ = [
     "experiments_table",
     "store_metrics",
     "build_report",
+    "trajectory_success",
 ]
 
 EXPERIMENT_FILE = "experiment.json"
@@ -191,6 +192,18 @@ def experiments_table(roots: Sequence[str | Path]) -> pl.DataFrame:
 # -- the metrics of a store -------------------------------------------------------------------
 
 
+def trajectory_success(steps: pl.LazyFrame) -> pl.LazyFrame:
+    """One row per trajectory (round, strategy, traj_uid, global_reward): its team reward at the
+    end, the global reward of its last row; a tree branch's, the immediate reward of its first
+    candidate (a branch has no later state of its own: the selected one's is broadcast). Rows
+    are taken in the table's order, which is step order."""
+    return (
+        steps.group_by("round", "strategy", "traj_uid")
+        .agg(pl.col("global_reward").first().alias("_first"), pl.col("global_reward").last().alias("_last"))
+        .select("round", "strategy", "traj_uid", pl.when(pl.col("strategy") == "tree").then("_first").otherwise("_last").alias("global_reward"))
+    )
+
+
 def _scan(store: Path, table: str) -> pl.LazyFrame | None:
     if not any(store.glob(f"round=*/{table}.parquet")):
         return None
@@ -218,8 +231,7 @@ def store_metrics(store: str | Path) -> dict[str, pl.DataFrame]:
     if steps is not None:
         steps = steps.filter(pl.col("round") >= 0)
         out["success"] = (
-            steps.group_by("round", "strategy", "traj_uid")
-            .agg(pl.col("global_reward").first())
+            trajectory_success(steps)
             .group_by("round", "strategy")
             .agg(pl.col("global_reward").mean().alias("success"))
             .sort("round", "strategy")

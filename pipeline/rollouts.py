@@ -22,7 +22,9 @@ Strategies (pipeline.strategies) and what they sample:
 
 Rewards: `local_reward` is what `env.step` returned for the call; `global_reward` is the
 episode's team reward at its end (`env.team_reward()`) on every row of an ordinary trajectory,
-and the team reward right after the step on a tree row. Workflow code runs guarded (`safe_map`,
+the team reward right after the step on a tree row, and on the first turn's rows of a feedback
+episode the team reward at the end of that turn (the first attempt's own outcome: the second
+attempt, made after privileged feedback, is not the first attempt's credit). Workflow code runs guarded (`safe_map`,
 the reward timeout per call): a call that raises, hangs or returns nonsense ends its episode, the
 row it happened on gets a null reward with the message in `reward_error`, and the round goes on.
 
@@ -309,6 +311,9 @@ class _Episode:
     error: str | None = None
     """Why the episode stopped early (the workflow's code raised, hung or returned nonsense):
     its team reward is null with this message in `reward_error`."""
+    first_team: Outcome | None = None
+    """Feedback episodes: the team reward at the end of the first turn, before the feedback (the
+    first attempt's own outcome, the global reward of the first turn's rows)."""
 
     @property
     def tree(self) -> bool:
@@ -530,6 +535,13 @@ def run_rollouts(
             if outcome[1].done:
                 e.active = False
 
+        if turn == 0 and agent_id == order[-1]:
+            # the feedback strategy's first attempt is an episode of its own that ends here: its
+            # rows are credited with the outcome before the feedback, not with the second attempt's
+            firsts = [e for e in acting if isinstance(e.strategy, Feedback) and e.error is None]
+            for e, out in zip(firsts, safe_map(_team_reward, [(e.env,) for e in firsts], timeout, label="team_reward")):
+                e.first_team = _team_outcome(out)
+
     _final_rewards(episodes, timeout)
     return validate(_to_table(all_rows, r, config), STEPS)
 
@@ -541,13 +553,16 @@ def _final_rewards(episodes: list[_Episode], timeout: float | None) -> None:
     live = [e for e in ordinary if e.error is None]
     teams = dict(zip(map(id, live), safe_map(_team_reward, [(e.env,) for e in live], timeout, label="team_reward")))
     for e in ordinary:
-        if e.error is not None:
-            final = Outcome(None, e.error)
-        else:
-            out = teams[id(e)]
-            final = out if not out.ok else (Outcome(out.value) if out.value is not None else Outcome(None, "team_reward returned None"))
+        final = Outcome(None, e.error) if e.error is not None else _team_outcome(teams[id(e)])
         for row in e.rows:
-            row.global_ = final
+            row.global_ = e.first_team if e.first_team is not None and row.turn == 0 else final
+
+
+def _team_outcome(out: Outcome) -> Outcome:
+    """A guarded `team_reward()` call as the global reward of rows (None is named)."""
+    if out.ok and out.value is None:
+        return Outcome(None, "team_reward returned None")
+    return out
 
 
 def _to_table(rows: list[_Row], round_: int, config: RolloutConfig) -> pa.Table:

@@ -183,6 +183,10 @@ def build_workflow(config: RunConfig):
     return load_workflow(config.workflow, shared_policy=config.shared_policy, **settings)
 
 
+DEFAULT_MIX = ("iid", "prompt_aug", "feedback", "tree")
+"""The default algorithm's strategy mix (`ALGORITHM_PRESETS["maxit"]`)."""
+
+
 def run_strategies(config: RunConfig, workflow) -> dict:
     """strategy id -> the strategy a run samples and trains with: the config's strategies and
     options, the feedback strategy aimed at the workflow's `feedback_agent`. With the default mix,
@@ -194,7 +198,7 @@ def run_strategies(config: RunConfig, workflow) -> dict:
     options = dict(config.strategy_options)
     chosen = config.strategies
     if "feedback" in chosen:
-        if not workflow.supports_feedback and chosen == setting_default("strategies"):
+        if not workflow.supports_feedback and chosen == DEFAULT_MIX:
             chosen = tuple(s for s in chosen if s != "feedback")
         else:
             options["feedback"] = {**options.get("feedback", {}), "agent_id": workflow.feedback_agent}

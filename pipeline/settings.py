@@ -15,13 +15,14 @@ Settings whose default depends on the loss (`alpha`, `local_weight`) default to 
 from __future__ import annotations
 
 import argparse
+import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 from pipeline.errors import ConfigError
 
-__all__ = ["Settings", "LOSS_PRESETS", "add_setting_flags", "settings_from_args", "setting_default", "parse_group_by"]
+__all__ = ["Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "settings_from_args", "setting_default", "parse_group_by"]
 
 
 def _s(
@@ -35,7 +36,7 @@ def _s(
     return field(default=default, metadata=meta)
 
 
-LOSS_KINDS = ("rs", "ppo", "is")
+LOSS_KINDS = ("rs", "ppo", "is", "exit")
 
 LOSS_PRESETS: Mapping[str, Mapping[str, Any]] = {
     # rejection-sampling expert iteration: a row is trained when its own action was right (the
@@ -48,16 +49,76 @@ LOSS_PRESETS: Mapping[str, Mapping[str, Any]] = {
     # at seed 0; the README's PG section and ablation have the 3-seed comparison with rs and the
     # previous preset (lr 2e-4, negatives halved). `--negative-weight 1` is the plain gradient.
     "ppo": {"alpha": 0.0, "local_weight": 1.0, "lr": 5e-4, "baseline": "batch", "negative_weight": 0.0, "clip_high": 0.28},
-    # the plain importance-sampling estimator of the expert-iteration plan, with AT-GRPO's groups
+    # per-token importance sampling without a clip (not the plan's estimator: see "exit"), with AT-GRPO's groups
     "is": {"alpha": 1.0, "local_weight": 1.0, "lr": 2e-4, "baseline": "group", "negative_weight": 1.0, "clip_high": 0.28},
+    # the expert-iteration plan's estimator exactly: each row's sequence likelihood ratio times its
+    # advantage, averaged over the rows, no ratio mask
+    "exit": {"alpha": 1.0, "local_weight": 1.0, "lr": 2e-4, "baseline": "group", "negative_weight": 1.0, "clip_high": 0.28},
 }
 """Defaults per loss, used where `alpha` / `local_weight` / `lr` / `baseline` / `negative_weight` are None."""
+
+ALGORITHMS = ("maxit", "drmas", "atgrpo", "exit", "grpo")
+
+ALGORITHM_PRESETS: Mapping[str, Mapping[str, Any]] = {
+    # the measured best on the embedded default (docs/ALGORITHMS.md#maxit-the-default): rejection
+    # sampling on each call's own correctness, AT-GRPO's groups and tree beside the plan's
+    # strategies; the settings left out here come from the loss's preset
+    "maxit": {
+        "loss": "rs", "strategies": ("iid", "prompt_aug", "feedback", "tree"), "group_by": ("agent_id", "turn"), "normalize": "std",
+        "trajectory_mean": False, "trajectory_score": "own", "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid",
+        "feedback_train_context": "problem", "balance_verdicts": True, "strategy_weights": (),
+    },
+    # DrMAS: K copies of each problem, groups per (uid, agent), the team's final reward on every
+    # row, verl's PPO with the dual clip and std normalisation
+    "drmas": {
+        "loss": "ppo", "strategies": ("iid",), "group_by": ("agent_id",), "normalize": "std", "trajectory_mean": False,
+        "trajectory_score": "own", "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid",
+        "feedback_train_context": "problem", "balance_verdicts": False, "strategy_weights": (), "alpha": 1.0, "local_weight": 0.0, "baseline": "group",
+        "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0,
+    },
+    # AT-GRPO: tree sampling, groups per (uid, agent, turn), alpha * global + local, PPO clip
+    "atgrpo": {
+        "loss": "ppo", "strategies": ("tree",), "group_by": ("agent_id", "turn"), "normalize": "std", "trajectory_mean": False,
+        "trajectory_score": "own", "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid",
+        "feedback_train_context": "problem", "balance_verdicts": False, "strategy_weights": (), "alpha": 1.0, "local_weight": 1.0, "baseline": "group",
+        "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2,
+    },
+    # the expert-iteration plan: iid, hint and two-turn feedback samples, advantages centred
+    # within each strategy's group, the importance-sampling estimator over the N samples with
+    # stratified weights w_s / n_s, feedback's first attempt at weight 0, hint and feedback
+    # dropped from the training context, no ratio mask
+    "exit": {
+        "loss": "exit", "strategies": ("iid", "prompt_aug", "feedback"), "group_by": ("agent_id", "turn"), "normalize": "center",
+        "trajectory_mean": False, "trajectory_score": "own", "hinted_rows": "none", "feedback_rows": "none", "feedback_first_attempt": "skip",
+        "feedback_train_context": "problem", "balance_verdicts": False, "strategy_weights": ("iid=1", "prompt_aug=1", "feedback=1"),
+        "alpha": 0.0, "local_weight": 1.0, "baseline": "group", "negative_weight": 1.0,
+    },
+    # plain GRPO: K samples of each problem, one group per problem over trajectories (one
+    # member per trajectory), the outcome reward, PPO clip
+    "grpo": {
+        "loss": "ppo", "strategies": ("iid",), "group_by": (), "normalize": "std", "trajectory_mean": True, "trajectory_score": "own",
+        "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid", "feedback_train_context": "problem", "balance_verdicts": False,
+        "strategy_weights": (), "alpha": 1.0, "local_weight": 0.0, "baseline": "group", "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2,
+    },
+}
+"""The settings each algorithm fixes, applied where a setting is left unset (None); a setting
+given explicitly wins. docs/ALGORITHMS.md#presets says which source each value comes from and
+where a preset departs from it."""
 
 
 @dataclass(frozen=True)
 class Settings:
     """Every setting of an expert-iteration run (see the module docstring). Field metadata holds
     each setting's help text; `run_config()` validates the whole and builds the `RunConfig`."""
+
+    # --- the algorithm ---------------------------------------------------------------------
+    algorithm: str = _s(
+        "maxit",
+        "the algorithm the run follows: maxit (the measured best), drmas, atgrpo, exit (the expert-iteration plan) or grpo; "
+        "it presets the loss, strategies, groups, reward mix and weights (docs/ALGORITHMS.md#presets); settings given explicitly override it",
+        group="team and task",
+        choices=ALGORITHMS,
+    )
 
     # --- the team and the task ------------------------------------------------------------
     workflow: str = _s(
@@ -90,8 +151,8 @@ class Settings:
     # --- sampling ---------------------------------------------------------------------------
     problems: int = _s(128, "training problems drawn per round", group="sampling")
     samples: int = _s(4, "group size of every strategy (tree: candidates per node)", group="sampling")
-    strategies: tuple[str, ...] = _s(
-        ("iid", "prompt_aug", "feedback", "tree"), "search strategies interleaved in each round", group="sampling", metavar="STRATEGY"
+    strategies: tuple[str, ...] | None = _s(
+        None, "search strategies interleaved in each round; None = the algorithm's (maxit: iid prompt_aug feedback tree)", group="sampling", metavar="STRATEGY"
     )
     temperature: float = _s(1.0, "sampling temperature (training computes p_train at the same temperature)", group="sampling")
     max_tokens: int | None = _s(None, "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling")
@@ -99,26 +160,30 @@ class Settings:
         None, "turns at most per episode (math: Solver/Verifier loops per sample, DrMAS's max_loop_num); None = the workflow's (math 2)", group="sampling"
     )
     seed: int = _s(0, "seed of the problem draws and of sampling (each round derives its own)", group="sampling")
-    feedback_train_context: str = _s(
-        "problem",
+    feedback_train_context: str | None = _s(
+        None,
         "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt",
         group="sampling",
         choices=("problem", "attempt"),
     )
-    feedback_first_attempt: str = _s(
-        "iid", "the feedback strategy's first attempt: trained as an iid row, or not trained", group="sampling", choices=("iid", "skip")
+    feedback_first_attempt: str | None = _s(
+        None, "the feedback strategy's first attempt: trained as an iid row, or not trained (the plan's weight 0); None = the algorithm's",
+        group="sampling", choices=("iid", "skip")
     )
 
     # --- rewards and advantages -------------------------------------------------------------
     alpha: float | None = _s(None, "reward = alpha*global_reward + local_weight*local_reward; None = the loss's preset (rs 0, ppo 0, is 1)", group="rewards and advantages")
     local_weight: float | None = _s(None, "weight of the local (own-action) reward; None = the loss's preset (1)", group="rewards and advantages")
-    group_by: tuple[str, ...] = _s(
-        ("agent_id", "turn"),
-        "columns added to uid+strategy to form advantage groups (a group never spans strategies; none = plain GRPO per strategy)",
+    group_by: tuple[str, ...] | None = _s(
+        None,
+        "columns added to uid+strategy to form advantage groups (a group never spans strategies; none = plain GRPO per strategy); "
+        "None = the algorithm's (maxit, atgrpo: agent_id turn; drmas: agent_id; grpo: none)",
         group="rewards and advantages",
         metavar="COL",
     )
-    normalize: str = _s("std", "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages", choices=("std", "center"))
+    normalize: str | None = _s(
+        None, "advantage normalisation: (r-mean)/std, or r-mean; None = the algorithm's", group="rewards and advantages", choices=("std", "center")
+    )
     baseline: str | None = _s(
         None,
         "advantage baseline: the statistics of the problem's group of samples (GRPO), or of the whole round's rows of that strategy "
@@ -126,18 +191,22 @@ class Settings:
         group="rewards and advantages",
         choices=("group", "batch"),
     )
-    trajectory_mean: bool = _s(False, "group statistics over trajectory means (one member per trajectory)", group="rewards and advantages")
-    trajectory_score: str = _s(
-        "own",
+    trajectory_mean: bool | None = _s(
+        None, "group statistics over trajectory means (one member per trajectory); None = the algorithm's (grpo: on)", group="rewards and advantages"
+    )
+    trajectory_score: str | None = _s(
+        None,
         "with trajectory_mean: each row scored by its own reward (own) or by its trajectory's mean (mean, as DrMAS's code)",
         group="rewards and advantages",
         choices=("own", "mean"),
     )
 
     # --- training ---------------------------------------------------------------------------
-    loss: str = _s(
-        "rs",
-        "rs: rejection-sampling expert iteration; ppo: importance-weighted PG with PPO clip; is: the plain importance-sampling estimator (no clip)",
+    loss: str | None = _s(
+        None,
+        "rs: rejection-sampling expert iteration; ppo: importance-weighted PG with PPO clip; is: per-token importance sampling, no clip "
+        "(not the plan's estimator); exit: the expert-iteration plan's estimator (sequence likelihood ratio per row, mean over rows, "
+        "no mask); None = the algorithm's (maxit: rs)",
         group="training",
         choices=LOSS_KINDS,
     )
@@ -147,14 +216,29 @@ class Settings:
         group="training",
         choices=("sampling", "proximal"),
     )
-    hinted_rows: str = _s(
-        "mask",
+    hinted_rows: str | None = _s(
+        None,
         "the prompt-augmentation rows (sampled with a hint, trained without): their sequence ratio masked to [1/3, 3], truncated at 3, "
         "left alone, or the rows dropped from training",
         group="training",
         choices=("mask", "truncate", "none", "drop"),
     )
-    clip_low: float = _s(0.2, "ppo: token ratios below 1 - clip_low stop the gradient of negative-advantage tokens (TRL's epsilon)", group="training")
+    feedback_rows: str | None = _s(
+        None,
+        "the feedback strategy's second-attempt rows (trained without the feedback): their sequence ratio masked to [1/3, 3], truncated at 3, "
+        "or left alone; None = the algorithm's (maxit: mask; exit: none)",
+        group="training",
+        choices=("mask", "truncate", "none"),
+    )
+    dual_clip: float | None = _s(
+        None,
+        "ppo: verl's dual clip (DrMAS): a negative-advantage token's loss is at most -dual_clip*A (verl's clip_ratio_c); 0 or None = off; "
+        "None = the algorithm's (drmas: 3)",
+        group="training",
+    )
+    clip_low: float | None = _s(
+        None, "ppo: token ratios below 1 - clip_low stop the gradient of negative-advantage tokens (TRL's epsilon); None = the algorithm's (0.2)", group="training"
+    )
     clip_high: float | None = _s(
         None,
         "ppo: token ratios above 1 + clip_high stop the gradient of positive-advantage tokens (TRL's epsilon_high); None = the loss's preset",
@@ -164,7 +248,10 @@ class Settings:
     epochs: int = _s(2, "passes over each round's training rows", group="training")
     minibatch_size: int = _s(256, "rows per optimizer step", group="training")
     micro_batch_size: int = _s(64, "rows per forward/backward pass", group="training")
-    balance_verdicts: bool = _s(True, "equal total weight for the Verifier's yes and no training rows each round", group="training")
+    balance_verdicts: bool | None = _s(
+        None, "equal total weight for the yes and no rows of an agent that gives verdicts (the math Verifier) each round; None = the algorithm's (maxit: on)",
+        group="training",
+    )
     relabel_verdicts: bool = _s(
         False,
         "rs loss: train every Verifier row on the right verdict (a wrong verdict's row gets the other verdict) instead of only the rows it got right",
@@ -180,8 +267,8 @@ class Settings:
     negative_weight: float | None = _s(
         None, "ppo/is: negative advantages are multiplied by this (1 = the plain policy gradient); None = the loss's preset (ppo 0: the positive half, is 1)", group="training"
     )
-    strategy_weights: tuple[str, ...] = _s(
-        (),
+    strategy_weights: tuple[str, ...] | None = _s(
+        None,
         "stratified mixture weights STRATEGY=W, counted per policy over its training rows (none: every row weighs 1)",
         group="training",
         metavar="S=W",
@@ -236,6 +323,13 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
+        for name, value in ALGORITHM_PRESETS[self.algorithm].items():  # what is left unset follows the algorithm
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.clip_low is None:
+            object.__setattr__(self, "clip_low", 0.2)
         for f in fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -305,11 +399,18 @@ class Settings:
 
         from pipeline.training.config import RatioConfig
 
-        hinted = {} if self.hinted_rows in ("mask", "drop") else {"prompt_aug": RatioConfig(mode=self.hinted_rows)}
+        # the kind's own handling (exit: none, the plan's; others: the mask) unless a setting says otherwise
+        kind_default = "none" if self.loss == "exit" else "mask"
+        by_strategy = {
+            sid: RatioConfig(mode=mode)
+            for sid, mode in (("prompt_aug", self.hinted_rows), ("feedback", self.feedback_rows))
+            if mode not in (kind_default, "drop")
+        }
         return LossConfig(
             kind=self.loss,
+            dual_clip=float(self.dual_clip) if self.dual_clip else None,
             anchor=self.anchor,
-            ratio_by_strategy=hinted,
+            ratio_by_strategy=by_strategy,
             negative_weight=float(self.preset("negative_weight")),
             eps_low=float(self.clip_low),
             eps_high=float(self.preset("clip_high")),
@@ -434,11 +535,11 @@ def parse_weights(items: Sequence[str]) -> dict[str, float]:
 
 
 def setting_default(name: str):
-    """The default of one setting (what `RunConfig`'s own defaults are taken from)."""
-    for f in fields(Settings):
-        if f.name == name:
-            return f.default
-    raise KeyError(name)
+    """The default of one setting, with the default algorithm's presets filled in (what
+    `RunConfig`'s own defaults are taken from)."""
+    if name not in {f.name for f in fields(Settings)}:
+        raise KeyError(name)
+    return getattr(Settings(), name)
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -446,6 +547,12 @@ def setting_default(name: str):
 
 def _hints() -> dict[str, Any]:
     return typing.get_type_hints(Settings)
+
+
+def _unoptional(hint):
+    """`X | None` -> X (a setting whose None means "the preset" takes X on the command line)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
 
 
 def _scalar_type(hint) -> type:
@@ -465,8 +572,13 @@ def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | N
             continue
         g = arg_groups.get(meta["group"]) or arg_groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         flag = "--" + f.name.replace("_", "-")
-        hint = hints[f.name]
-        default_text = "the loss's preset" if f.default is None and f.name in LOSS_PRESETS["rs"] else f.default
+        hint = _unoptional(hints[f.name])  # None ("the preset") is the unset flag's value
+        if f.default is None and any(f.name in preset for preset in ALGORITHM_PRESETS.values()):
+            default_text = "the algorithm's preset"
+        elif f.default is None and f.name in LOSS_PRESETS["rs"]:
+            default_text = "the loss's preset"
+        else:
+            default_text = f.default
         help_text = f"{meta['help']} (default: {' '.join(default_text) if isinstance(default_text, tuple) else default_text})"
         help_text = help_text.replace("%", "%%")  # argparse formats help with %: a literal "30%" must not break --help
         if hint is bool:

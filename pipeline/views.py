@@ -101,11 +101,14 @@ class ViewConfig:
     strategy_weights: Mapping[str, float] | None = None
     """Mixture weights w_s of the stratified estimator (the expert-iteration plan, see
     docs/ALGORITHMS.md). None: every row keeps its weight (the plain stratified average).
-    Otherwise, per policy, over the rows that policy trains on (after every filter above):
-    sample_weight *= w_s * N / n_s, with w_s normalized over the strategies present, n_s that
-    policy's rows of strategy s and N all its rows, so a policy's mean weight stays 1. Counting
-    after the filters matters: rows a strategy does not train (feedback's skipped first attempt)
-    or another policy's rows would otherwise shift the mix. Every strategy present needs a weight."""
+    Otherwise, per policy: sample_weight *= w_s * N / n_s, with w_s normalized over the
+    strategies present, n_s the rows strategy s sampled for that policy to train and N all of
+    them: the rows left after the activity, reward, policy, trainable and weight filters, and
+    before the zero-advantage and min-reward filters (the plan's n_s is what a strategy sampled;
+    counting after those filters would let a strategy's weight grow with its share of degenerate
+    groups, which changes from round to round). Rows a strategy does not train (feedback's
+    skipped first attempt) and another policy's rows are not counted. Every strategy present
+    needs a weight."""
     reward_is_local: bool = False
     """Require every row's `reward` to be its own action's correctness (`local_reward`), as the
     "rs" loss does when it keeps rows with reward >= its threshold: with a global term mixed in, a
@@ -206,22 +209,24 @@ def _check_reward_is_local(table: pa.Table) -> None:
         )
 
 
-def _stratified_weights(table: pa.Table, weight: np.ndarray, keep: np.ndarray, strategy_weights: Mapping[str, float]) -> np.ndarray:
-    """Scale the kept rows' weights by w_s * N / n_s per policy (see `ViewConfig.strategy_weights`)."""
+def _stratified_weights(table: pa.Table, weight: np.ndarray, keep: np.ndarray, sampled: np.ndarray, strategy_weights: Mapping[str, float]) -> np.ndarray:
+    """Scale the kept rows' weights by w_s * N / n_s per policy (see `ViewConfig.strategy_weights`):
+    n_s and N count the `sampled` rows (what the policy's strategies sampled for it to train),
+    whether or not the advantage and reward filters then kept them."""
     strat = np.asarray(table.column("strategy").to_pylist(), dtype=object)
     policy = np.asarray(table.column("policy_id").to_pylist(), dtype=object)
-    missing = sorted(set(strat[keep]) - set(strategy_weights))
+    missing = sorted(set(strat[sampled]) - set(strategy_weights))
     if missing:
-        raise ConfigError(f"strategy_weights has no weight for strategy {missing} (step_id {_ids(table, keep & np.isin(strat, missing))})")
+        raise ConfigError(f"strategy_weights has no weight for strategy {missing} (step_id {_ids(table, sampled & np.isin(strat, missing))})")
     out = weight.copy()
     for pid in sorted(set(policy[keep])):
-        rows = keep & (policy == pid)
-        present = sorted(set(strat[rows]))
+        counted = sampled & (policy == pid)
+        present = sorted(set(strat[counted]))
         total_w = sum(strategy_weights[s] for s in present)
-        n_all = int(rows.sum())
+        n_all = int(counted.sum())
         for s in present:
-            idx = rows & (strat == s)
-            out[idx] *= strategy_weights[s] / total_w * n_all / int(idx.sum())
+            idx = keep & (policy == pid) & (strat == s)
+            out[idx] *= strategy_weights[s] / total_w * n_all / int((counted & (strat == s)).sum())
     return out
 
 
@@ -319,9 +324,14 @@ def build_training_view(
         reasons.append(("n_below_min_reward", np.nan_to_num(rewards, nan=-np.inf) >= config.min_reward))
     keep = np.ones(n, dtype=bool)
     counts: dict[str, int] = {}
+    sampled = keep
     for name, ok in reasons:
         counts[name] = int((keep & ~ok).sum())
         keep &= ok
+        if name == "n_zero_weight":
+            # the stratified weights' n_s counts what a strategy sampled for a policy to train,
+            # before the advantage and reward filters (degenerate groups must not shift the mix)
+            sampled = keep.copy()
 
     # the context swap: rebuild each kept row's training context through its strategy
     messages_col = table.column("sampling_messages")
@@ -367,7 +377,7 @@ def build_training_view(
 
     weight = weight.astype(np.float64)
     if config.strategy_weights is not None:
-        weight = _stratified_weights(table, weight, keep, config.strategy_weights)
+        weight = _stratified_weights(table, weight, keep, sampled, config.strategy_weights)
     kept = table.filter(pa.array(keep))
     view = pa.table(
         {

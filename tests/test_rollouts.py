@@ -250,7 +250,12 @@ def test_rewards_of_ordinary_trajectories():
         rows = rows.sort("step")
         solver_rows = rows.filter(pl.col("agent_id") == "solver")
         final = task.reward(problems[rows["uid"][0]], solver_rows["completion_text"][-1])
-        assert rows["global_reward"].to_list() == [final] * rows.height
+        if rows["strategy"][0] == "feedback":
+            # the first attempt is credited with its own outcome, before the feedback; the second with the final one
+            first = task.reward(problems[rows["uid"][0]], solver_rows["completion_text"][0])
+            assert rows["global_reward"].to_list() == [first if t == 0 else final for t in rows["turn"]]
+        else:
+            assert rows["global_reward"].to_list() == [final] * rows.height
         for s in solver_rows.iter_rows(named=True):
             assert s["local_reward"] == task.reward(problems[s["uid"]], s["completion_text"])
         for i, v in enumerate(rows.filter(pl.col("agent_id") == "verifier").iter_rows(named=True)):
@@ -514,3 +519,16 @@ def test_real_model_rows_reproduce_the_engine_logprobs(hf_engine, default_model_
         start = len(row["prompt_ids"])
         expected = [logp[start - 1 + i, t].item() for i, t in enumerate(row["completion_ids"])]
         assert np.allclose(expected, row["completion_logprobs"], atol=2e-3)
+
+
+def test_the_feedback_first_attempt_is_not_credited_with_the_second_attempts_result():
+    """Under a mixed reward a wrong first attempt must not earn the right second attempt's team
+    reward: the second attempt came after privileged feedback."""
+    sampler = RecordingSampler(solver_accuracy=0.3, garbage=0.0)
+    _, df, _ = run([Feedback(group_size=4)], n_problems=8, sampler=sampler, config=RolloutConfig(alpha=1.0))
+    first = df.filter(pl.col("agent_id") == "solver", pl.col("turn") == 0)
+    second = df.filter(pl.col("agent_id") == "solver", pl.col("turn") == 1).select("traj_uid", pl.col("local_reward").alias("second"))
+    joined = first.join(second, on="traj_uid")
+    wrong_then_right = joined.filter(pl.col("local_reward") == 0.0, pl.col("second") == 1.0)
+    assert wrong_then_right.height > 0  # the case exists in this draw
+    assert (wrong_then_right["global_reward"] == 0.0).all() and (wrong_then_right["reward"] == 0.0).all()

@@ -461,3 +461,16 @@ def test_feedback_context_of_the_wrong_shape_is_a_named_error(tok):
     rows = [advantage_row("bad-row", strategy="feedback", turn=1, sampling_messages=odd, prompt_ids=encode_prompt(tok, odd))]
     with pytest.raises(DataError, match="step_id 'bad-row'.*assistant, user"):
         build_training_view(advantages_table(rows), {"feedback": Feedback()}, tok)
+
+
+def test_stratified_weights_count_what_each_strategy_sampled_not_what_survived_the_advantage_filter(tok):
+    """The plan's n_s is a strategy's sample count: iid drew 4 rows (2 of them in a degenerate,
+    zero-advantage group), prompt_aug 2; at weights 1:1 an iid row weighs half a prompt_aug row."""
+    rows = [advantage_row(f"i{k}", strategy="iid", uid="p0", advantage=1.0 if k == 0 else -1.0) for k in range(2)]
+    rows += [advantage_row(f"d{k}", strategy="iid", uid="p1", advantage=0.0) for k in range(2)]  # all-equal group
+    rows += [advantage_row(f"h{k}", strategy="prompt_aug", advantage=1.0 if k == 0 else -1.0) for k in range(2)]
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok, ViewConfig(strategy_weights={"iid": 1.0, "prompt_aug": 1.0}))
+    w = dict(zip(view.column("step_id").to_pylist(), view.column("sample_weight").to_pylist()))
+    assert set(w) == {"i0", "i1", "h0", "h1"}
+    # N = 6 sampled, w_s = 1/2: iid 1/2 * 6/4 = 0.75, prompt_aug 1/2 * 6/2 = 1.5
+    assert [w["i0"], w["i1"], w["h0"], w["h1"]] == pytest.approx([0.75, 0.75, 1.5, 1.5])
