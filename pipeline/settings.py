@@ -66,7 +66,7 @@ ALGORITHM_PRESETS: Mapping[str, Mapping[str, Any]] = {
     "maxit": {
         "loss": "rs", "strategies": ("iid", "prompt_aug", "feedback", "tree"), "group_by": ("agent_id", "turn"), "normalize": "std",
         "trajectory_mean": False, "trajectory_score": "own", "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid",
-        "feedback_train_context": "problem", "balance_verdicts": True, "strategy_weights": (),
+        "feedback_train_context": "problem", "strategy_weights": (),
     },
     # DrMAS: K copies of each problem, groups per (uid, agent), the team's final reward on every
     # row, verl's PPO with the dual clip and std normalisation
@@ -249,7 +249,9 @@ class Settings:
     minibatch_size: int = _s(256, "rows per optimizer step", group="training")
     micro_batch_size: int = _s(64, "rows per forward/backward pass", group="training")
     balance_verdicts: bool | None = _s(
-        None, "equal total weight for the yes and no rows of an agent that gives verdicts (the math Verifier) each round; None = the algorithm's (maxit: on)",
+        None,
+        "equal total weight for the yes and no rows of an agent that gives verdicts (the math Verifier) each round; None = on with the rs loss, "
+        "off with the others (it rescales rows after the advantages: under a policy gradient the groups' advantages would no longer sum to 0)",
         group="training",
     )
     relabel_verdicts: bool = _s(
@@ -387,7 +389,9 @@ class Settings:
             drop_zero_advantage=not rs,
             min_reward=self.loss_config().rs_threshold if rs else None,
             reward_is_local=rs,
-            balance_verdicts=self.balance_verdicts,
+            # on for rs only: it rescales rows after the advantages, which under a policy gradient
+            # breaks the groups' zero-sum advantages
+            balance_verdicts=self.balance_verdicts if self.balance_verdicts is not None else rs,
             relabel_verdicts=self.relabel_verdicts and rs,
             strategy_weights=parse_weights(self.strategy_weights) if self.strategy_weights else None,
             drop_strategies=("prompt_aug",) if self.hinted_rows == "drop" else (),
