@@ -168,3 +168,26 @@ def test_verdict_balancing_is_on_for_rs_only_unless_asked_for():
     for loss in ("ppo", "is", "exit"):
         assert Settings(loss=loss).view_config().balance_verdicts is False
     assert Settings(loss="ppo", balance_verdicts=True).view_config().balance_verdicts is True
+
+
+@pytest.mark.parametrize("algorithm", ["drmas", "atgrpo", "exit", "grpo"])
+def test_each_algorithm_runs_a_whole_round(tmp_path, default_model_dir, algorithm):
+    """Every preset runs its round end to end (rollouts, advantages, view, training, evaluation)
+    with the strategies, groups and loss it names."""
+    import polars as pl
+
+    from pipeline.registry import PolicyRegistry
+    from pipeline.rounds import EnginePool, RoundContext, run_round_stages
+
+    settings = Settings(algorithm=algorithm, model_dir=str(default_model_dir), problems=6, samples=2, eval_problems=8, eval_samples=1,
+                        epochs=1, minibatch_size=64, micro_batch_size=32)
+    ctx = RoundContext(tmp_path, settings.run_config(), EnginePool("hf"))
+    try:
+        out = run_round_stages(ctx, 0)
+    finally:
+        ctx.engines.close()
+    steps = pl.from_arrow(out["rollouts"]) if not isinstance(out["rollouts"], pl.DataFrame) else out["rollouts"]
+    assert set(steps["strategy"]) == set(ALGORITHM_PRESETS[algorithm]["strategies"])
+    assert PolicyRegistry(tmp_path).get(0, "shared") is not None
+    ratio = pl.read_parquet(tmp_path / "round=0" / "ratio_diagnostics.parquet")
+    assert ratio.height > 0  # a policy-gradient loss trained rows with importance ratios
