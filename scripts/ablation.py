@@ -8,7 +8,7 @@ variants are reused when they ran what the variant's flags ask for now (judged b
 experiment.json, which records the settings and the values in effect of those left to the loss's
 preset; a finished run that differs, or whose record predates those values and left a setting to
 a preset that may have changed since, is an error naming it). The tables printed at the end (markdown) give, per run, held-out Solver
-accuracy (T=1, no hint) per round, the gain over the starting checkpoint, the Verifier's balanced
+accuracy (T=1, no hint; other workflows: team success) per round, the gain over the starting checkpoint, the Verifier's balanced
 verdict accuracy in the last round, the optimizer steps and the wall time; and per variant the
 mean and spread (min..max) of the gain over the seeds.
 Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) groups unless named).
@@ -50,6 +50,12 @@ variants measured against it name it as their base, so their runs stay what the 
   ppo-5e-4-nw25  ppo-2e-4 at lr 5e-4 with negative advantages at a quarter
   ppo-5e-4-1ep   ppo-2e-4 at lr 5e-4, one pass over each round's rows (epochs 1)
   ppo-2e-4-nw0   ppo-2e-4 with positive advantages only
+  alg-drmas, alg-atgrpo, alg-exit, alg-grpo   `--algorithm X` at the default's sample budget
+  grid-atgrpo  the grid game under AT-GRPO's preset (tree, (uid, agent, turn) groups, alpha 1)
+  grid-agent   grid-atgrpo with DrMAS's groups (uid, agent); grid-uid: one group per problem (uid)
+  grid-iid     grid-atgrpo with independent samples instead of the tree
+  grid-local   grid-atgrpo with each call's local reward only (alpha 0)
+  grid-maxit   the grid game under the default algorithm
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ from pipeline.store import jsonable  # noqa: E402
 # the ppo preset until the positive-half one: the base of the ppo-* variants measured against it
 PPO_2E4 = ["--loss", "ppo", "--lr", "2e-4", "--negative-weight", "0.5"]
 PG_2E4 = ["--loss", "ppo", "--lr", "2e-4"]
+GRID = ["--workflow", "grid"]
 # Same sample budget: the default samples 4 strategies x 4 samples per problem, so a variant with
 # fewer strategies draws proportionally more samples per strategy.
 VARIANTS = {
@@ -110,6 +117,19 @@ VARIANTS = {
     "ppo-5e-4-nw25": ["--loss", "ppo", "--lr", "5e-4", "--negative-weight", "0.25"],
     "ppo-5e-4-1ep": ["--loss", "ppo", "--lr", "5e-4", "--negative-weight", "0.5", "--epochs", "1"],
     "ppo-2e-4-nw0": ["--loss", "ppo", "--lr", "2e-4", "--negative-weight", "0"],
+    # the algorithm presets at the default's budget (16 samples per problem and round)
+    "alg-drmas": ["--algorithm", "drmas", "--samples", "16"],
+    "alg-atgrpo": ["--algorithm", "atgrpo", "--samples", "16"],
+    "alg-exit": ["--algorithm", "exit", "--samples", "5"],
+    "alg-grpo": ["--algorithm", "grpo", "--samples", "16"],
+    # the grid game (--workflow grid), which of the seeds' choices pay on a stateful multi-turn
+    # task: AT-GRPO (tree, (uid, agent, turn) groups, alpha 1) and one change each
+    "grid-atgrpo": [*GRID, "--algorithm", "atgrpo"],
+    "grid-agent": [*GRID, "--algorithm", "atgrpo", "--group-by", "agent_id"],
+    "grid-uid": [*GRID, "--algorithm", "atgrpo", "--group-by", "none"],
+    "grid-iid": [*GRID, "--algorithm", "atgrpo", "--strategies", "iid"],
+    "grid-local": [*GRID, "--algorithm", "atgrpo", "--alpha", "0"],
+    "grid-maxit": [*GRID],
 }
 
 
@@ -169,7 +189,9 @@ def run_variant(name: str, seed: int, rounds: int, out: Path, extra: list[str]) 
 
 def _result(name: str, seed: int, store: Path, seconds: float, cmd: list[str]) -> dict:
     ev = pl.read_parquet(str(store / "round=*" / "evaluation.parquet"), hive_partitioning=True)
-    acc = ev.filter(pl.col("metric") == "accuracy").sort("round")["value"].to_list()  # the answering agent's
+    # the math workflows' answer accuracy, else the team's success (any other workflow)
+    metric = "accuracy" if ev.filter(pl.col("metric") == "accuracy").height else "success"
+    acc = ev.filter(pl.col("metric") == metric).sort("round")["value"].to_list()
     ver = ev.filter(pl.col("metric") == "verdict_balanced_accuracy").sort("round")["value"].to_list()
     steps = 0
     for meta in store.glob("checkpoints/round=*/*/maxit_checkpoint.json"):
@@ -205,7 +227,8 @@ def main() -> None:
             continue
         accs = " | ".join(f"{100 * a:.1f}" for a in res["acc"])
         gain = 100 * (res["acc"][-1] - res["acc"][0])
-        print(f"| {res['variant']} | {res['seed']} | {accs} | {gain:+.1f} | {100 * res['verdict'][-1]:.1f} | {res['steps']} | {res['seconds']:.0f} |")
+        verdict = f"{100 * res['verdict'][-1]:.1f}" if res["verdict"] else "n/a"
+        print(f"| {res['variant']} | {res['seed']} | {accs} | {gain:+.1f} | {verdict} | {res['steps']} | {res['seconds']:.0f} |")
     print("\n| variant | seeds | mean gain | spread (min..max) | mean verdict bal. acc (last) |")
     print("|---|---|---|---|---|")
     for name in args.variants:
