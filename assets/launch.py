@@ -329,7 +329,7 @@ def build_round_job(store: str, engine: str, settings: dict, executor=None):
     """The job of one round's assets and checks with the run's resources bound, on the
     multiprocess executor (`max_concurrent` = shards) unless `executor` is given. The same
     definitions run on a cluster by passing another executor (`dagster_k8s.k8s_job_executor`,
-    `dagster_celery.celery_executor`): see the README's "Scaling out"."""
+    `dagster_celery.celery_executor`): see docs/SCALING.md."""
     import dagster as dg
 
     from assets.checks import all_checks

@@ -8,7 +8,7 @@ tokens per second and as a ratio to rs. Every loss runs the same forward and bac
 every row (rs masks the unrewarded rows out of its mean), so the ratios show the loss arithmetic
 and, for the proximal anchor, its extra forward pass over the round's rows before the first step.
 How many rows a round trains is a different matter: rs trains only the right rows, the PG losses
-every row with a nonzero advantage (README, Ablation: optimizer steps per run).
+every row with a nonzero advantage (docs/results/ablation-math.md: optimizer steps per run).
 
     .venv/bin/python benchmarks/losses.py [--rows 1024] [--repeats 3] [--threads N]
 """

@@ -44,10 +44,8 @@ LOSS_PRESETS: Mapping[str, Mapping[str, Any]] = {
     "rs": {"alpha": 0.0, "local_weight": 1.0, "lr": 5e-4, "baseline": "group", "negative_weight": 1.0, "clip_high": 0.28},
     # policy gradient with PPO clip: each call's own correctness as its reward (alpha 0), the
     # round's mean reward per strategy/agent/turn as the baseline, at rs's learning rate, and the
-    # positive half of the gradient only (negative_weight 0: a wrong sample is not pushed down).
-    # On the default task, at lr 5e-4, negatives at 0.5 / 0.25 / 0 gained +30.7 / +35.2 / +42.0
-    # at seed 0; the README's PG section and ablation have the 3-seed comparison with rs and the
-    # previous preset (lr 2e-4, negatives halved). `--negative-weight 1` is the plain gradient.
+    # positive half of the gradient only (negative_weight 0: a wrong sample is not pushed down;
+    # docs/results/policy-gradient.md has why). `--negative-weight 1` is the plain gradient.
     "ppo": {"alpha": 0.0, "local_weight": 1.0, "lr": 5e-4, "baseline": "batch", "negative_weight": 0.0, "clip_high": 0.28},
     # per-token importance sampling without a clip (not the plan's estimator: see "exit"), with AT-GRPO's groups
     "is": {"alpha": 1.0, "local_weight": 1.0, "lr": 2e-4, "baseline": "group", "negative_weight": 1.0, "clip_high": 0.28},

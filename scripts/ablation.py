@@ -13,7 +13,7 @@ verdict accuracy in the last round, the optimizer steps and the wall time; and p
 mean and spread (min..max) of the gain over the seeds.
 Variants (all: iid + prompt_aug + feedback + tree, (uid, strategy, agent, turn) groups unless named).
 "ppo-2e-4" is the ppo preset until the positive-half preset (lr 2e-4, negatives halved); the ppo-*
-variants measured against it name it as their base, so their runs stay what the README reports:
+variants measured against it name it as their base, so their runs stay what docs/results/ablation-math.md reports:
   rs           rejection-sampling expert iteration (the default run)
   ppo          the ppo preset: importance-weighted PG with PPO clip, each call's own correctness as its
                reward (alpha 0), the batch baseline, positive advantages only (negative_weight 0), lr 5e-4

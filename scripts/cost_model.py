@@ -7,7 +7,7 @@ A pen-and-paper model, not a measurement: from the model size, the hardware (a s
 assumed peak figures, `HARDWARE`) and the round's sample budget it prints the seconds of
 rollouts, advantages and store I/O, training, weight sync and evaluation for one round, then the
 same for 1 to 1,000 GPUs with the stage that limits each (the bottleneck). `--calibrate` compares
-its CPU predictions with what was measured on the 2-core machine (README, Benchmarks) and says
+its CPU predictions with what was measured on the 2-core machine (docs/results/benchmarks.md) and says
 by what factor they differ. The formulas, one per stage (docs/SCALING.md explains them):
 
 - decode (memory-bandwidth bound, batched): per decode step an engine reads its weights and the
@@ -110,7 +110,7 @@ HARDWARE: dict[str, Hardware] = {
 MAX_NUM_SEQS = 256
 """vLLM's default cap on the sequences one engine decodes at once."""
 POLARS_ROWS_PER_S = 5e6
-"""Advantage-engine throughput per process (README, Benchmarks: 5.1-6.2 M rows/s on 2 cores)."""
+"""Advantage-engine throughput per process (docs/results/benchmarks.md: 5.1-6.2 M rows/s on 2 cores)."""
 OBJECT_STORE_CLIENT_BW = 0.5 * GB
 """Bytes/s one writer gets from an object store (s3/gs), assumed."""
 OBJECT_STORE_MAX_BW = 50 * GB

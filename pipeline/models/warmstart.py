@@ -89,7 +89,7 @@ class WarmStartConfig:
     """What a Verifier example teaches it to write: "answer_verdict" (the default): the right
     answer, then the verdict ("168 no"); the arithmetic task reads the Verifier's verdict by
     comparing the answer it writes with the proposal (verdict style "compare"). "verdict": "yes" /
-    "no" alone; "answer": the right answer alone. Measured on the main job (README, "The
+    "no" alone; "answer": the right answer alone. Measured on the main job (docs/results/verifier.md, "The
     Verifier"): with "verdict" the 1M model's yes/no never discriminated (balanced accuracy ~50%);
     its yes/no word after its own answer does not follow that answer either (51% of replies), but
     the answer itself does the checking; "answer" alone made it copy the proposal more often.

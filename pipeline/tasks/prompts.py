@@ -15,7 +15,7 @@ Two templates ship:
 - `ARITHMETIC_PROMPTS`, the arithmetic task's: the bare question for the Solver, and
   "<question>\\nCheck it: work it out again." for the Verifier, who is not shown the proposal
   (a blind Verifier) and replies with the sum as it works it out ("168"); its verdict is whether
-  that sum equals the proposal (verdict style "compare": see README, "The Verifier"). The
+  that sum equals the proposal (verdict style "compare": see docs/results/verifier.md). The
   embedded default model is warm-started on exactly these texts.
 - `CHAIN_OF_THOUGHT_PROMPTS`, the file tasks' (GSM8K-style word problems): the Solver is asked
   to solve the problem in a few short steps and end with "#### <number>", after three short
@@ -190,7 +190,7 @@ ARITHMETIC_PROMPTS = PromptTemplate(verdict="compare", verifier_user="{question}
 """The arithmetic task's prompts (what the default model is warm-started on: a change here
 changes the default model, which the build's cache key follows). The Verifier works the sum out
 again, blind (it is not shown the proposal, so it cannot copy it), and its verdict is whether its
-answer equals the proposal ("compare"). README, "The Verifier": shown the proposal, the same
+answer equals the proposal ("compare"). docs/results/verifier.md: shown the proposal, the same
 model copied it and stayed at chance on one machine of the CI kind."""
 
 GSM8K_ANSWER_FORMAT = 'Write the final answer as a number on the last line, in the form "#### <number>".'
@@ -212,7 +212,7 @@ COT_EXAMPLES = (
 )
 """The file tasks' worked examples (written for maxit; short, each ending in its "####" line).
 With them SmolLM2-135M-Instruct at T=1 ends far more of its GSM8K solutions with a "####" line
-(README, "Real models and real tasks")."""
+(docs/results/real-models.md)."""
 
 CHAIN_OF_THOUGHT_PROMPTS = PromptTemplate(
     user="{question}\n\nSolve the problem in a few short steps. {answer_format}",
