@@ -76,8 +76,13 @@ class EngineResource(dg.ConfigurableResource):
 
 def engine_options(settings) -> dict:
     """The `EngineConfig` options a run's settings pass to the engines: vLLM's tensor- and
-    data-parallel sizes (the transformers engine ignores them)."""
-    return {"tensor_parallel_size": int(settings.tensor_parallel_size), "data_parallel_size": int(settings.data_parallel_size)}
+    data-parallel sizes (the transformers engine ignores them) and the `dtype` setting when it is
+    not "auto" (the engines' own default, decided per model as training decides it)."""
+    options = {"tensor_parallel_size": int(settings.tensor_parallel_size), "data_parallel_size": int(settings.data_parallel_size)}
+    dtype = getattr(settings, "dtype", "auto")
+    if dtype != "auto":
+        options["dtype"] = dtype
+    return options
 
 
 class PolicyRegistryResource(dg.ConfigurableResource):

@@ -145,6 +145,14 @@ class Settings:
         negative_flag=("--separate-policies", "each agent of the workflow gets its own policy (default: one shared policy)"),
     )
     engine: str = _s("auto", "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=("auto", "vllm", "hf"))
+    dtype: str = _s(
+        "auto",
+        "precision of the engines and of training (bf16 autocast over float32 weights): auto = bfloat16 on a GPU, and on a CPU with "
+        "native bf16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo) for models of 20M parameters or more; float32 elsewhere and for the "
+        "tiny default model (faster there, and sampled logprobs match training's)",
+        group="team and task",
+        choices=("auto", "float32", "bfloat16"),
+    )
 
     # --- sampling ---------------------------------------------------------------------------
     problems: int = _s(128, "training problems drawn per round", group="sampling")
@@ -431,6 +439,7 @@ class Settings:
             lora=self.lora_settings(),
             gradient_checkpointing={"auto": None, "on": True, "off": False}[self.gradient_checkpointing],
             micro_batch_tokens=self.micro_batch_tokens,
+            dtype=self.dtype,
             report_to="none",
         )
 

@@ -98,14 +98,25 @@ def bad_call(prompts, case):
     return ids, args
 
 
-def test_engine_dtype_auto_is_bf16_on_cuda_and_fp32_on_cpu(monkeypatch):
+def test_engine_dtype_auto_is_bf16_on_cuda_and_on_a_bf16_cpu_for_real_models(monkeypatch):
+    from pipeline.engines import config as ec
+
+    real = ec.BF16_MIN_PARAMETERS
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert EngineConfig().resolved_dtype() == "float32" and EngineConfig().torch_dtype() is torch.float32
+    monkeypatch.setattr(ec, "cpu_has_bf16", lambda: False)
+    assert EngineConfig().resolved_dtype(real) == "float32" and EngineConfig().torch_dtype() is torch.float32
+    monkeypatch.setattr(ec, "cpu_has_bf16", lambda: True)  # tests/test_dtype.py: the detection itself
+    assert EngineConfig().resolved_dtype(real) == "bfloat16" and EngineConfig().resolved_dtype(real - 1) == "float32"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert EngineConfig().resolved_dtype() == "bfloat16" and EngineConfig().torch_dtype() is torch.bfloat16
-    assert EngineConfig(dtype="float32").resolved_dtype() == "float32"
+    assert EngineConfig(dtype="float32").resolved_dtype(real) == "float32"
     with pytest.raises(ConfigError, match="engine.dtype"):
         EngineConfig(dtype="fp8")
+
+
+def test_the_default_model_samples_in_float32_on_any_cpu(hf_sampler):
+    """The default architecture is below `BF16_MIN_PARAMETERS`: its logprobs stay float32's."""
+    assert hf_sampler.dtype == "float32" and hf_sampler.model.dtype == torch.float32
 
 
 def test_check_generate_args_returns_int_lists():

@@ -690,3 +690,123 @@ def test_micro_batches_follow_the_token_budget_and_checkpointing_is_automatic(to
     result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", replace(cfg, minibatch_size=8, micro_batch_size=8, micro_batch_tokens=2 * longest))
     meta = tr.read_checkpoint_meta(result.checkpoint)
     assert meta.config["micro_batch_size"] == 2 and result.steps == 1  # 8 rows: one optimizer step of four micro-batches
+
+
+def test_select_rows_batches_the_rows_as_collate_does(tok, model):
+    from pipeline.training.trainer import select_rows
+
+    data = to_dataset(build_training_view(advantages_table(rows_for(tok, model, 6, seed=31)), {"iid": IID()}, tok)[0]).to_list()
+    data = [{**r, "old_logprobs": [x - 0.1 for x in r["sampling_logprobs"]]} for r in data]
+    whole = collate(data, tok.pad_token_id)
+    for index in ([0], [1, 4], [5, 2, 3]):
+        got, want = select_rows(whole, index), collate([data[i] for i in index], tok.pad_token_id)
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert (torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v), (index, k)
+
+
+class _Grads(TrainerCallback):
+    """The gradients of every optimizer step, as the optimizer sees them."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None})
+
+
+@pytest.mark.parametrize(
+    "loss, zero",
+    [
+        (LossConfig(ratio=RatioConfig(mode="none")), "advantage"),  # A = 0
+        (LossConfig(kind="exit"), "weight"),  # w = 0 (the plan's feedback first attempt)
+        (LossConfig(negative_weight=0.0), "negative"),  # the ppo preset: negative rows at weight 0
+        (LossConfig(kind="rs"), "reward"),  # below the threshold
+    ],
+)
+def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, init_dir, tmp_path, loss, zero):
+    """Rows whose loss is exactly 0 are left out of the forward pass; the minibatch's denominator
+    still counts them, so each step's gradients (and the reported loss) are those of the run
+    that forwards them; the skipped rows are counted, one micro-batch of zero rows included."""
+    from pipeline.training.trainer import trainable_rows
+
+    rows = rows_for(tok, model, 12, seed=32)
+    for i, r in enumerate(rows):
+        r["advantage"] = abs(r["advantage"]) * (1 if i % 3 else -1)
+        r["reward"] = 1.0
+    zero_rows = [0, 3, 4, 5, 7, 9] if zero != "negative" else [i for i, r in enumerate(rows) if r["advantage"] < 0]
+    for i in zero_rows:
+        if zero == "advantage":
+            rows[i]["advantage"] = 0.0
+        elif zero == "reward":
+            rows[i]["reward"] = 0.0
+    from pipeline.views import ViewConfig
+
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
+    if zero == "weight":  # the view drops rows of weight 0; the trainer's input may still hold them
+        zero_ids = {rows[i]["step_id"] for i in zero_rows}
+        col = view.schema.get_field_index("sample_weight")
+        weights = [0.0 if sid in zero_ids else w for sid, w in zip(view.column("step_id").to_pylist(), view.column(col).to_pylist())]
+        view = view.set_column(col, view.schema.field(col), pa.array(weights, view.schema.field(col).type))
+    items = to_dataset(view).to_list()
+    assert len(items) == 12
+    columns = [[r[k] for r in items] for k in ("advantage", "sample_weight", "reward", "strategy")]
+    assert sum(not t for t in trainable_rows(*columns, loss)) == len(zero_rows)
+    runs = {}
+    for skip in (False, True):
+        grads = _Grads()
+        cfg = TrainConfig(**{**FAST, "minibatch_size": 12, "micro_batch_size": 3, "epochs": 2, "loss": loss}, skip_zero_rows=skip)
+        runs[skip] = (train_policy(view, "shared", init_dir, tmp_path / f"skip{skip}", cfg, callbacks=[grads]), grads.steps)
+    (plain, plain_grads), (skipped, skipped_grads) = runs[False], runs[True]
+    assert plain.rows_skipped == 0 and skipped.rows_skipped == 2 * len(zero_rows)  # two epochs
+    assert skipped.steps == plain.steps == 2 and skipped.mean_loss == pytest.approx(plain.mean_loss, rel=1e-5, abs=1e-7)
+    assert (skipped.min_row_visits, skipped.max_row_visits) == (2, 2)  # a skipped row was still in its minibatch
+    assert skipped.diagnostics.overall.n_rows == 2 * (12 - len(zero_rows)) and plain.diagnostics.overall.n_rows == 24
+    for g_plain, g_skip in zip(plain_grads, skipped_grads, strict=True):
+        assert g_plain.keys() == g_skip.keys()
+        for k in g_plain:
+            assert torch.allclose(g_plain[k], g_skip[k], atol=1e-7, rtol=1e-4), k
+    if zero == "negative":
+        assert any(g.abs().sum() > 0 for g in plain_grads[0].values())
+    a = AutoModelForCausalLM.from_pretrained(plain.checkpoint, dtype=torch.float32).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(skipped.checkpoint, dtype=torch.float32).state_dict()
+    # the weights after two Adam steps: Adam divides by |g|, so float noise in a near-zero gradient
+    # element moves it by ~1e-6, far below one step (lr 5e-4)
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_minibatches_keep_their_rows_when_sorted_by_length(tok, model, init_dir, tmp_path, monkeypatch):
+    """Sorting by length reorders rows inside each minibatch only: every optimizer step trains the
+    rows it trains unsorted (two epochs, different shuffles), each micro-batch is longest first,
+    and less of the forward passes is padding."""
+    from pipeline.training import trainer as tr
+
+    rows = rows_for(tok, model, 16, seed=33)
+    for i, r in enumerate(rows):  # lengths that differ a lot
+        r["completion_ids"] = r["completion_ids"] * (1 + i % 4)
+        r["completion_logprobs"] = unpadded_logps(model, r["prompt_ids"], r["completion_ids"], T)
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    lengths = {r["step_id"]: len(r["completion_ids"]) for r in rows}
+    seen: list[list[list[str]]] = []
+    original = tr.MaxitTrainer._get_num_items_in_batch
+
+    def record(self, batch_samples, device):
+        seen.append([list(b["step_id"]) for b in batch_samples])
+        return original(self, batch_samples, device)
+
+    monkeypatch.setattr(tr.MaxitTrainer, "_get_num_items_in_batch", record)
+    results = {}
+    steps = {}
+    for sort in (False, True):
+        seen.clear()
+        cfg = TrainConfig(**{**FAST, "minibatch_size": 8, "micro_batch_size": 2, "epochs": 2}, sort_by_length=sort)
+        results[sort] = train_policy(view, "shared", init_dir, tmp_path / f"sort{sort}", cfg)
+        steps[sort] = [list(step) for step in seen]
+    assert len(steps[True]) == len(steps[False]) == 4
+    for plain, sorted_ in zip(steps[False], steps[True]):
+        assert sorted(sum(plain, [])) == sorted(sum(sorted_, []))  # the same rows in the step
+        order = [lengths[s] for mb in sorted_ for s in mb]
+        assert order == sorted(order, reverse=True)
+    assert {tuple(sorted(sum(s, []))) for s in steps[True][:2]} != {tuple(sorted(sum(s, []))) for s in steps[True][2:]}  # epochs reshuffle
+    assert results[True].padding_fraction < results[False].padding_fraction
+    assert results[True].mean_loss == pytest.approx(results[False].mean_loss, rel=1e-4)

@@ -7,7 +7,9 @@ only module importing vllm) or transformers `generate` (`engines/hf.py`).
     sampler.load_checkpoint(next_round_dir)            # between rounds
 
 Both engines check a call's arguments with `check_generate_args` (`engines/config.py`), so a bad
-call raises the same `ConfigError` whichever engine runs.
+call raises the same `ConfigError` whichever engine runs. Both load a model in the dtype
+`EngineConfig.dtype` resolves to for it (`resolve_dtype`: "auto" is bfloat16 on a GPU and, for
+models of 20M parameters or more, on a CPU with native bf16; float32 otherwise).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from pathlib import Path
 from pipeline.errors import ConfigError
 from pipeline.types import Sample, Sampler
 
-from .config import EngineConfig, check_generate_args
+from .config import EngineConfig, check_generate_args, cpu_has_bf16, resolve_dtype
 
-__all__ = ["EngineConfig", "Sampler", "Sample", "make_sampler", "check_generate_args", "vllm_available", "ENGINES"]
+__all__ = ["EngineConfig", "Sampler", "Sample", "make_sampler", "check_generate_args", "vllm_available", "ENGINES", "resolve_dtype", "cpu_has_bf16"]
 
 ENGINES = ("auto", "vllm", "hf")
 

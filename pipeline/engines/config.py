@@ -3,14 +3,129 @@ engines run before sampling."""
 
 from __future__ import annotations
 
+import json
+import platform
+import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Sequence
 
 from pipeline.errors import ConfigError
 
-__all__ = ["EngineConfig", "check_generate_args", "sample_seeds"]
+__all__ = [
+    "EngineConfig",
+    "check_generate_args",
+    "sample_seeds",
+    "BF16_MIN_PARAMETERS",
+    "BF16_CPU_FLAGS",
+    "cpuinfo_has_bf16",
+    "cpu_has_bf16",
+    "resolve_dtype",
+    "model_parameters",
+]
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+"""/proc/cpuinfo flags of an x86 CPU that computes bfloat16 natively (AVX512-BF16 dot products,
+AMX tiles). Without them oneDNN still runs bf16, but emulated, slower than float32."""
+
+BF16_MIN_PARAMETERS = 20_000_000
+"""`dtype="auto"` on a CPU with native bf16 picks bfloat16 only for models of at least this many
+parameters; smaller ones keep float32. Not for speed: `benchmarks/dtype.py` on the 2-core
+AVX512-BF16 machine (loaded by other runs) measured bf16 / float32 speed of 1.1-1.3x (generate)
+and 1.3-1.65x (train step) on the 1.1M-parameter default model, 1.5x on a 28M model and 2.0x on
+SmolLM2-135M's shape (generate and train alike). But bf16 moves the default model's sampled logprobs off the
+trainer's from 4e-7 to 6e-3 per token (max 0.11), which every fp32 result and agreement check of
+the default model rests on, for a 1.1-1.65x gain. Real models, where bf16 halves the time, start
+above the threshold (SmolLM2-135M is the smallest the project runs); everything
+built in the project (default 1.1M, grid, test models) is below it. 0 = bf16 for every model."""
+
+
+def cpuinfo_has_bf16(text: str) -> bool:
+    """Whether /proc/cpuinfo `text` lists a native-bf16 flag (`BF16_CPU_FLAGS`) on its CPUs' flags lines."""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags" and any(f in value.split() for f in BF16_CPU_FLAGS):
+            return True
+    return False
+
+
+def _read_cpuinfo() -> str | None:
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _torch_cpu_bf16() -> bool:
+    """torch's own check: its oneDNN (mkldnn) build runs bf16 on this CPU (true on any AVX512
+    CPU, emulated or not, so it is necessary but not sufficient)."""
+    import torch
+
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively: a Linux x86 CPU whose /proc/cpuinfo flags hold
+    avx512_bf16 or amx_bf16, and torch's oneDNN able to use bf16. False elsewhere (other
+    systems and architectures are not detected, so they keep float32)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    text = _read_cpuinfo()
+    return text is not None and cpuinfo_has_bf16(text) and _torch_cpu_bf16()
+
+
+def resolve_dtype(dtype: str, n_params: int | None = None, *, cuda: bool | None = None, cpu_bf16: bool | None = None) -> str:
+    """`dtype` with "auto" decided: "bfloat16" on a CUDA GPU; on a CPU, "bfloat16" when it has
+    native bf16 (`cpu_has_bf16`) and the model has at least `BF16_MIN_PARAMETERS` parameters
+    (`n_params`; None = unknown, decided by the hardware alone), else "float32". `cuda` and
+    `cpu_bf16` override the detection (None: detect)."""
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    if dtype != "auto":
+        return dtype
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if cuda:
+        return "bfloat16"
+    if n_params is not None and n_params < BF16_MIN_PARAMETERS:
+        return "float32"
+    if cpu_bf16 is None:
+        cpu_bf16 = cpu_has_bf16()
+    return "bfloat16" if cpu_bf16 else "float32"
+
+
+def model_parameters(model_dir: str | Path) -> int | None:
+    """Parameters of the model in `model_dir`, read from its safetensors headers without loading
+    it (a LoRA checkpoint counts its base model); None when it has no readable safetensors."""
+    from pipeline.models import adapter_base
+
+    model_dir = Path(model_dir)
+    base = adapter_base(model_dir) if (model_dir / "adapter_config.json").is_file() else None
+    files = sorted(Path(base or model_dir).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    try:
+        for f in files:
+            with open(f, "rb") as fh:
+                (size,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(size))
+            for name, info in header.items():
+                if name != "__metadata__":
+                    n = 1
+                    for d in info["shape"]:
+                        n *= int(d)
+                    total += n
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+    return total
 
 
 @dataclass(frozen=True)
@@ -20,9 +135,10 @@ class EngineConfig:
     Parameters of both engines."""
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Weights and activations. "auto": bfloat16 on a CUDA GPU (where the trainer also runs in
-    bf16 autocast), float32 on a CPU, which keeps sampled logprobs equal to the trainer's to
-    ~1e-5 (`resolved_dtype`)."""
+    """Weights and activations. "auto" (`resolve_dtype`): bfloat16 on a CUDA GPU, and on a CPU
+    with native bf16 (AVX512-BF16 or AMX) for models of at least `BF16_MIN_PARAMETERS`
+    parameters (the trainer then runs in bf16 autocast too); float32 elsewhere, and always for
+    the tiny default model, which keeps sampled logprobs equal to the trainer's to ~1e-5."""
     threads: int | None = None
     """CPU threads for torch (None: leave torch's setting; vLLM binds to `cpu_cores`)."""
     # Parameters of the transformers engine.
@@ -90,18 +206,14 @@ class EngineConfig:
         if self.swap not in ("reload", "rebuild"):
             raise ConfigError(f"engine.swap must be 'reload' or 'rebuild', got {self.swap!r}")
 
-    def resolved_dtype(self) -> str:
-        """`dtype` with "auto" decided: "bfloat16" when torch sees a CUDA GPU, else "float32"."""
-        if self.dtype != "auto":
-            return self.dtype
+    def resolved_dtype(self, n_params: int | None = None) -> str:
+        """`dtype` with "auto" decided for a model of `n_params` parameters (`resolve_dtype`)."""
+        return resolve_dtype(self.dtype, n_params)
+
+    def torch_dtype(self, n_params: int | None = None):
         import torch
 
-        return "bfloat16" if torch.cuda.is_available() else "float32"
-
-    def torch_dtype(self):
-        import torch
-
-        return getattr(torch, self.resolved_dtype())
+        return getattr(torch, self.resolved_dtype(n_params))
 
 
 def check_generate_args(prompt_ids: Sequence[Sequence[int]], n: int, temperature: float, max_tokens: int) -> list[list[int]]:

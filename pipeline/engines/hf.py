@@ -16,7 +16,7 @@ from typing import Sequence
 
 from pipeline.types import Sample
 
-from .config import EngineConfig, check_generate_args, sample_seeds
+from .config import EngineConfig, check_generate_args, model_parameters, sample_seeds
 
 __all__ = ["HFSampler"]
 
@@ -44,7 +44,9 @@ class HFSampler:
         model_dir = Path(model_dir)
         # the checkpoint's own tokenizer (another model may bring another vocabulary and EOS)
         self.tokenizer = load_tokenizer(model_dir)
-        self.model = load_model(model_dir, dtype=self.config.torch_dtype())
+        # "auto": bf16 for a real model on a CPU with native bf16, float32 for the tiny default
+        self.dtype = self.config.resolved_dtype(model_parameters(model_dir))
+        self.model = load_model(model_dir, dtype=getattr(self._torch, self.dtype))
         self.model.eval()
         self.model_dir = model_dir
         self._version = weights_hash(model_dir)

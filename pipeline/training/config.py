@@ -242,8 +242,14 @@ class TrainConfig:
     """Log metrics every this many optimizer steps."""
     lora: LoraSettings | None = None
     """Train LoRA adapters instead of all weights (None = full fine-tuning)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Precision of the forward and backward passes. "bfloat16": bf16 autocast (weights, gradients
+    and optimizer state stay float32; the logprobs and the loss are float32). "auto"
+    (`pipeline.engines.config.resolve_dtype`): bfloat16 on a CUDA GPU, and on a CPU with native
+    bf16 (AVX512-BF16 or AMX) for models of at least `BF16_MIN_PARAMETERS` parameters; float32
+    elsewhere and for the tiny default model. The checkpoint's meta records the resolved value."""
     bf16: bool | None = None
-    """bf16 autocast; None = on when a CUDA GPU is used, off (fp32) on CPU."""
+    """Overrides `dtype` when set: True = "bfloat16", False = "float32" (None: follow `dtype`)."""
     num_threads: int | None = None
     """CPU threads for torch (None = the cores this process may use); oversubscribing a small
     machine makes every thread crawl."""
@@ -274,6 +280,18 @@ class TrainConfig:
     with GSM8K rows of ~700 tokens, 8 rows in one micro-batch peaked at 4.8 GB of training
     (`benchmarks`-style probe, README), 2 rows at 3.6 GB. The tiny default model never reaches
     it. 0 = no budget."""
+    sort_by_length: bool = True
+    """Order the rows of each minibatch by length (and the rows `skip_zero_rows` leaves out last)
+    before they are cut into micro-batches, so a micro-batch pads its rows to similar lengths.
+    The minibatch (its rows, its loss's denominator, its gradient) is the one the shuffle drew;
+    only which of its rows share a forward pass changes."""
+    skip_zero_rows: bool = True
+    """Leave out of the forward and backward passes the rows whose loss is exactly 0 whatever the
+    policy: under "ppo" / "is" / "exit" those whose weighted advantage A w (A after
+    `negative_weight`) is 0, unless the KL term (beta > 0) or the NLL of `sft_strategies` needs
+    them; under "rs" those below the reward threshold (and those of weight 0 without a KL term).
+    The minibatch's denominator still counts them, so the update is the same; the run counts
+    them (`TrainResult.rows_skipped`)."""
 
     def __post_init__(self) -> None:
         _finite_positive("TrainConfig.lr", self.lr)
@@ -307,6 +325,10 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.activation_mb must be a number >= 0, got {self.activation_mb!r}")
         if self.micro_batch_tokens is not None and (not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1):
             raise ConfigError(f"TrainConfig.micro_batch_tokens must be an integer >= 1 or None, got {self.micro_batch_tokens!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(f"TrainConfig.dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.bf16 is not None and not isinstance(self.bf16, bool):
+            raise ConfigError(f"TrainConfig.bf16 must be True, False or None, got {self.bf16!r}")
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError(f"TrainConfig.max_length must be >= 2 or None, got {self.max_length}")
 

@@ -14,8 +14,13 @@ hashed), `load_policy_model` + `add_lora` + `load_reference` (the models), `trai
 `TrainerRun`), `checkpoint_meta` + `save_checkpoint` (the checkpoint folder), `train_result`.
 
 The loop is a `transformers.Trainer` subclass (`MaxitTrainer`) whose `compute_loss` calls loss.py:
-the Trainer brings the optimizer, schedule, gradient accumulation, bf16 autocast, accelerate
-(multi-GPU/FSDP) and `report_to` logging. From TRL the trainer takes `selective_log_softmax` (the
+the Trainer brings the optimizer, schedule, gradient accumulation, accelerate (multi-GPU/FSDP)
+and `report_to` logging. maxit adds: bf16 autocast of the forward passes where the run's
+precision is bfloat16 (`train_dtype`: "auto" picks it on a GPU and for real models on a CPU
+with native bf16; weights, optimizer and loss stay float32), rows whose loss is exactly 0 left
+out of the forward pass (`trainable_rows`; the minibatch's denominator still counts them), and
+each minibatch's rows ordered by length before it is cut into micro-batches
+(`MinibatchSortedSampler`: the same minibatches, less padding). From TRL the trainer takes `selective_log_softmax` (the
 log-softmax at the chosen tokens only, row by row, never the whole log-softmax over the
 vocabulary). TRL's trainers are not subclassed: `SFTTrainer` has no per-row sample weights, and
 `GRPOTrainer` generates its own completions and its `_compute_loss` has no sample weights,
@@ -43,9 +48,11 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
+from torch.utils.data import RandomSampler, Sampler
 from transformers import PrinterCallback, Trainer, TrainingArguments
 from trl.trainer.utils import selective_log_softmax
 
+from pipeline.engines.config import resolve_dtype
 from pipeline.errors import ConfigError, DataError
 from pipeline.models import adapter_base
 from pipeline.store import atomic_dir, atomic_write_text, jsonable
@@ -60,6 +67,11 @@ __all__ = [
     "PolicyRows",
     "TrainerRun",
     "collate",
+    "select_rows",
+    "trainable_rows",
+    "MinibatchSortedSampler",
+    "padding_fraction",
+    "train_dtype",
     "completion_logps",
     "batch_loss",
     "minibatch_count",
@@ -150,6 +162,13 @@ class TrainResult:
     """Ratio diagnostics of the first optimizer step's micro-batches, before any weight changed:
     the mean log ratio there is ~0 on rows whose context was kept, unless sampling and training
     disagree (temperature, template, numerics)."""
+    rows_skipped: int = 0
+    """Row visits left out of the forward and backward passes because their loss is exactly 0
+    (`TrainConfig.skip_zero_rows`), over all epochs; the diagnostics do not count them."""
+    padding_fraction: float = 0.0
+    """Share of the token positions of the forward passes that were padding."""
+    dtype: str = "float32"
+    """Precision training ran in ("bfloat16": bf16 autocast over float32 weights)."""
 
 
 def set_threads(n: int | None = None) -> int:
@@ -213,6 +232,125 @@ def collate(rows: Sequence[Mapping[str, Any]], pad_token_id: int = 0) -> dict[st
     }
 
 
+_PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
+_COMPLETION_FIELDS = ("completion_ids", "completion_mask", "sampling_logprobs", "old_logp")
+
+
+def select_rows(batch: Mapping[str, Any], index: Sequence[int]) -> dict[str, Any]:
+    """The rows `index` of a `collate`d batch, as `collate` batches those rows alone: every
+    per-row field taken at them, and the padding no kept row needs trimmed (the prompts' left
+    columns, the completions' right columns)."""
+    index = [int(i) for i in index]
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value[torch.as_tensor(index, dtype=torch.long, device=value.device)]
+        else:
+            out[key] = [value[i] for i in index]
+    p_len = int(out["prompt_mask"].sum(1).max()) if index else 0
+    c_len = int(out["completion_mask"].sum(1).max()) if index else 0
+    for key in _PROMPT_FIELDS:
+        if key in out:
+            out[key] = out[key][:, out[key].shape[1] - p_len :]
+    for key in _COMPLETION_FIELDS:
+        if key in out:
+            out[key] = out[key][:, :c_len]
+    return out
+
+
+def _is_nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def trainable_rows(
+    advantage: Sequence[float], sample_weight: Sequence[float], reward: Sequence[float | None], strategy: Sequence[str], loss: LossConfig
+) -> list[bool]:
+    """Per row, whether its loss under `loss` can be nonzero (False: the loss and its gradient are
+    exactly 0 whatever the policy, so the row need not be forwarded; it still counts in its
+    minibatch's denominator). "ppo" / "is" / "exit": False when the weighted advantage A w is 0 (A
+    after `negative_weight`: with 0, every negative row), unless the KL term (beta > 0) or the NLL
+    of `sft_strategies` trains the row. "rs": False below the reward threshold (or without a
+    reward), and at weight 0 without a KL term."""
+    out = []
+    for a, w, r, st in zip(advantage, sample_weight, reward, strategy):
+        a, w = float(a), float(w)
+        if loss.kind == "rs":
+            passed = not _is_nan(r) and float(r) >= loss.rs_threshold
+            out.append(passed and (w != 0.0 or loss.beta > 0))
+        elif loss.beta > 0 or st in loss.sft_strategies:
+            out.append(True)
+        else:
+            a = a * loss.negative_weight if a < 0 else a
+            out.append(a * w != 0.0)  # NaN stays trained (and shows in the loss)
+    return out
+
+
+def _table_trainable(table: pa.Table, loss: LossConfig) -> list[bool]:
+    reward = table.column("reward").to_pylist() if "reward" in table.column_names else [None] * table.num_rows
+    return trainable_rows(
+        table.column("advantage").to_pylist(), table.column("sample_weight").to_pylist(), reward, table.column("strategy").to_pylist(), loss
+    )
+
+
+def _table_lengths(table: pa.Table) -> list[tuple[int, int]]:
+    """(prompt tokens, completion tokens) of every row of a view table."""
+    return list(
+        zip(pc.list_value_length(table.column("train_prompt_ids")).to_pylist(), pc.list_value_length(table.column("completion_ids")).to_pylist())
+    )
+
+
+class MinibatchSortedSampler(Sampler[int]):
+    """The rows in `inner`'s order (the Trainer's seeded shuffle), cut into minibatches of
+    `minibatch_size` rows, each reordered by `keys[row]` (ascending, stable) before the
+    DataLoader cuts it into micro-batches. Every minibatch holds the rows it held under `inner`,
+    so the optimizer steps (their rows, denominators and gradients) are the same; rows of similar
+    length share a micro-batch, so less of it is padding. `set_epoch` reaches `inner`."""
+
+    def __init__(self, inner: Sampler[int], keys: Sequence[Any], minibatch_size: int):
+        self.inner = inner
+        self.keys = list(keys)
+        self.minibatch_size = int(minibatch_size)
+
+    def __iter__(self):
+        order = list(self.inner)
+        for start in range(0, len(order), self.minibatch_size):
+            yield from sorted(order[start : start + self.minibatch_size], key=self.keys.__getitem__)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+
+def row_sort_keys(lengths: Sequence[tuple[int, int]], trainable: Sequence[bool] | None = None) -> list[tuple]:
+    """The `MinibatchSortedSampler` key of each row: the rows to train first (those
+    `trainable_rows` leaves out gather in the last micro-batches), then the longest (prompt +
+    completion) first, ties by completion length."""
+    trainable = [True] * len(lengths) if trainable is None else trainable
+    return [(not t, -(p + c), -c) for (p, c), t in zip(lengths, trainable)]
+
+
+def padding_fraction(lengths: Sequence[tuple[int, int]], order: Sequence[int], micro_batch_size: int) -> float:
+    """Share of padding in the micro-batches of `micro_batch_size` rows taken in `order` from rows
+    of (prompt, completion) `lengths`, batched as `collate` pads them (prompts to the longest
+    prompt, completions to the longest completion)."""
+    real = padded = 0
+    for start in range(0, len(order), micro_batch_size):
+        rows = [lengths[i] for i in order[start : start + micro_batch_size]]
+        real += sum(p + c for p, c in rows)
+        padded += len(rows) * (max(p for p, _ in rows) + max(c for _, c in rows))
+    return 1.0 - real / padded if padded else 0.0
+
+
+def _precision(dtype: torch.dtype | None, device: torch.device):
+    """bf16 autocast on `device` when `dtype` is bfloat16 (float32 weights, bf16 matmuls), else nothing."""
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
 def logit_elements(mb: float) -> int | None:
     """`TrainConfig.logits_chunk_mb` as a count of float32 logits (None: no budget)."""
     return int(mb * 2**20 / 4) if mb > 0 else None
@@ -273,17 +411,23 @@ def batch_loss(
     ref_model=None,
     denominator: float | None = None,
     max_logit_elements: int | None = None,
+    autocast_dtype: torch.dtype | None = None,
 ):
     """The loss.py loss of one collated batch under `model` (a `LossOutput`). `denominator`: the
     aggregation count of the whole minibatch the batch belongs to (`minibatch_count`);
-    `max_logit_elements`: see `completion_logps`."""
-    logp = completion_logps(model, batch, temperature, max_logit_elements)
-    ref_logp = None
-    if loss_config.beta > 0:
-        if ref_model is None:
-            raise ValueError("LossConfig.beta > 0 needs a reference model")
-        with torch.no_grad():
-            ref_logp = completion_logps(ref_model, batch, temperature, max_logit_elements)
+    `max_logit_elements`: see `completion_logps`; `autocast_dtype` torch.bfloat16: the forward
+    passes run under bf16 autocast, the logprobs and the loss stay float32."""
+    device = batch["prompt_ids"].device
+    with _precision(autocast_dtype, device):
+        logp = completion_logps(model, batch, temperature, max_logit_elements)
+        ref_logp = None
+        if loss_config.beta > 0:
+            if ref_model is None:
+                raise ValueError("LossConfig.beta > 0 needs a reference model")
+            with torch.no_grad():
+                ref_logp = completion_logps(ref_model, batch, temperature, max_logit_elements).float()
+    # the ratios, clip and aggregation in float32, whatever precision the forward ran in
+    logp = logp.float()
     return compute_loss(
         LossBatch(
             logp=logp,
@@ -321,40 +465,101 @@ def minibatch_count(batches: Sequence[Mapping[str, Any]], loss_config: LossConfi
 
 
 class MaxitTrainer(Trainer):
-    """`transformers.Trainer` whose loss is `pipeline.training.loss.compute_loss` on view rows."""
+    """`transformers.Trainer` whose loss is `pipeline.training.loss.compute_loss` on view rows.
+
+    `autocast_dtype` torch.bfloat16: forward passes under bf16 autocast. `skip_zero_rows`: rows
+    whose loss is exactly 0 (`trainable_rows`) are left out of each micro-batch's forward pass
+    (the minibatch's denominator, counted on all its rows, is unchanged). `sort_keys`: one key per
+    row of the dataset; each minibatch's rows are ordered by it before they are cut into
+    micro-batches (`MinibatchSortedSampler`)."""
 
     # compute_loss divides by the whole minibatch's count (`minibatch_count`): each micro-batch's
     # loss is its share of one token mean, so the Trainer must not divide by the accumulation steps
     loss_is_scaled_for_ga = True
 
-    def __init__(self, *args, loss_config: LossConfig, temperature: float, ref_model=None, max_logit_elements: int | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        loss_config: LossConfig,
+        temperature: float,
+        ref_model=None,
+        max_logit_elements: int | None = None,
+        autocast_dtype: torch.dtype | None = None,
+        skip_zero_rows: bool = False,
+        sort_keys: Sequence[Any] | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.loss_config = loss_config
         self.max_logit_elements = max_logit_elements
         self.temperature = temperature
         self.ref_model = ref_model
+        self.autocast_dtype = autocast_dtype
+        self.skip_zero_rows = skip_zero_rows
+        self.sort_keys = sort_keys
         self.run_diagnostics = LossDiagnostics()
         self.first_step_diagnostics = LossDiagnostics()
         self._log_diagnostics = LossDiagnostics()
         self.completion_tokens = 0
         self.rows_seen: dict[str, int] = {}
+        self.rows_skipped = 0
+        self.real_positions = 0
+        self.padded_positions = 0
         self.loss_sum = 0.0
         self.loss_count = 0
+
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        if self.sort_keys is None or type(sampler) is not RandomSampler or self.args.world_size > 1:
+            return sampler
+        if self.args.accelerator_config.use_seedable_sampler:
+            # the shuffle accelerate would have put in its place (`prepare_data_loader`), so the
+            # minibatches hold the rows they hold unsorted
+            from accelerate.data_loader import SeedableRandomSampler
+
+            sampler = SeedableRandomSampler(
+                data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
+                generator=sampler.generator, data_seed=self.args.data_seed,
+            )
+        return MinibatchSortedSampler(sampler, self.sort_keys, self.args.train_batch_size * self.args.gradient_accumulation_steps)
 
     def _get_num_items_in_batch(self, batch_samples, device):
         return minibatch_count(batch_samples, self.loss_config)
 
+    def _rows_to_train(self, inputs) -> tuple[Mapping[str, Any], bool]:
+        """(the micro-batch to forward, whether it is only a stand-in of rows whose loss is 0)."""
+        keep = trainable_rows(inputs["advantages"].tolist(), inputs["sample_weight"].tolist(), inputs["reward"].tolist(), inputs["strategy"], self.loss_config)
+        skipped = len(keep) - sum(keep)
+        if not skipped:
+            return inputs, False
+        self.rows_skipped += skipped
+        index = [i for i, k in enumerate(keep) if k]
+        if index:
+            return select_rows(inputs, index), False
+        # no row here can move the weights: the shortest one alone is forwarded (its gradient is
+        # exactly 0), so the backward pass and the gradients it fills exist as they did before
+        lengths = inputs["prompt_mask"].sum(1) + inputs["completion_mask"].sum(1)
+        return select_rows(inputs, [int(lengths.argmin())]), True
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         denominator = None if num_items_in_batch is None else float(num_items_in_batch)
+        batch, stand_in = inputs, False
+        if self.skip_zero_rows and model.training:
+            batch, stand_in = self._rows_to_train(inputs)
         out = batch_loss(
-            model, inputs, self.loss_config, self.temperature, self.ref_model, denominator=denominator, max_logit_elements=self.max_logit_elements
+            model, batch, self.loss_config, self.temperature, self.ref_model, denominator=denominator,
+            max_logit_elements=self.max_logit_elements, autocast_dtype=self.autocast_dtype,
         )
         if model.training:
-            if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
-                self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
-            self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
-            self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
+            if not stand_in:
+                if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
+                    self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
+                self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
+                self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
             self.completion_tokens += int(inputs["completion_mask"].sum().item())
+            b = batch["prompt_ids"].shape[0]
+            self.real_positions += int(batch["prompt_mask"].sum().item() + batch["completion_mask"].sum().item())
+            self.padded_positions += b * (batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1])
             for sid in inputs["step_id"]:
                 self.rows_seen[sid] = self.rows_seen.get(sid, 0) + 1
             self.loss_sum += float(out.loss.detach())
@@ -477,8 +682,12 @@ def sized_for(config: TrainConfig, table: pa.Table, model) -> TrainConfig:
     """`config` with its memory settings resolved for these rows and this model: the micro-batch
     size under `micro_batch_tokens` and `activation_mb` (the largest divisor of `minibatch_size`
     whose rows x longest row fit both budgets) and automatic gradient checkpointing (None: on above
-    `CHECKPOINTING_PARAMETERS` parameters). The checkpoint's meta records the resolved values."""
+    `CHECKPOINTING_PARAMETERS` parameters) and precision (`train_dtype`: "auto" decided for this
+    model, `bf16` folded in). The checkpoint's meta records the resolved values."""
     changes: dict[str, Any] = {}
+    dtype = train_dtype(config, model)
+    if dtype != config.dtype:
+        changes["dtype"] = dtype
     if table.num_rows:
         lengths = pc.add(pc.list_value_length(table.column("train_prompt_ids")), pc.list_value_length(table.column("completion_ids")))
         longest = max(1, pc.max(lengths).as_py())
@@ -495,6 +704,21 @@ def sized_for(config: TrainConfig, table: pa.Table, model) -> TrainConfig:
         n_params = sum(p.numel() for p in model.parameters())
         changes["gradient_checkpointing"] = n_params > CHECKPOINTING_PARAMETERS
     return replace(config, **changes) if changes else config
+
+
+def train_dtype(config: TrainConfig, model=None, *, cuda: bool | None = None) -> str:
+    """The precision a run under `config` trains `model` in: "bfloat16" (bf16 autocast over
+    float32 weights) or "float32". `config.bf16` wins when set; else `config.dtype`, "auto"
+    decided by `pipeline.engines.config.resolve_dtype` for `model`'s parameter count (None: by the
+    hardware alone); `cuda`: whether training runs on a CUDA GPU (None: detect)."""
+    if config.bf16 is not None:
+        return "bfloat16" if config.bf16 else "float32"
+    n_params = sum(p.numel() for p in model.parameters()) if model is not None else None
+    return resolve_dtype(config.dtype, n_params, cuda=cuda)
+
+
+def _autocast_dtype(dtype: str) -> torch.dtype | None:
+    return torch.bfloat16 if dtype == "bfloat16" else None
 
 
 def load_policy_model(init_dir: Path, lora: LoraSettings | None = None):
@@ -551,18 +775,26 @@ def _pad_id(tokenizer) -> int:
 def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) -> pa.Table:
     """`table` with an `old_logprobs` column: log p_old of every completion token under the
     training context, from `model` as it is before the update (the proximal anchor of decoupled
-    PPO), computed without gradients in micro-batches of `config.micro_batch_size`."""
+    PPO), computed without gradients in micro-batches of `config.micro_batch_size`, in the
+    precision training runs in (`train_dtype`). With `config.skip_zero_rows`, rows whose loss is
+    0 (`trainable_rows`) are not forwarded: their anchor, never used, is their sampling logprobs."""
     rows = table.select(["step_id", "train_prompt_ids", "completion_ids", "sampling_logprobs", "advantage", "sample_weight", "strategy", "agent_id"]).to_pylist()
+    trainable = _table_trainable(table, config.loss) if config.skip_zero_rows else [True] * len(rows)
+    out: list[list[float]] = [list(r["sampling_logprobs"]) for r in rows]
+    todo = [i for i, t in enumerate(trainable) if t]
+    autocast = _autocast_dtype(train_dtype(config, model))
     was_training = model.training
     model.eval()
-    out: list[list[float]] = []
     try:
         with torch.no_grad():
-            for i in range(0, len(rows), config.micro_batch_size):
-                chunk = rows[i : i + config.micro_batch_size]
-                batch = collate(chunk, pad_id)
-                logp = completion_logps(model, batch, config.temperature, logit_elements(config.logits_chunk_mb))
-                out.extend(logp[j, : len(r["completion_ids"])].tolist() for j, r in enumerate(chunk))
+            for i in range(0, len(todo), config.micro_batch_size):
+                chunk = todo[i : i + config.micro_batch_size]
+                batch = collate([rows[j] for j in chunk], pad_id)
+                with _precision(autocast, batch["prompt_ids"].device):
+                    logp = completion_logps(model, batch, config.temperature, logit_elements(config.logits_chunk_mb))
+                logp = logp.float()
+                for k, j in enumerate(chunk):
+                    out[j] = logp[k, : len(rows[j]["completion_ids"])].tolist()
     finally:
         model.train(was_training)
     return table.append_column("old_logprobs", pa.array(out, type=pa.list_(pa.float32())))
@@ -570,7 +802,8 @@ def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) 
 
 def training_arguments(config: TrainConfig, output_dir: str | Path, *, use_cuda: bool) -> TrainingArguments:
     """The `transformers.TrainingArguments` of a run under `config`, logging to `output_dir`:
-    no intermediate checkpoints, no stdout progress, bf16 when `config.bf16` (default: on CUDA)."""
+    no intermediate checkpoints, no stdout progress; accelerate's bf16 on a CUDA GPU when the run
+    trains in bf16 (`train_dtype`; on a CPU the trainer's own autocast does it, `MaxitTrainer`)."""
     return TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=config.micro_batch_size,
@@ -587,7 +820,7 @@ def training_arguments(config: TrainConfig, output_dir: str | Path, *, use_cuda:
         seed=config.seed,
         data_seed=config.seed,
         use_cpu=not use_cuda,
-        bf16=config.bf16 if config.bf16 is not None else use_cuda,
+        bf16=use_cuda and train_dtype(config, cuda=use_cuda) == "bfloat16",
         remove_unused_columns=False,
         gradient_checkpointing=bool(config.gradient_checkpointing),
         # non-reentrant: works when the inputs need no gradient (frozen embeddings under LoRA)
@@ -625,6 +858,12 @@ class TrainerRun:
     """Ratio diagnostics over every micro-batch of the run."""
     first_step_diagnostics: LossDiagnostics = field(default_factory=LossDiagnostics)
     """Ratio diagnostics of the first optimizer step's micro-batches (see `TrainResult`)."""
+    rows_skipped: int = 0
+    """Row visits left out of the forward passes (`TrainResult.rows_skipped`)."""
+    padding_fraction: float = 0.0
+    """Share of the forward passes' token positions that were padding."""
+    dtype: str = "float32"
+    """Precision of the run (`train_dtype`)."""
 
 
 def run_trainer(
@@ -639,12 +878,20 @@ def run_trainer(
     ref_model=None,
     callbacks: Sequence[Any] = (),
     max_logit_elements: int | None = None,
+    dtype: str = "float32",
+    skip_zero_rows: bool = False,
+    sort_by_length: bool = False,
 ) -> TrainerRun:
     """Train `model` on the rows of `table` with a `MaxitTrainer` under `args`, the loss of
     `loss_config` at `temperature` (and `ref_model` for its KL term); `callbacks` are
-    `transformers.TrainerCallback`s added to the run; `max_logit_elements`: see `completion_logps`."""
+    `transformers.TrainerCallback`s added to the run; `max_logit_elements`: see `completion_logps`;
+    `dtype` "bfloat16": forward passes under bf16 autocast; `skip_zero_rows`, `sort_by_length`:
+    see `TrainConfig`."""
     if ref_model is not None and not args.use_cpu:
         ref_model = ref_model.to(args.device)
+    sort_keys = None
+    if sort_by_length:
+        sort_keys = row_sort_keys(_table_lengths(table), _table_trainable(table, loss_config) if skip_zero_rows else None)
     trainer = MaxitTrainer(
         model=model,
         args=args,
@@ -656,6 +903,9 @@ def run_trainer(
         temperature=temperature,
         ref_model=ref_model,
         max_logit_elements=max_logit_elements,
+        autocast_dtype=_autocast_dtype(dtype),
+        skip_zero_rows=skip_zero_rows,
+        sort_keys=sort_keys,
     )
     trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
     # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
@@ -678,6 +928,9 @@ def run_trainer(
         rows_seen=trainer.rows_seen,
         diagnostics=trainer.run_diagnostics,
         first_step_diagnostics=trainer.first_step_diagnostics,
+        rows_skipped=trainer.rows_skipped,
+        padding_fraction=1.0 - trainer.real_positions / trainer.padded_positions if trainer.padded_positions else 0.0,
+        dtype=dtype,
     )
 
 
@@ -697,6 +950,9 @@ def checkpoint_metrics(run: TrainerRun, n_dropped_too_long: int) -> dict[str, fl
         "completion_tokens": float(run.completion_tokens),
         "tokens_per_second": run.tokens_per_second,
         "n_dropped_too_long": float(n_dropped_too_long),
+        "rows_skipped": float(run.rows_skipped),
+        "padding_fraction": run.padding_fraction,
+        "bf16": float(run.dtype == "bfloat16"),
         **run.diagnostics.as_metrics(),
     }
 
@@ -749,6 +1005,9 @@ def train_result(policy_id: str, init_dir: Path, out_dir: Path, rows: PolicyRows
         max_row_visits=visits[1],
         diagnostics=run.diagnostics,
         first_step_diagnostics=run.first_step_diagnostics,
+        rows_skipped=run.rows_skipped,
+        padding_fraction=run.padding_fraction,
+        dtype=run.dtype,
     )
 
 
@@ -781,13 +1040,17 @@ def train_policy(
     if config.loss.anchor == "proximal" and config.loss.kind != "rs" and table.num_rows:
         table = with_old_logprobs(model, table, config, pad_id)
     with atomic_dir(out_dir) as tmp:
-        run = TrainerRun(model=model)
+        run = TrainerRun(model=model, dtype=config.dtype)
         if table.num_rows:
             args = training_arguments(config, tmp / "logs", use_cuda=torch.cuda.is_available())
+            log.info("policy %s: training %d rows in %s", policy_id, table.num_rows, config.dtype)
             run = run_trainer(
                 model, tokenizer, table, args, config.loss, config.temperature, pad_id=pad_id, ref_model=ref_model, callbacks=callbacks,
-                max_logit_elements=logit_elements(config.logits_chunk_mb),
+                max_logit_elements=logit_elements(config.logits_chunk_mb), dtype=config.dtype,
+                skip_zero_rows=config.skip_zero_rows, sort_by_length=config.sort_by_length,
             )
+            if run.rows_skipped:
+                log.info("policy %s: %d row visits skipped (loss exactly 0); padding %.1f%%", policy_id, run.rows_skipped, 100 * run.padding_fraction)
         visits = visit_range(table.column("step_id").to_pylist(), run.rows_seen)
         if visits[0] != visits[1]:
             log.warning("policy %s: rows were trained on unevenly (%d to %d times)", policy_id, *visits)
