@@ -220,7 +220,8 @@ class RoundContext:
     def __post_init__(self) -> None:
         self.store = Path(self.store)
         if self.engines is None:
-            self.engines = EnginePool(self.config.engine)
+            dtype = getattr(self.config.train, "dtype", "auto")  # an explicit --dtype reaches the engines too
+            self.engines = EnginePool(self.config.engine, {"dtype": dtype} if dtype != "auto" else None)
         if self.registry is None:
             self.registry = PolicyRegistry(self.store)
 

@@ -278,7 +278,7 @@ class TrainConfig:
     num_hidden_layers x 4 x 4 bytes per token: SmolLM2-135M 276 KB a token, the tiny default
     model 8 KB). The micro-batch is also cut to fit it, like `micro_batch_tokens`: on SmolLM2-135M
     with GSM8K rows of ~700 tokens, 8 rows in one micro-batch peaked at 4.8 GB of training
-    (`benchmarks`-style probe, README), 2 rows at 3.6 GB. The tiny default model never reaches
+    (`benchmarks`-style probe, docs/results/benchmarks.md), 2 rows at 3.6 GB. The tiny default model never reaches
     it. 0 = no budget."""
     sort_by_length: bool = True
     """Order the rows of each minibatch by length (and the rows `skip_zero_rows` leaves out last)
