@@ -3,7 +3,8 @@
 Built in:
 - `math` (default): DrMAS's Solver and Verifier on a task with a checkable answer;
 - `single`: the Solver alone on the same task (a team of one: GRPO's setting);
-- `grid`: a stateful path-finding game played by a planner and a mover over several turns.
+- `grid`: a stateful path-finding game played by a planner and a mover over several turns;
+- `code`: a Coder writes a Python function, a Tester writes unit tests for it (AT-GRPO's code task).
 
 A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
 (a `Workflow` subclass or a function returning a workflow), or the name of a `maxit.workflows`
@@ -37,10 +38,14 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
         except ImportError:
             return None
         return GridWorkflow
+    if name == "code":
+        from pipeline.workflows.code import CodeWorkflow
+
+        return CodeWorkflow
     return None
 
 
-WORKFLOW_NAMES = ("math", "single", "grid")
+WORKFLOW_NAMES = ("math", "single", "grid", "code")
 
 
 def _import_file(path: str):
