@@ -40,7 +40,7 @@ with transformers `generate` on the LoRA-wrapped model, its default). Wall secon
 whole process from the model folder to the trained adapter (imports, model load, sampling,
 training, saving); maxit's includes its in-run held-out evaluation, cut to 1 problem x 1 sample x
 1 token, minus its last round's evaluation (nothing after it reuses that engine). --out gets one
-JSON line per run's settings, per (seed, system), per seed's ratios and, with several seeds, the
+JSON line per run's settings, per (seed, system), for the ratios of each seed and, with several seeds, the
 means (appended).
 
     .venv/bin/python benchmarks/peer_trl.py                      # 3 rounds x 16 problems x 4 samples, 60 held-out
