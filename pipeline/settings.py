@@ -121,8 +121,8 @@ class Settings:
     # --- the team and the task ------------------------------------------------------------
     workflow: str = _s(
         "math",
-        "the team and its environment (pipeline.workflows): math (Solver + Verifier), single (the Solver alone), grid "
-        "(a planner and a mover in a path-finding game), a module:Name path or a maxit.workflows entry point",
+        "the team and its environment (pipeline.workflows): math (Solver + Verifier), single (the Solver alone), code "
+        "(a Coder and a Tester, sandboxed), a module:Name or file.py:Name path, or a maxit.workflows entry point",
         group="team and task",
         metavar="WORKFLOW",
     )

@@ -3,7 +3,8 @@
 Built in:
 - `math` (default): DrMAS's Solver and Verifier on a task with a checkable answer;
 - `single`: the Solver alone on the same task (a team of one: GRPO's setting);
-- `grid`: a stateful path-finding game played by a planner and a mover over several turns;
+- `grid`: a stateful path-finding game played by a planner and a mover (in progress: not part
+  of this version yet; naming it is a one-line error);
 - `code`: a Coder writes a Python function, a Tester writes unit tests for it (AT-GRPO's code task).
 
 A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
@@ -35,8 +36,10 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
     if name == "grid":
         try:
             from pipeline.workflows.grid import GridWorkflow
-        except ImportError:
-            return None
+        except ModuleNotFoundError as err:
+            if err.name != "pipeline.workflows.grid":
+                raise
+            raise ConfigError("workflow 'grid' is not part of this version yet (no pipeline/workflows/grid.py)") from None
         return GridWorkflow
     if name == "code":
         from pipeline.workflows.code import CodeWorkflow
