@@ -3,8 +3,7 @@
 Built in:
 - `math` (default): DrMAS's Solver and Verifier on a task with a checkable answer;
 - `single`: the Solver alone on the same task (a team of one: GRPO's setting);
-- `grid`: a stateful path-finding game played by a planner and a mover (in progress: not part
-  of this version yet; naming it is a one-line error);
+- `grid`: a stateful path-finding game played by a planner and a mover over several turns;
 - `code`: a Coder writes a Python function, a Tester writes unit tests for it (AT-GRPO's code task).
 
 A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
