@@ -194,14 +194,18 @@ def experiments_table(roots: Sequence[str | Path]) -> pl.DataFrame:
 
 def trajectory_success(steps: pl.LazyFrame) -> pl.LazyFrame:
     """One row per trajectory (round, strategy, traj_uid, global_reward): its team reward at the
-    end, the global reward of its last row; a tree branch's, the immediate reward of its first
-    candidate (a branch has no later state of its own: the selected one's is broadcast). Rows
-    are taken in the table's order, which is step order."""
-    return (
-        steps.group_by("round", "strategy", "traj_uid")
-        .agg(pl.col("global_reward").first().alias("_first"), pl.col("global_reward").last().alias("_last"))
-        .select("round", "strategy", "traj_uid", pl.when(pl.col("strategy") == "tree").then("_first").otherwise("_last").alias("global_reward"))
+    end, the global reward of its last row. A tree counts once, as the path its selected
+    candidates took: the team reward right after its last selected step (its `traj_uid` is the
+    problem's `uid`). Rows are taken in the table's order, which is step order."""
+    tree = pl.col("strategy") == "tree"
+    ordinary = steps.filter(~tree).group_by("round", "strategy", "traj_uid").agg(pl.col("global_reward").last())
+    trees = (
+        steps.filter(tree & pl.col("selected"))
+        .group_by("round", "strategy", "uid")
+        .agg(pl.col("global_reward").last())
+        .rename({"uid": "traj_uid"})
     )
+    return pl.concat([ordinary, trees.select(ordinary.collect_schema().names())])
 
 
 def _scan(store: Path, table: str) -> pl.LazyFrame | None:

@@ -19,7 +19,7 @@ import inspect
 from importlib import metadata
 from typing import Any, Callable
 
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DataError
 from pipeline.workflows.base import Env, StepResult, Workflow, check_workflow, with_policies
 
 __all__ = ["Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "WORKFLOW_NAMES", "ENTRY_POINT_GROUP"]
@@ -111,7 +111,7 @@ def load_workflow(spec: str | Workflow = "math", *, shared_policy: bool = True, 
         kwargs = {k: v for k, v in settings.items() if v is not None and (takes_all or k in params)}
         try:
             workflow = factory(**kwargs)
-        except ConfigError:
+        except (ConfigError, DataError):  # already named: a bad setting, a bad row of a task file
             raise
         except Exception as err:  # noqa: BLE001 - a user's constructor may raise anything
             raise ConfigError(f"workflow {spec!r}: building it raised {type(err).__name__}: {err}") from None
