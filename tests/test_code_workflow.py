@@ -250,7 +250,7 @@ def test_task_file_rows_and_bad_rows_name_the_line(tmp_path):
         path.write_text("\n".join([good[1], json.dumps(bad), good[2]]) + "\n")
         with pytest.raises(DataError, match=rf"bad.jsonl line 2: .*{re.escape(what)}"):
             read_task_file(path, sandbox={"timeout": 1.0, "memory_mb": 256})
-        with pytest.raises(ConfigError, match="line 2"):
+        with pytest.raises(DataError, match=rf"bad.jsonl line 2: .*{re.escape(what)}"):
             load_workflow("code", task_file=str(path), **FAST)
 
 
