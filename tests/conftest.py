@@ -8,6 +8,11 @@
 - `vllm_sampler`: one vLLM engine on `tiny_model_dir` for the whole session. Where vllm cannot
   be imported the vLLM tests are skipped with the reason shown, unless MAXIT_REQUIRE_VLLM=1,
   which turns that into a failure (CI sets it: vllm is part of the set-up).
+
+Two layers (`scripts/test.sh --fast` runs the first): unit tests call pure functions on small
+frames and fakes; `integration` tests (marked here, by the rules of `integration_reason`) need a
+model on disk or an engine, run the pipeline end to end (Dagster, `maxit run` in subprocesses, the
+UI), or run programs in the sandbox's subprocesses.
 """
 
 from __future__ import annotations
@@ -31,6 +36,53 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# -- the integration layer --------------------------------------------------------------------
+
+INTEGRATION_FIXTURES = {
+    "default_model_dir": "loads the warm-started default model (and builds it, minutes, on a fresh clone)",
+    "tiny_model_dir": "builds a model on disk and loads it",
+    "vllm_sampler": "starts a vLLM engine",
+    "one_round": "runs a whole round (Dagster or `maxit run`) first",
+}
+"""A test that uses one of these fixtures, directly or through another fixture, is an integration test."""
+
+INTEGRATION_MODULES = {
+    "test_dagster.py": "materializes rounds with Dagster",
+    "test_resume.py": "kills `maxit run` mid-round and resumes it, in subprocesses",
+    "test_ui.py": "serves the Dagster UI in a subprocess",
+    "test_report.py": "draws reports of real runs, in subprocesses and headless Chromium",
+    "test_sandbox.py": "runs programs in the sandbox's subprocesses",
+    "test_code_workflow.py": "runs every program of the code workflow in the real sandbox",
+    "test_peer_trl.py": "trains with TRL and with maxit on a model",
+    "test_lock.py": "holds the store's lock from subprocesses, Dagster materializations and `maxit run`",
+}
+
+INTEGRATION_TESTS = {
+    "test_layout.py::test_pipeline_imports_no_dagster": "imports every library module, vLLM's included, in a fresh process",
+    "test_registry.py::test_parallel_registrations_of_one_round_all_survive": "registers from parallel subprocesses",
+    "test_experiments.py::test_console_to_log_sends_library_output_to_the_log": "runs Python subprocesses",
+    "test_trainer.py::test_trl_grpo_loss_equals_loss_py_on_a_fixed_batch": "imports TRL (seconds)",
+}
+"""Single tests of otherwise unit modules, by `file::name` (parameters aside)."""
+
+
+def integration_reason(item) -> str | None:
+    """Why `item` is an integration test, or None for a unit test."""
+    fixtures = [f for f in INTEGRATION_FIXTURES if f in item.fixturenames]
+    if fixtures:
+        return INTEGRATION_FIXTURES[fixtures[0]]
+    if item.get_closest_marker("vllm"):
+        return "needs vLLM"
+    module = item.path.name
+    return INTEGRATION_MODULES.get(module) or INTEGRATION_TESTS.get(f"{module}::{item.originalname}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if integration_reason(item):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -406,10 +406,11 @@ def test_matches_pure_python_reference(rows, config, with_round):
     df = pl.DataFrame(rows, schema_overrides={"turn": pl.Int32, "global_reward": pl.Float64})
     got = compute_advantages(df, config)
     want = reference_advantages(rows, config)
+    assert got.height == len(want) == len(rows)
     for col in ("group_size", "advantage", "sample_weight", "group_mean", "group_std", "reward"):
         g = got[col].to_list()
         w = [x[col] for x in want]
-        for a, b in zip(g, w):
+        for a, b in zip(g, w, strict=True):
             if b is None:
                 assert a is None, (col, g, w)
             else:

@@ -87,6 +87,7 @@ def test_runs_lists_the_experiments_with_their_settings(two_stores):
 
 def test_timings_are_recorded_and_printed(two_stores):
     _root, runs = two_stores
+    assert len(runs) == 2
     for store, _engine, proc in runs.values():
         t = validate(pl.read_parquet(table_path(store, 0, "timings")), "timings")
         assert t["stage"].to_list() == list(STAGE_NAMES)
@@ -98,6 +99,7 @@ def test_timings_are_recorded_and_printed(two_stores):
 
 def test_console_is_quiet_and_the_log_has_library_output(two_stores):
     _root, runs = two_stores
+    assert len(runs) == 2
     for store, engine, proc in runs.values():
         console = (proc.stdout + proc.stderr).splitlines()
         noisy = [line for line in console if WARNING_LINE.search(line)]

@@ -73,6 +73,7 @@ def test_drmas_multi_loop_counts_every_call_in_its_agents_group(policies):
     for agent in ("solver", "verifier"):
         mine = [r for r in rows if r["agent_id"] == agent]
         want = dict(zip([r["step_id"] for r in mine], grpo([r["global_reward"] for r in mine])))  # DrMAS: every call a member, team reward
+        assert len(want) == 1 + 3 + 2 + 1  # every call of the looped copies
         assert {k: got[k] for k in want} == pytest.approx(want, abs=1e-6)
 
 

@@ -134,6 +134,7 @@ def test_agent_budgets_and_temperature_reach_the_engine():
 def test_tree_invariants():
     n = 3
     _, df, _ = run([Tree(group_size=n)], n_problems=6, sampler=RecordingSampler(verifier_accuracy=0.5))
+    assert df["uid"].n_unique() == 6 and df.height >= 6 * 2 * n  # every problem's tree, Solver and Verifier nodes at least
     for (uid, agent, turn), node in df.group_by(["uid", "agent_id", "turn"]):
         assert node.height == n
         assert node["selected"].sum() == 1
@@ -204,6 +205,7 @@ def test_active_mask_stops_approved_samples():
 
 def test_solver_retries_after_a_rejection_see_attempt_and_rejection():
     _, df, _ = run([IID()], sampler=RecordingSampler(verifier_accuracy=1.0, garbage=0.0, solver_accuracy=0.0))
+    assert df["traj_uid"].n_unique() > 0
     for traj, rows in df.sort("step").group_by("traj_uid"):
         rows = rows.sort("step")
         attempt0, verdict0, retry = rows.row(0, named=True), rows.row(1, named=True), rows.row(2, named=True)
@@ -234,6 +236,7 @@ def test_prompt_aug_samples_with_the_hint():
     task = FakeTask()
     _, df, _ = run([PromptAug(group_size=2)], task=task)
     problems = {p.uid: p for p in task.problems("train", 5, 0)}
+    assert df.filter(pl.col("agent_id") == "solver").height > 0 and df.filter(pl.col("agent_id") == "verifier").height > 0
     for row in df.filter(pl.col("agent_id") == "solver").iter_rows(named=True):
         assert {"role": "system", "content": "Hint: " + problems[row["uid"]].hint} in row["sampling_messages"]
     for row in df.filter(pl.col("agent_id") == "verifier").iter_rows(named=True):
@@ -511,6 +514,7 @@ def test_real_model_rows_reproduce_the_engine_logprobs(hf_engine, default_model_
     table = run_rollouts(task.problems("train", 3, 1), MathWorkflow(task), [IID(group_size=2)], hf_engine, RolloutConfig(temperature=temperature, max_tokens=16))
     model = load_model(default_model_dir)
     model.eval()
+    assert table.num_rows >= 6
     for row in pl.from_arrow(table).head(6).iter_rows(named=True):
         ids = row["prompt_ids"] + row["completion_ids"]
         with torch.no_grad():
