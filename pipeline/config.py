@@ -1,17 +1,22 @@
 """maxit's configuration: frozen dataclasses, each field documented where it is declared and
 validated at construction (an invalid value raises `ConfigError` naming the field).
 
-The Dagster `Config` classes and the CLI flags are a thin layer mapped onto these.
+`RunConfig` is the whole of a run, nested by stage: `AdvantageConfig`, `ViewConfig`,
+`pipeline.training.config.TrainConfig` and `EvalConfig`. The Dagster `Config` classes and the CLI
+flags (`pipeline.settings.Settings`) are a thin layer mapped onto these; they take their defaults
+from here. The stages' modules re-export their configs (`pipeline.views.ViewConfig`,
+`pipeline.evaluation.EvalConfig`, `pipeline.rounds.RunConfig`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Literal, Mapping
 
 from pipeline.errors import ConfigError
-
+from pipeline.strategies import STRATEGY_IDS, make_strategy
+from pipeline.training.config import LossConfig, TrainConfig
 
 class FrozenMapping(Mapping):
     """A read-only mapping that hashes and pickles (so frozen configs holding one do too)."""
@@ -43,7 +48,7 @@ class FrozenMapping(Mapping):
     def __repr__(self) -> str:
         return f"FrozenMapping({self._dict!r})"
 
-__all__ = ["AdvantageConfig", "GROUP_COLUMNS", "BASE_GROUP_KEY"]
+__all__ = ["AdvantageConfig", "ViewConfig", "EvalConfig", "RunConfig", "FrozenMapping", "GROUP_COLUMNS", "BASE_GROUP_KEY"]
 
 BASE_GROUP_KEY = ("uid", "strategy")
 """Columns every advantage group is keyed on: the problem and the strategy that sampled the row.
@@ -164,3 +169,222 @@ class AdvantageConfig:
         """The full group key: uid + strategy + group_by (without uid for the batch baseline)."""
         base = [c for c in BASE_GROUP_KEY if c != "uid"] if self.baseline == "batch" else list(BASE_GROUP_KEY)
         return [*base, *self.group_by]
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """Which rows become training rows, and how long they may be."""
+
+    max_length: int | None = None
+    """Longest training prompt + completion in tokens (the model's context); longer rows are
+    dropped and counted. None = no limit here (the trainer still enforces the model's)."""
+    drop_zero_advantage: bool = True
+    """Leave out rows with |advantage| <= zero_advantage_tol (they carry no policy gradient; the
+    prototype dropped them). Set False for the "rs" loss, which trains on correct rows of
+    all-correct groups too."""
+    zero_advantage_tol: float = 0.0
+    """Advantages with absolute value at most this count as zero."""
+    check_identity_render: bool = False
+    """Also re-render contexts the strategy leaves unchanged and raise `DataError` if the ids
+    differ from the stored `prompt_ids` (catches a tokenizer or chat template that is not the
+    one the rows were sampled with)."""
+    policy_ids: tuple[str, ...] | None = None
+    """Keep only rows of these policies (None = all)."""
+    drop_strategies: tuple[str, ...] = ()
+    """Strategies whose rows are sampled (they shape the round's rollouts) but not trained, e.g.
+    ("prompt_aug",) to leave the hinted rows out instead of correcting their ratios; counted as
+    not trainable."""
+    min_reward: float | None = None
+    """Leave out rows whose reward is below this (None = keep all). The "rs" loss trains only on
+    rows at or above its threshold, so its view needs no forward pass over the others."""
+    strategy_weights: Mapping[str, float] | None = None
+    """Mixture weights w_s of the stratified estimator (the expert-iteration plan, see
+    docs/ALGORITHMS.md). None: every row keeps its weight (the plain stratified average).
+    Otherwise, per policy: sample_weight *= w_s * N / n_s, with w_s normalized over the
+    strategies present, n_s the rows strategy s sampled for that policy to train and N all of
+    them: the rows left after the activity, reward, policy, trainable and weight filters, and
+    before the zero-advantage and min-reward filters (the plan's n_s is what a strategy sampled;
+    counting after those filters would let a strategy's weight grow with its share of degenerate
+    groups, which changes from round to round). Rows a strategy does not train (feedback's
+    skipped first attempt) and another policy's rows are not counted. Every strategy present
+    needs a weight."""
+    reward_is_local: bool = False
+    """Require every row's `reward` to be its own action's correctness (`local_reward`), as the
+    "rs" loss does when it keeps rows with reward >= its threshold: with a global term mixed in, a
+    wrong first attempt of a trajectory that later succeeds would pass. A table whose reward is
+    not the local reward is then an error naming the rows."""
+    balance_verdicts: bool = False
+    """Give the Verifier's "yes" and "no" rows equal total weight (`balance_weights` over the
+    `verdict` column; unparsable verdicts keep their weight). The Verifier is called again on every
+    retry after a rejection and retries are mostly wrong, so its correct verdicts are mostly "no"
+    (about 2:1 in round 0 of the default run) while the answers it judges at test time are mostly
+    right: unbalanced, it learns to say "no"."""
+    relabel_verdicts: bool = False
+    """Train every parsable Verifier row on the right verdict: a row whose verdict was wrong
+    (local reward 0) gets the completion of the other verdict (the most common completion of the
+    round's right verdicts of that kind, e.g. "no" for a wrong "yes") and reward 1, instead of
+    being left out. The reward says which verdict was right, so this is the expert's label for
+    each judged answer; rejection sampling alone keeps only the verdicts the Verifier already got
+    right, which teaches it little it does not already know. The new completion's logprobs are
+    not q of that context, so only the "rs" loss (no ratio) may use it (`reward_is_local` and
+    `min_reward` set)."""
+
+    verifier_replay: int = 0
+    """Train the Verifier on its hindsight-labelled calls of the last `verifier_replay` rounds
+    (this one included) instead of this round's rows alone (`verifier_replay`; 0 = off). Every
+    judged answer is labelled by the reward with the right verdict, one row per distinct training
+    prompt (the newest call), "yes" and "no" rows balanced; the rows are trained by their NLL
+    (strategy `REPLAY_STRATEGY`, which every loss trains the rs way) and replace the round's own
+    Verifier rows in the view. The Solver's rows are untouched."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.verifier_replay, bool) or not isinstance(self.verifier_replay, int) or self.verifier_replay < 0:
+            raise ConfigError(f"ViewConfig.verifier_replay must be a whole number of rounds >= 0, got {self.verifier_replay!r}")
+        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
+            raise ConfigError(f"ViewConfig.max_length must be an integer >= 2 or None, got {self.max_length!r}")
+        if not (math.isfinite(self.zero_advantage_tol) and self.zero_advantage_tol >= 0):
+            raise ConfigError(f"ViewConfig.zero_advantage_tol must be finite and >= 0, got {self.zero_advantage_tol!r}")
+        object.__setattr__(self, "drop_strategies", tuple(self.drop_strategies))
+        if self.strategy_weights is not None:
+            weights = dict(self.strategy_weights)
+            if not weights:
+                raise ConfigError("ViewConfig.strategy_weights is empty; pass None for the plain stratified average")
+            for name, w in weights.items():
+                if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
+                    raise ConfigError(f"ViewConfig.strategy_weights[{name!r}] must be a finite number > 0, got {w!r}")
+            object.__setattr__(self, "strategy_weights", FrozenMapping(weights))
+        if self.relabel_verdicts and (not self.reward_is_local or self.min_reward is None):
+            raise ConfigError(
+                "ViewConfig.relabel_verdicts needs the rs loss's view (reward_is_local and min_reward set): "
+                "a relabelled completion has no sampling logprobs in its context for an importance ratio"
+            )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What the held-out evaluation samples."""
+
+    problems: int = 200
+    """Held-out problems (the same ones every round)."""
+    samples: int = 2
+    """Episodes (math: Solver samples) per problem at `temperature` (standard error ~2.5 points
+    at 200 x 2 near 50%)."""
+    temperature: float = 1.0
+    """Sampling temperature (the rollouts' temperature, so the number reads as what training sees)."""
+    max_tokens: int | None = None
+    """Completion budget of every agent call; None = the workflow's (math: the task's
+    `default_eval_max_tokens`, arithmetic 16, file tasks 512)."""
+    seed: int = 20_261_122
+    """Seed of the held-out problem draw and of the sampling."""
+    hint: bool = True
+    """Also measure with the prompt-augmentation hint shown (math: `accuracy_hint`)."""
+    reward_timeout: float | None = 10.0
+    """Seconds one call of the task's reward or verdict parser may take (as in the rollouts)."""
+    greedy: bool = True
+    """Also measure greedy decoding (one episode per problem at temperature 0)."""
+
+    def __post_init__(self) -> None:
+        for name in ("problems", "samples", "max_tokens"):
+            v = getattr(self, name)
+            if name == "max_tokens" and v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"EvalConfig.{name} must be an integer >= 1, got {v!r}")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise ConfigError(f"EvalConfig.temperature must be > 0, got {self.temperature!r}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one expert-iteration run needs, nested by stage. Its defaults are the default
+    run's (`maxit run` with no flags): `pipeline.settings.Settings`, from which the CLI flags and
+    the Dagster settings come, takes its defaults from here, so `RunConfig() ==
+    Settings().run_config()`."""
+
+    # --- Parameters that control the team and the task ----------------------------------------
+    workflow: str = "math"
+    """The team and its environment (`pipeline.workflows.load_workflow`): "math", "single",
+    "grid", "module:Name" or a `maxit.workflows` entry point."""
+    workflow_options: Mapping[str, object] = field(default_factory=dict)
+    """Keyword options of the workflow's constructor (those it takes)."""
+    task: str = "arithmetic"
+    """Task name (`pipeline.tasks.make_task`), used when `task_file` is None."""
+    task_file: str | None = None
+    """A local JSONL/Parquet file of problems (`pipeline.tasks.load_task_file`) instead of `task`."""
+    prompt_file: str | None = None
+    """A TOML/JSON prompt file over the task's own prompts (`pipeline.tasks.prompts`), or None."""
+    model_dir: str | None = None
+    """Starting checkpoint of every policy (a local HF model directory with a chat template);
+    None = the embedded default model (built and warm-started on first use)."""
+    shared_policy: bool = True
+    """The workflow's agents share one policy ("shared"), or each has its own (named after it)."""
+
+    # --- Parameters that control sampling ------------------------------------------------------
+    engine: str = "auto"
+    """"vllm", "hf", or "auto" (vLLM when importable)."""
+    problems: int = 128
+    """Training problems drawn per round."""
+    samples: int = 4
+    """Group size of every strategy (tree: candidates per node)."""
+    strategies: tuple[str, ...] = ("iid", "prompt_aug", "feedback", "tree")
+    """Search strategies interleaved in each round (pipeline.strategies)."""
+    strategy_options: Mapping[str, Mapping] = field(default_factory=lambda: {"feedback": {"train_context": "problem", "first_attempt": "iid"}})
+    """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}})."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
+    max_tokens: int | None = None
+    """Completion budget of each agent call; None = the task's (`pipeline.tasks.budget_of`)."""
+    max_loop_num: int | None = None
+    """Turns at most per episode (math: DrMAS's `max_loop_num`); None = the workflow's own."""
+    seed: int = 0
+    """Seed of the problem draws and of sampling (each round derives its own)."""
+
+    # --- Parameters that control learning ------------------------------------------------------
+    advantage: AdvantageConfig = field(default_factory=lambda: AdvantageConfig(alpha=0.0))
+    """Rewards (alpha, local weight), grouping and normalization of advantages."""
+    view: ViewConfig = field(default_factory=lambda: ViewConfig(drop_zero_advantage=False, min_reward=1.0, reward_is_local=True, balance_verdicts=True))
+    """Which rows are trained, with what weights (`pipeline.views.build_training_view`)."""
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(loss=LossConfig(kind="rs"), gradient_checkpointing=None, micro_batch_tokens=8192, report_to="none")
+    )
+    """Loss, learning rate, epochs (`pipeline.training.trainer.train_policy`)."""
+    train_on: str = "rollouts"
+    """"rollouts" (expert iteration) or "ground_truth": the step-matched SFT baseline, which
+    trains on the Solver's reference answers, as many rows as the rollouts' view has that round
+    (same minibatches, same optimizer steps), with the "rs" (NLL) loss."""
+    evaluation: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation after every round (and of the starting checkpoint, as round -1)."""
+
+    def __post_init__(self) -> None:
+        for name in ("problems", "samples", "max_tokens", "max_loop_num"):
+            v = getattr(self, name)
+            if name in ("max_tokens", "max_loop_num") and v is None:  # the task's / the workflow's default
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
+        if self.engine not in ("auto", "vllm", "hf"):
+            raise ConfigError(f"RunConfig.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
+        if not self.strategies:
+            raise ConfigError("RunConfig.strategies must name at least one strategy")
+        bad = [s for s in self.strategies if s not in STRATEGY_IDS]
+        if bad:
+            raise ConfigError(f"RunConfig.strategies: unknown {bad}; choose from {sorted(STRATEGY_IDS)}")
+        object.__setattr__(self, "strategies", tuple(self.strategies))
+        if not isinstance(self.workflow, str) or not self.workflow:
+            raise ConfigError(f"RunConfig.workflow must name a workflow, got {self.workflow!r}")
+        object.__setattr__(self, "workflow_options", FrozenMapping(dict(self.workflow_options)))
+        unknown = sorted(set(self.strategy_options) - set(STRATEGY_IDS))
+        if unknown:
+            raise ConfigError(f"RunConfig.strategy_options: unknown strategy {unknown}; choose from {sorted(STRATEGY_IDS)}")
+        object.__setattr__(self, "strategy_options", FrozenMapping({k: FrozenMapping(v) for k, v in self.strategy_options.items()}))
+        for sid in self.strategies:  # options a strategy does not take are named here, not mid-round
+            make_strategy(sid, group_size=self.samples, **self.strategy_options.get(sid, {}))
+        if self.train_on not in ("rollouts", "ground_truth"):
+            raise ConfigError(f"RunConfig.train_on must be 'rollouts' or 'ground_truth', got {self.train_on!r}")
+        if self.train_on == "ground_truth" and self.train.loss.kind != "rs":
+            raise ConfigError("RunConfig.train_on='ground_truth' needs the 'rs' loss (its rows were not sampled: no importance ratio exists)")
+        if self.train.temperature != self.temperature:
+            raise ConfigError(
+                f"RunConfig.train.temperature ({self.train.temperature}) must equal RunConfig.temperature "
+                f"({self.temperature}): the stored logprobs are at the sampling temperature"
+            )

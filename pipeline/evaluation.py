@@ -11,50 +11,16 @@ episode. The math workflows report the Solver's and the Verifier's own metrics
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import polars as pl
 
-from pipeline.errors import ConfigError
+from pipeline.config import EvalConfig
 from pipeline.types import Sampler
 from schemas import EVALUATION, validate
 
 __all__ = ["EvalConfig", "evaluate_workflow"]
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """What the held-out evaluation samples."""
-
-    problems: int = 200
-    """Held-out problems (the same ones every round)."""
-    samples: int = 2
-    """Episodes (math: Solver samples) per problem at `temperature` (standard error ~2.5 points
-    at 200 x 2 near 50%)."""
-    temperature: float = 1.0
-    """Sampling temperature (the rollouts' temperature, so the number reads as what training sees)."""
-    max_tokens: int | None = None
-    """Completion budget of every agent call; None = the workflow's (math: the task's
-    `default_eval_max_tokens`, arithmetic 16, file tasks 512)."""
-    seed: int = 20_261_122
-    """Seed of the held-out problem draw and of the sampling."""
-    hint: bool = True
-    """Also measure with the prompt-augmentation hint shown (math: `accuracy_hint`)."""
-    reward_timeout: float | None = 10.0
-    """Seconds one call of the task's reward or verdict parser may take (as in the rollouts)."""
-    greedy: bool = True
-    """Also measure greedy decoding (one episode per problem at temperature 0)."""
-
-    def __post_init__(self) -> None:
-        for name in ("problems", "samples", "max_tokens"):
-            v = getattr(self, name)
-            if name == "max_tokens" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"EvalConfig.{name} must be an integer >= 1, got {v!r}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ConfigError(f"EvalConfig.temperature must be > 0, got {self.temperature!r}")
 
 
 def evaluate_workflow(workflow, samplers: Mapping[str, Sampler], tokenizers: Mapping[str, object], config: EvalConfig, round_: int) -> pl.DataFrame:

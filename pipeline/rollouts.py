@@ -68,7 +68,7 @@ from pipeline.models.chat import encode_prompt, prompt_hash
 from pipeline.rewards import Outcome, row_reward, safe_map
 from pipeline.store import table_path, write_table
 from pipeline.strategies import Feedback, Strategy
-from pipeline.workflows.base import StepResult, check_messages, check_workflow, finite_reward
+from pipeline.workflows.contract import StepResult, check_messages, check_workflow, finite_reward
 from pipeline.types import Message, Problem, Sample, Sampler
 from schemas import STEPS, validate
 

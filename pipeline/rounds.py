@@ -17,7 +17,7 @@ import functools
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -25,13 +25,19 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import store as st
-from pipeline.config import AdvantageConfig, FrozenMapping
+from pipeline.advantages import compute_advantages
+from pipeline.baselines import ground_truth_view
+from pipeline.config import RunConfig
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError, DataError
-from pipeline.evaluation import EvalConfig
+from pipeline.models import load_tokenizer
 from pipeline.registry import PolicyRegistry
-from pipeline.settings import setting_default
+from pipeline.rollouts import RolloutConfig, run_rollouts, write_steps
+from pipeline.strategies import make_strategy
+from pipeline.tasks import build_task
 from pipeline.types import Problem, Sampler
+from pipeline.views import build_training_view, verifier_replay, with_verifier_replay
+from pipeline.workflows import check_workflow, load_workflow
 from schemas import EVALUATION, PROBLEMS, RATIO_DIAGNOSTICS, TIMINGS
 
 __all__ = [
@@ -60,122 +66,11 @@ BASE_ROUND = -1
 log = logging.getLogger(__name__)
 
 
-def _from_settings(name: str):
-    """A default factory taking the value from `pipeline.settings.Settings()` (the one definition)."""
-
-    def factory():
-        from pipeline.settings import Settings
-
-        return getattr(Settings(), name)()
-
-    return field(default_factory=factory)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything one expert-iteration run needs, nested by stage. Its defaults are those of
-    `pipeline.settings.Settings` (the one definition of a run's settings, from which the CLI flags
-    and the Dagster settings come too): `RunConfig() == Settings().run_config()`."""
-
-    # --- Parameters that control the team and the task ----------------------------------------
-    workflow: str = setting_default("workflow")
-    """The team and its environment (`pipeline.workflows.load_workflow`): "math", "single",
-    "grid", "module:Name" or a `maxit.workflows` entry point."""
-    workflow_options: Mapping[str, object] = field(default_factory=dict)
-    """Keyword options of the workflow's constructor (those it takes)."""
-    task: str = setting_default("task")
-    """Task name (`pipeline.tasks.make_task`), used when `task_file` is None."""
-    task_file: str | None = setting_default("task_file")
-    """A local JSONL/Parquet file of problems (`pipeline.tasks.load_task_file`) instead of `task`."""
-    prompt_file: str | None = setting_default("prompt_file")
-    """A TOML/JSON prompt file over the task's own prompts (`pipeline.tasks.prompts`), or None."""
-    model_dir: str | None = setting_default("model_dir")
-    """Starting checkpoint of every policy (a local HF model directory with a chat template);
-    None = the embedded default model (built and warm-started on first use)."""
-    shared_policy: bool = setting_default("shared_policy")
-    """The workflow's agents share one policy ("shared"), or each has its own (named after it)."""
-
-    # --- Parameters that control sampling ------------------------------------------------------
-    engine: str = setting_default("engine")
-    """"vllm", "hf", or "auto" (vLLM when importable)."""
-    problems: int = setting_default("problems")
-    """Training problems drawn per round."""
-    samples: int = setting_default("samples")
-    """Group size of every strategy (tree: candidates per node)."""
-    strategies: tuple[str, ...] = setting_default("strategies")
-    """Search strategies interleaved in each round (pipeline.strategies)."""
-    strategy_options: Mapping[str, Mapping] = _from_settings("strategy_options")
-    """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}})."""
-    temperature: float = setting_default("temperature")
-    """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
-    max_tokens: int | None = setting_default("max_tokens")
-    """Completion budget of each agent call; None = the task's (`pipeline.tasks.budget_of`)."""
-    max_loop_num: int | None = setting_default("max_loop_num")
-    """Turns at most per episode (math: DrMAS's `max_loop_num`); None = the workflow's own."""
-    seed: int = setting_default("seed")
-    """Seed of the problem draws and of sampling (each round derives its own)."""
-
-    # --- Parameters that control learning ------------------------------------------------------
-    advantage: AdvantageConfig = _from_settings("advantage_config")
-    """Rewards (alpha, local weight), grouping and normalization of advantages."""
-    view: object = _from_settings("view_config")
-    """`pipeline.views.ViewConfig`: which rows are trained, with what weights."""
-    train: object = _from_settings("train_config")
-    """`pipeline.training.config.TrainConfig`: loss, learning rate, epochs."""
-    train_on: str = setting_default("train_on")
-    """"rollouts" (expert iteration) or "ground_truth": the step-matched SFT baseline, which
-    trains on the Solver's reference answers, as many rows as the rollouts' view has that round
-    (same minibatches, same optimizer steps), with the "rs" (NLL) loss."""
-    evaluation: EvalConfig = _from_settings("eval_config")
-    """Held-out evaluation after every round (and of the starting checkpoint, as round -1)."""
-
-    def __post_init__(self) -> None:
-        for name in ("problems", "samples", "max_tokens", "max_loop_num"):
-            v = getattr(self, name)
-            if name in ("max_tokens", "max_loop_num") and v is None:  # the task's / the workflow's default
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
-        if self.engine not in ("auto", "vllm", "hf"):
-            raise ConfigError(f"RunConfig.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
-        from pipeline.strategies import STRATEGY_IDS, make_strategy
-
-        if not self.strategies:
-            raise ConfigError("RunConfig.strategies must name at least one strategy")
-        bad = [s for s in self.strategies if s not in STRATEGY_IDS]
-        if bad:
-            raise ConfigError(f"RunConfig.strategies: unknown {bad}; choose from {sorted(STRATEGY_IDS)}")
-        object.__setattr__(self, "strategies", tuple(self.strategies))
-        if not isinstance(self.workflow, str) or not self.workflow:
-            raise ConfigError(f"RunConfig.workflow must name a workflow, got {self.workflow!r}")
-        object.__setattr__(self, "workflow_options", FrozenMapping(dict(self.workflow_options)))
-        unknown = sorted(set(self.strategy_options) - set(STRATEGY_IDS))
-        if unknown:
-            raise ConfigError(f"RunConfig.strategy_options: unknown strategy {unknown}; choose from {sorted(STRATEGY_IDS)}")
-        object.__setattr__(self, "strategy_options", FrozenMapping({k: FrozenMapping(v) for k, v in self.strategy_options.items()}))
-        for sid in self.strategies:  # options a strategy does not take are named here, not mid-round
-            make_strategy(sid, group_size=self.samples, **self.strategy_options.get(sid, {}))
-        if self.train_on not in ("rollouts", "ground_truth"):
-            raise ConfigError(f"RunConfig.train_on must be 'rollouts' or 'ground_truth', got {self.train_on!r}")
-        if self.train_on == "ground_truth" and self.train.loss.kind != "rs":
-            raise ConfigError("RunConfig.train_on='ground_truth' needs the 'rs' loss (its rows were not sampled: no importance ratio exists)")
-        if self.train.temperature != self.temperature:
-            raise ConfigError(
-                f"RunConfig.train.temperature ({self.train.temperature}) must equal RunConfig.temperature "
-                f"({self.temperature}): the stored logprobs are at the sampling temperature"
-            )
-
-
-
 def build_workflow(config: RunConfig):
     """The workflow of a run config: its name and options, its agents on one shared policy or
     each on its own; the math workflows get the config's task and loop count."""
-    from pipeline.workflows import load_workflow
-
     settings = dict(config.workflow_options)
     if config.workflow in ("math", "single"):
-        from pipeline.tasks import build_task
-
         settings.setdefault("task", build_task(config.task, config.task_file, config.prompt_file))
     else:
         settings.setdefault("task_file", config.task_file)
@@ -192,9 +87,6 @@ def run_strategies(config: RunConfig, workflow) -> dict:
     options, the feedback strategy aimed at the workflow's `feedback_agent`. With the default mix,
     a workflow without feedback runs the other strategies; an explicit feedback strategy on it is
     refused (`check_workflow`, naming the workflow)."""
-    from pipeline.strategies import make_strategy
-    from pipeline.workflows import check_workflow
-
     options = dict(config.strategy_options)
     chosen = config.strategies
     if "feedback" in chosen:
@@ -368,8 +260,6 @@ def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
 @_timed("rollouts")
 def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa.Table:
     """Sample the team on round r's problems under every strategy -> the `steps` table."""
-    from pipeline.rollouts import RolloutConfig, run_rollouts, write_steps
-
     c = ctx.config
     workflow = ctx.workflow()
     samplers = ctx.samplers(ctx.start_checkpoints(round_))
@@ -389,8 +279,6 @@ def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa
 
 @_timed("advantages")
 def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
-    from pipeline.advantages import compute_advantages
-
     steps_df = steps if isinstance(steps, pl.DataFrame) else pl.from_arrow(steps)
     out = compute_advantages(steps_df, ctx.config.advantage)
     st.write_table(out, st.table_path(ctx.store, round_, "advantages"), "advantages")
@@ -399,17 +287,12 @@ def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
 
 @_timed("view")
 def stage_training_view(ctx: RoundContext, round_: int, advantages):
-    from pipeline.models import load_tokenizer
-    from pipeline.views import build_training_view
-
     checkpoints = ctx.start_checkpoints(round_)
     tokenizer = load_tokenizer(next(iter(checkpoints.values())))
     view, stats = build_training_view(advantages, ctx.strategy_objects(), tokenizer, ctx.config.view)
     if ctx.config.view.verifier_replay and ctx.config.train_on == "rollouts":
         view = _with_replay(ctx, round_, advantages, tokenizer, view)
     if ctx.config.train_on == "ground_truth":
-        from pipeline.baselines import ground_truth_view
-
         workflow = ctx.workflow()
         task = ctx.task()
         if task is None or not callable(getattr(task, "solver_messages", None)):
@@ -426,8 +309,6 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
 def _with_replay(ctx: RoundContext, round_: int, advantages, tokenizer, view):
     """The view with the Verifier's rows replaced by its replay over this round and the
     `verifier_replay - 1` rounds before it (`pipeline.views.verifier_replay`)."""
-    from pipeline.views import verifier_replay, with_verifier_replay
-
     tables = [advantages]
     for r in range(round_ - 1, max(-1, round_ - ctx.config.view.verifier_replay), -1):
         path = st.table_path(ctx.store, r, "advantages")
@@ -446,6 +327,7 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
     """Train each policy on its rows; checkpoints go to `<store>/checkpoints/round=<r>/<policy>`
     (atomically) and into the registry. The process's engines are closed first
     (`EnginePool.release`), except LoRA-serving engines on a GPU."""
+    # torch and the transformers Trainer take seconds to import: only this stage needs them
     from pipeline.training.trainer import train_policy
 
     results = {}
@@ -512,8 +394,6 @@ def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.Da
 @_timed("evaluation")
 def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
     """Evaluate round r's checkpoints (round -1: the starting checkpoints) on the held-out split."""
-    from pipeline.models import load_tokenizer
-
     checkpoints = ctx.trained_checkpoints(round_)
     samplers = ctx.samplers(checkpoints)
     tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}

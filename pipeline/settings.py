@@ -1,9 +1,11 @@
 """The one definition of a run's settings.
 
 `Settings` is a flat, frozen record of every knob a user sets for an expert-iteration run: its
-name, type, default and help text. Everything else is made from it:
-- `Settings().run_config()` is the `pipeline.rounds.RunConfig` the stages run with, and
-  `RunConfig()` itself takes its defaults from here (so a notebook gets the same run);
+name, type, default and help text. It is the thin layer over the library's configs
+(`pipeline.config`): a setting's default is the one its config declares, so a setting left alone
+does what the library does without it, and the interfaces are made from it:
+- `Settings().run_config()` is the `pipeline.config.RunConfig` the stages run with, equal to
+  `RunConfig()` (so a notebook gets the same run);
 - the Dagster `settings` resource (`assets.config.RunSettings`) has one field per setting;
 - `maxit run` has one flag per setting (`add_setting_flags`).
 
@@ -20,7 +22,9 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
+from pipeline.config import AdvantageConfig, EvalConfig, RunConfig, ViewConfig
 from pipeline.errors import ConfigError
+from pipeline.training.config import LoraSettings, LossConfig, RatioConfig, TrainConfig
 
 __all__ = ["Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "settings_from_args", "setting_default", "parse_group_by"]
 
@@ -34,6 +38,13 @@ def _s(
     if isinstance(default, (list, dict)):
         raise TypeError("mutable defaults are not allowed; use a tuple")
     return field(default=default, metadata=meta)
+
+
+def _default(config: type, name: str) -> Any:
+    """The default that `config` (one of the library's configs) declares for its field `name`:
+    a setting left alone is what the library does without it."""
+    f = {f.name: f for f in fields(config)}[name]
+    return f.default if f.default is not MISSING else f.default_factory()
 
 
 LOSS_KINDS = ("rs", "ppo", "is", "exit")
@@ -120,7 +131,7 @@ class Settings:
 
     # --- the team and the task ------------------------------------------------------------
     workflow: str = _s(
-        "math",
+        _default(RunConfig, "workflow"),
         "the team and its environment (pipeline.workflows): math (Solver + Verifier), single (the Solver alone), code "
         "(a Coder and a Tester, sandboxed), a module:Name or file.py:Name path, or a maxit.workflows entry point",
         group="team and task",
@@ -129,22 +140,22 @@ class Settings:
     workflow_options: tuple[str, ...] = _s(
         (), "KEY=VALUE options given to the workflow's constructor (numbers and true/false are parsed)", group="team and task", metavar="KEY=VALUE"
     )
-    task: str = _s("arithmetic", "task name (pipeline.tasks); ignored with task_file", group="team and task")
-    task_file: str | None = _s(None, "local JSONL/Parquet problems file (question/answer columns) instead of the task", group="team and task")
+    task: str = _s(_default(RunConfig, "task"), "task name (pipeline.tasks); ignored with task_file", group="team and task")
+    task_file: str | None = _s(_default(RunConfig, "task_file"), "local JSONL/Parquet problems file (question/answer columns) instead of the task", group="team and task")
     prompt_file: str | None = _s(
-        None,
+        _default(RunConfig, "prompt_file"),
         "TOML/JSON file of prompt settings (user, system, answer_format, verifier_user, verdict...) over the task's own prompts; None = the task's",
         group="team and task",
         metavar="FILE",
     )
-    model_dir: str | None = _s(None, "starting checkpoint, a local HF model folder; None = the embedded tiny model", group="team and task")
+    model_dir: str | None = _s(_default(RunConfig, "model_dir"), "starting checkpoint, a local HF model folder; None = the embedded tiny model", group="team and task")
     shared_policy: bool = _s(
-        True,
+        _default(RunConfig, "shared_policy"),
         "the workflow's agents share one policy (False: each has its own)",
         group="team and task",
         negative_flag=("--separate-policies", "each agent of the workflow gets its own policy (default: one shared policy)"),
     )
-    engine: str = _s("auto", "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=("auto", "vllm", "hf"))
+    engine: str = _s(_default(RunConfig, "engine"), "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=("auto", "vllm", "hf"))
     dtype: str = _s(
         "auto",
         "precision of the engines and of training (bf16 autocast over float32 weights): auto = bfloat16 on a GPU, and on a CPU with "
@@ -155,17 +166,17 @@ class Settings:
     )
 
     # --- sampling ---------------------------------------------------------------------------
-    problems: int = _s(128, "training problems drawn per round", group="sampling")
-    samples: int = _s(4, "group size of every strategy (tree: candidates per node)", group="sampling")
+    problems: int = _s(_default(RunConfig, "problems"), "training problems drawn per round", group="sampling")
+    samples: int = _s(_default(RunConfig, "samples"), "group size of every strategy (tree: candidates per node)", group="sampling")
     strategies: tuple[str, ...] | None = _s(
         None, "search strategies interleaved in each round; None = the algorithm's (maxit: iid prompt_aug feedback tree)", group="sampling", metavar="STRATEGY"
     )
-    temperature: float = _s(1.0, "sampling temperature (training computes p_train at the same temperature)", group="sampling")
-    max_tokens: int | None = _s(None, "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling")
+    temperature: float = _s(_default(RunConfig, "temperature"), "sampling temperature (training computes p_train at the same temperature)", group="sampling")
+    max_tokens: int | None = _s(_default(RunConfig, "max_tokens"), "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling")
     max_loop_num: int | None = _s(
-        None, "turns at most per episode (math: Solver/Verifier loops per sample, DrMAS's max_loop_num); None = the workflow's (math 2)", group="sampling"
+        _default(RunConfig, "max_loop_num"), "turns at most per episode (math: Solver/Verifier loops per sample, DrMAS's max_loop_num); None = the workflow's (math 2)", group="sampling"
     )
-    seed: int = _s(0, "seed of the problem draws and of sampling (each round derives its own)", group="sampling")
+    seed: int = _s(_default(RunConfig, "seed"), "seed of the problem draws and of sampling (each round derives its own)", group="sampling")
     feedback_train_context: str | None = _s(
         None,
         "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt",
@@ -301,7 +312,7 @@ class Settings:
         group="training",
     )
     train_on: str = _s(
-        "rollouts", "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=("rollouts", "ground_truth")
+        _default(RunConfig, "train_on"), "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=("rollouts", "ground_truth")
     )
 
     # --- scale-out --------------------------------------------------------------------------
@@ -372,9 +383,7 @@ class Settings:
         """The `lr` setting, or the loss's preset where it is None."""
         return float(self.preset("lr"))
 
-    def advantage_config(self):
-        from pipeline.config import AdvantageConfig
-
+    def advantage_config(self) -> AdvantageConfig:
         alpha, local_weight = self.reward_mix()
         group_by = parse_group_by(self.group_by)
         return AdvantageConfig(
@@ -387,9 +396,7 @@ class Settings:
             local_weight=local_weight,
         )
 
-    def view_config(self):
-        from pipeline.views import ViewConfig
-
+    def view_config(self) -> ViewConfig:
         rs = self.loss == "rs"
         return ViewConfig(
             drop_zero_advantage=not rs,
@@ -404,11 +411,7 @@ class Settings:
             verifier_replay=self.verifier_replay,
         )
 
-    def loss_config(self):
-        from pipeline.training.config import LossConfig
-
-        from pipeline.training.config import RatioConfig
-
+    def loss_config(self) -> LossConfig:
         # the kind's own handling (exit: none, the plan's; others: the mask) unless a setting says otherwise
         kind_default = "none" if self.loss == "exit" else "mask"
         by_strategy = {
@@ -426,9 +429,7 @@ class Settings:
             eps_high=float(self.preset("clip_high")),
         )
 
-    def train_config(self):
-        from pipeline.training.config import TrainConfig
-
+    def train_config(self) -> TrainConfig:
         return TrainConfig(
             lr=self.learning_rate(),
             epochs=self.epochs,
@@ -443,14 +444,10 @@ class Settings:
             report_to="none",
         )
 
-    def lora_settings(self):
-        from pipeline.training.config import LoraSettings
-
+    def lora_settings(self) -> LoraSettings | None:
         return LoraSettings(r=self.lora_rank, alpha=self.lora_alpha) if self.lora else None
 
-    def eval_config(self):
-        from pipeline.evaluation import EvalConfig
-
+    def eval_config(self) -> EvalConfig:
         return EvalConfig(problems=self.eval_problems, samples=self.eval_samples, max_tokens=self.eval_max_tokens)
 
     def strategy_options(self) -> dict[str, dict[str, Any]]:
@@ -471,10 +468,8 @@ class Settings:
                 f"for the importance ratio of loss {self.loss!r}: use it with --loss rs"
             )
 
-    def run_config(self):
+    def run_config(self) -> RunConfig:
         """The `RunConfig` of these settings (validated: a bad value raises `ConfigError` naming it)."""
-        from pipeline.rounds import RunConfig
-
         self.check()
         return RunConfig(
             workflow=self.workflow,
@@ -546,8 +541,7 @@ def parse_weights(items: Sequence[str]) -> dict[str, float]:
 
 
 def setting_default(name: str):
-    """The default of one setting, with the default algorithm's presets filled in (what
-    `RunConfig`'s own defaults are taken from)."""
+    """The default of one setting, with the default algorithm's presets filled in."""
     if name not in {f.name for f in fields(Settings)}:
         raise KeyError(name)
     return getattr(Settings(), name)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
@@ -23,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import FrozenMapping
+from pipeline.config import ViewConfig
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
 from schemas import ADVANTAGES, TRAINING_VIEW, TableSchema, to_arrow, validate
@@ -70,95 +69,6 @@ VIEW_INPUT = TableSchema(
     row_id="step_id",
     unique=("step_id",),
 )
-
-
-@dataclass(frozen=True)
-class ViewConfig:
-    """Which rows become training rows, and how long they may be."""
-
-    max_length: int | None = None
-    """Longest training prompt + completion in tokens (the model's context); longer rows are
-    dropped and counted. None = no limit here (the trainer still enforces the model's)."""
-    drop_zero_advantage: bool = True
-    """Leave out rows with |advantage| <= zero_advantage_tol (they carry no policy gradient; the
-    prototype dropped them). Set False for the "rs" loss, which trains on correct rows of
-    all-correct groups too."""
-    zero_advantage_tol: float = 0.0
-    """Advantages with absolute value at most this count as zero."""
-    check_identity_render: bool = False
-    """Also re-render contexts the strategy leaves unchanged and raise `DataError` if the ids
-    differ from the stored `prompt_ids` (catches a tokenizer or chat template that is not the
-    one the rows were sampled with)."""
-    policy_ids: tuple[str, ...] | None = None
-    """Keep only rows of these policies (None = all)."""
-    drop_strategies: tuple[str, ...] = ()
-    """Strategies whose rows are sampled (they shape the round's rollouts) but not trained, e.g.
-    ("prompt_aug",) to leave the hinted rows out instead of correcting their ratios; counted as
-    not trainable."""
-    min_reward: float | None = None
-    """Leave out rows whose reward is below this (None = keep all). The "rs" loss trains only on
-    rows at or above its threshold, so its view needs no forward pass over the others."""
-    strategy_weights: Mapping[str, float] | None = None
-    """Mixture weights w_s of the stratified estimator (the expert-iteration plan, see
-    docs/ALGORITHMS.md). None: every row keeps its weight (the plain stratified average).
-    Otherwise, per policy: sample_weight *= w_s * N / n_s, with w_s normalized over the
-    strategies present, n_s the rows strategy s sampled for that policy to train and N all of
-    them: the rows left after the activity, reward, policy, trainable and weight filters, and
-    before the zero-advantage and min-reward filters (the plan's n_s is what a strategy sampled;
-    counting after those filters would let a strategy's weight grow with its share of degenerate
-    groups, which changes from round to round). Rows a strategy does not train (feedback's
-    skipped first attempt) and another policy's rows are not counted. Every strategy present
-    needs a weight."""
-    reward_is_local: bool = False
-    """Require every row's `reward` to be its own action's correctness (`local_reward`), as the
-    "rs" loss does when it keeps rows with reward >= its threshold: with a global term mixed in, a
-    wrong first attempt of a trajectory that later succeeds would pass. A table whose reward is
-    not the local reward is then an error naming the rows."""
-    balance_verdicts: bool = False
-    """Give the Verifier's "yes" and "no" rows equal total weight (`balance_weights` over the
-    `verdict` column; unparsable verdicts keep their weight). The Verifier is called again on every
-    retry after a rejection and retries are mostly wrong, so its correct verdicts are mostly "no"
-    (about 2:1 in round 0 of the default run) while the answers it judges at test time are mostly
-    right: unbalanced, it learns to say "no"."""
-    relabel_verdicts: bool = False
-    """Train every parsable Verifier row on the right verdict: a row whose verdict was wrong
-    (local reward 0) gets the completion of the other verdict (the most common completion of the
-    round's right verdicts of that kind, e.g. "no" for a wrong "yes") and reward 1, instead of
-    being left out. The reward says which verdict was right, so this is the expert's label for
-    each judged answer; rejection sampling alone keeps only the verdicts the Verifier already got
-    right, which teaches it little it does not already know. The new completion's logprobs are
-    not q of that context, so only the "rs" loss (no ratio) may use it (`reward_is_local` and
-    `min_reward` set)."""
-
-    verifier_replay: int = 0
-    """Train the Verifier on its hindsight-labelled calls of the last `verifier_replay` rounds
-    (this one included) instead of this round's rows alone (`verifier_replay`; 0 = off). Every
-    judged answer is labelled by the reward with the right verdict, one row per distinct training
-    prompt (the newest call), "yes" and "no" rows balanced; the rows are trained by their NLL
-    (strategy `REPLAY_STRATEGY`, which every loss trains the rs way) and replace the round's own
-    Verifier rows in the view. The Solver's rows are untouched."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.verifier_replay, bool) or not isinstance(self.verifier_replay, int) or self.verifier_replay < 0:
-            raise ConfigError(f"ViewConfig.verifier_replay must be a whole number of rounds >= 0, got {self.verifier_replay!r}")
-        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
-            raise ConfigError(f"ViewConfig.max_length must be an integer >= 2 or None, got {self.max_length!r}")
-        if not (math.isfinite(self.zero_advantage_tol) and self.zero_advantage_tol >= 0):
-            raise ConfigError(f"ViewConfig.zero_advantage_tol must be finite and >= 0, got {self.zero_advantage_tol!r}")
-        object.__setattr__(self, "drop_strategies", tuple(self.drop_strategies))
-        if self.strategy_weights is not None:
-            weights = dict(self.strategy_weights)
-            if not weights:
-                raise ConfigError("ViewConfig.strategy_weights is empty; pass None for the plain stratified average")
-            for name, w in weights.items():
-                if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
-                    raise ConfigError(f"ViewConfig.strategy_weights[{name!r}] must be a finite number > 0, got {w!r}")
-            object.__setattr__(self, "strategy_weights", FrozenMapping(weights))
-        if self.relabel_verdicts and (not self.reward_is_local or self.min_reward is None):
-            raise ConfigError(
-                "ViewConfig.relabel_verdicts needs the rs loss's view (reward_is_local and min_reward set): "
-                "a relabelled completion has no sampling logprobs in its context for an importance ratio"
-            )
 
 
 @dataclass(frozen=True)

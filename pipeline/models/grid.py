@@ -134,7 +134,7 @@ def build_grid_tokenizer(model_max_length: int = 256):
 
 
 def _train_puzzle(rng: random.Random, game: GridGame):
-    from pipeline.workflows.grid import puzzle_split, random_puzzle
+    from pipeline.workflows.grid_game import puzzle_split, random_puzzle
 
     while True:
         p = random_puzzle(rng, game.size, game.walls)
@@ -155,7 +155,7 @@ def _position(rng: random.Random, puzzle, on_path: float) -> tuple[int, int]:
 def grid_sft_examples(rng: random.Random, n: int, game: GridGame, config: GridWarmStartConfig) -> list[tuple[list[Message], str]]:
     """`n` (messages, target letter) pairs of the mix in `config` on train-split puzzles."""
     from pipeline.strategies import HINT_PREFIX
-    from pipeline.workflows.grid import MOVES, mover_text, planner_text
+    from pipeline.workflows.grid_game import MOVES, mover_text, planner_text
 
     letters = list(MOVES)
     weights = [config.mix_planner, config.mix_hint, config.mix_mover]
@@ -212,7 +212,7 @@ def play(model, tokenizer, puzzles: Sequence, temperature: float = 1.0, samples:
     workflow's environment plays them: team success and each agent's share of optimal moves."""
     import torch
 
-    from pipeline.workflows.grid import GridEnv, MOVER, PLANNER
+    from pipeline.workflows.grid_game import GridEnv, MOVER, PLANNER
 
     from .warmstart import encode_messages_fast
 
@@ -312,7 +312,7 @@ BUILD_INFO = "maxit_build.json"
 
 
 def _key(model_config: ModelConfig, game: GridGame, warm: GridWarmStartConfig) -> str:
-    from pipeline.workflows.grid import MOVER_PREFIX, NO_PLAN, PLANNER_PREFIX
+    from pipeline.workflows.grid_game import MOVER_PREFIX, NO_PLAN, PLANNER_PREFIX
 
     warm_settings = asdict(warm)
     warm_settings.pop("threads", None)
@@ -341,7 +341,7 @@ def build_grid_model(
     import torch
 
     from pipeline.store import atomic_dir, atomic_write_text
-    from pipeline.workflows.grid import generate_puzzles
+    from pipeline.workflows.grid_game import generate_puzzles
 
     from . import default_cache_dir, load_model, load_tokenizer
 

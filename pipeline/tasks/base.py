@@ -1,6 +1,7 @@
-"""The `Task` protocol and the pieces every task shares: answer parsing, the Verifier's prompt
-and verdict parsing, the split rule, and `MathTask`, the base class of the tasks whose answer
-is checked by a parser (the prompts, feedback turn and verdict parsing they all use).
+"""The `Task` protocol and the pieces every task shares: the number reward, the Verifier's
+prompt, the split rule, and `MathTask`, the base class of the tasks whose answer is checked by a
+parser (the prompts, feedback turn and verdict parsing they all use). Reading a reply (its number,
+a verdict) is `pipeline.tasks.answers`'s, re-exported here.
 
 A task is a set of problems with a verifiable answer and its reward beside it. Rewards return
 `float | None`; None means "could not score" (the reference itself is unusable), and such rows
@@ -10,12 +11,12 @@ are kept out of group statistics downstream.
 from __future__ import annotations
 
 import hashlib
-import re
 from abc import ABC, abstractmethod
 from typing import Protocol, runtime_checkable
 
 from pipeline.types import Message, Problem
 
+from .answers import last_number, numbers_equal, parse_number, parse_verdict
 from .prompts import ARITHMETIC_PROMPTS, PromptTemplate
 
 __all__ = [
@@ -71,51 +72,11 @@ class Task(Protocol):
         ...
 
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def parse_number(text: str | None) -> float | None:
-    """The number `text` spells ("1,234", "$5", "42.0", " -7 "), or None if it is not exactly one number."""
-    if text is None:
-        return None
-    s = text.strip().replace(",", "").replace("$", "").rstrip(".").strip()
-    if not re.fullmatch(r"-?\d+(?:\.\d+)?", s):
-        return None
-    return float(s)
-
-
-def last_number(text: str) -> float | None:
-    """The last number written in `text` (commas allowed as thousands separators), or None.
-
-    A GSM8K-style "#### 42" marker wins over any other number when present."""
-    marked = re.search(r"####\s*(" + _NUMBER.pattern + ")", text)
-    if marked:
-        return parse_number(marked.group(1))
-    found = _NUMBER.findall(text)
-    return parse_number(found[-1]) if found else None
-
-
-def numbers_equal(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
-
-
 def number_reward(reference: float, completion_text: str) -> float:
     """1.0 if the completion's answer (its "#### x", else its last number) equals `reference`,
     0.0 if it is another number or the completion holds none (unparsable is wrong, not unscored)."""
     got = last_number(completion_text)
     return 1.0 if got is not None and numbers_equal(got, reference) else 0.0
-
-
-def parse_verdict(text: str) -> bool | None:
-    """"yes..." -> True, "no..." -> False (case and surrounding spaces/punctuation ignored), else None."""
-    words = re.findall(r"[a-z]+", text.lower())
-    if not words:
-        return None
-    if words[0] == "yes":
-        return True
-    if words[0] == "no":
-        return False
-    return None
 
 
 def verifier_prompt(question: str, proposed: str) -> str:

@@ -46,6 +46,8 @@ from pathlib import Path
 from pipeline.errors import ConfigError
 from pipeline.types import Message
 
+from .answers import parse_compared_verdict, parse_marked_verdict, parse_verdict
+
 __all__ = [
     "PromptTemplate",
     "ARITHMETIC_PROMPTS",
@@ -179,8 +181,6 @@ class PromptTemplate:
     def parse_verdict(self, text: str, solution: str | None = None) -> bool | None:
         """The Verifier's reply -> approves? None = unparsable (by the `verdict` style; "compare"
         needs the judged `solution`)."""
-        from .base import parse_verdict
-
         if self.verdict == "compare":
             return parse_compared_verdict(text, solution)
         return parse_verdict(text) if self.verdict == "first_word" else parse_marked_verdict(text)
@@ -232,42 +232,6 @@ CHAIN_OF_THOUGHT_PROMPTS = PromptTemplate(
 )
 """The file tasks' default prompts: chain of thought ending in "#### <number>", a Verifier that
 checks the whole solution and ends with "Verdict: yes|no"."""
-
-_MARKER = re.compile(r"verdict[\W_]{0,6}(yes|no)\b", re.IGNORECASE)
-
-
-def parse_marked_verdict(text: str) -> bool | None:
-    """The last "Verdict: yes|no" in `text` (case, markdown stars and the colon are free:
-    "**Verdict:** No", "verdict - yes"); without one, a bare yes/no: the reply's first word, else
-    its last non-empty line when that line is only "yes"/"no" (punctuation aside); else None."""
-    from .base import parse_verdict
-
-    found = _MARKER.findall(text)
-    if found:
-        return found[-1].lower() == "yes"
-    first = parse_verdict(text)
-    if first is not None:
-        return first
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    if lines:
-        words = re.findall(r"[a-z]+", lines[-1].lower())
-        if words in (["yes"], ["no"]):
-            return words[0] == "yes"
-    return None
-
-
-def parse_compared_verdict(text: str, solution: str | None) -> bool | None:
-    """Whether the Verifier's own answer (its reply's "#### x", else its last number) equals the
-    judged solution's; None when the reply holds no number (unparsable). A solution without a
-    number is never approved."""
-    from .base import last_number, numbers_equal
-
-    own = last_number(text)
-    if own is None:
-        return None
-    proposed = last_number(solution or "")
-    return proposed is not None and numbers_equal(own, proposed)
-
 
 def load_prompt_file(path: str | Path, base: PromptTemplate) -> PromptTemplate:
     """The template of a TOML (.toml) or JSON (.json) file: its keys are `PromptTemplate` fields
