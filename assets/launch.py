@@ -7,7 +7,10 @@ store's rounds lives next to its tables, so two stores never share asset partiti
 
 By default `maxit run` prints only its own progress and round tables; the engines' and libraries'
 output (vLLM and Dagster log lines, Python warnings, C++ warnings written straight to the process's
-stderr) goes to `<store>/maxit.log`, and `--verbose` prints it as well."""
+stderr) goes to `<store>/maxit.log`, and `--verbose` prints it as well.
+
+One writer per store: a run, and each materialization a UI run makes, holds the store's writer
+lock (`pipeline.lock`); a second writer stops with an error naming the first."""
 
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from typing import IO, Iterator, Sequence
 import polars as pl
 
 from pipeline.errors import MaxitError
+from pipeline.lock import StoreLocked, command_line, token_in_env
+from pipeline.lock import acquire as acquire_writer_lock
 from pipeline.report import LOG_FILE, record_experiment, trajectory_success
 from pipeline.rounds import BASE_ROUND, record_timing, round_complete
 from pipeline.store import UrlStore, is_url, scan_table, table_path
@@ -187,29 +192,35 @@ def run_rounds(
 
     `store` may be a URL (`pipeline.store.UrlStore`): the run then works in the store's local
     working copy (tables, checkpoints being trained, the Dagster instance, maxit.log), made first
-    to hold the URL's tables, and every asset uploads what it wrote as it finishes."""
+    to hold the URL's tables, and every asset uploads what it wrote as it finishes.
+
+    The run holds the store's writer lock (`pipeline.lock`) from before it writes anything until
+    it ends: a second writer of the store stops at once with `StoreLocked`, naming this one, and
+    so does this run when another holds it. A URL store is locked in its working copy, which
+    keeps two runs on this machine apart but not runs on two machines. The step processes of a
+    sharded round (`--shards`) share the lock through `pipeline.lock.TOKEN_ENV`."""
     if n_rounds < 1:
         raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
     url = UrlStore(str(store)) if is_url(store) else None
-    if url is not None:
-        # the URL is the store of record: the working copy is made to hold its tables (complete
-        # rounds are kept, tables it never received are dropped); checkpoints come when needed
-        url.local.mkdir(parents=True, exist_ok=True)
-        url.pull(reconcile=True)
-        store = url.local
-    store = Path(store)
-    store.mkdir(parents=True, exist_ok=True)
-    log_path = store / LOG_FILE
-    from pipeline.engines import vllm_available
+    local = url.local if url is not None else Path(store)
+    local.mkdir(parents=True, exist_ok=True)
+    with acquire_writer_lock(local, command=command_line()) as lock, token_in_env(lock.token):
+        if url is not None:
+            # the URL is the store of record: the working copy is made to hold its tables (complete
+            # rounds are kept, tables it never received are dropped); checkpoints come when needed
+            url.pull(reconcile=True)
+        store = local
+        log_path = store / LOG_FILE
+        from pipeline.engines import vllm_available
 
-    record_experiment(store, settings.settings(), engine if engine != "auto" else ("vllm" if vllm_available() else "hf"))
-    if url is not None:
-        _publish_experiment(url)
-    with console_to_log(log_path, verbose=verbose) as (out, err):
-        try:
-            return _run_rounds(n_rounds, store, settings, engine, restart, home, quiet_dagster, out, err, url)
-        except MaxitError as e:
-            raise MaxitError(f"{e}\n(engine and library output: {log_path})") from e
+        record_experiment(store, settings.settings(), engine if engine != "auto" else ("vllm" if vllm_available() else "hf"))
+        if url is not None:
+            _publish_experiment(url)
+        with console_to_log(log_path, verbose=verbose) as (out, err):
+            try:
+                return _run_rounds(n_rounds, store, settings, engine, restart, home, quiet_dagster, out, err, url)
+            except MaxitError as e:
+                raise MaxitError(f"{e}\n(engine and library output: {log_path})") from e
 
 
 def _publish_experiment(url: UrlStore) -> None:
@@ -374,7 +385,13 @@ def ui(host: str = "127.0.0.1", port: int = 3000, home: str | Path | None = None
     if store is not None and is_url(store):  # its working copy holds the instance; the stages write to the URL
         url = UrlStore(store)
         url.local.mkdir(parents=True, exist_ok=True)
-        url.pull(reconcile=True)
+        try:
+            # reconciling deletes the working copy's tables the URL lacks: never under a live writer,
+            # whose tables not yet uploaded they would be
+            with acquire_writer_lock(url.local, command=command_line()):
+                url.pull(reconcile=True)
+        except StoreLocked as err:
+            print(f"working copy not refreshed from {url.url}: {err}", flush=True)
         store_path, location = url.local, url.url
     else:
         store_path = Path(store or "runs/default").resolve()

@@ -1,10 +1,13 @@
-"""Resources: where the tables live, which engine samples, and the policy registry."""
+"""Resources: where the tables live (and the store's writer lock, held while a step runs), which
+engine samples, and the policy registry."""
 
 
+import os
 import shutil
 from pathlib import Path
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from pipeline.registry import BASE_ROUND, PolicyRegistry
 from pipeline.store import UrlStore, is_url, table_path, working_copy
@@ -23,6 +26,29 @@ class StoreResource(dg.ConfigurableResource):
     `publish(r)` (the tables it wrote, one object each, the round's evaluation last)."""
 
     path: str = "runs/default"
+
+    _lock: object = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Hold the store's writer lock (`pipeline.lock`) while the step runs, so that a UI run
+        never writes beside a `maxit run` or another UI run, and refuse to start when another
+        writer holds it. In `maxit run`'s own process the lock is already held (re-entrant); its
+        step processes (`--shards`) join it through `TOKEN_ENV`; the step processes of one UI
+        run share it by run id. Between two steps of a UI run the lock is free: another writer
+        starting then makes the run's next step fail, not write beside it."""
+        from pipeline.lock import TOKEN_ENV, acquire
+
+        run = context.run
+        if run is None:  # built outside a run (a test's build_resources): no writer to stand for
+            return
+        command = f"Dagster run {run.run_id} of job {run.job_name}"
+        token = os.environ.get(TOKEN_ENV) or f"dagster-run-{run.run_id}"
+        self._lock = acquire(self.root(), command=command, token=token)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def root(self) -> Path:
         """The folder the stages read and write: the store, or a URL store's working copy."""
