@@ -5,9 +5,10 @@ dagster.yaml written from the project's `dagster.yaml`): the run, event and asse
 store's rounds lives next to its tables, so two stores never share asset partitions, and
 `maxit ui --store DIR` shows exactly the rounds of DIR.
 
-By default `maxit run` prints only its own progress and round tables; the engines' and libraries'
-output (vLLM and Dagster log lines, Python warnings, C++ warnings written straight to the process's
-stderr) goes to `<store>/maxit.log`, and `--verbose` prints it as well.
+By default `maxit run` prints only its own progress, one line per finished round and the round
+table at the end; the engines' and libraries' output (vLLM and Dagster log lines, Python
+warnings, C++ warnings written straight to the process's stderr) goes to `<store>/maxit.log`,
+and `--verbose` prints it as well.
 
 One writer per store: a run, and each materialization a UI run makes, holds the store's writer
 lock (`pipeline.lock`); a second writer stops with an error naming the first."""
@@ -24,16 +25,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Iterator, Sequence
+from typing import IO, Iterator
 
 import polars as pl
 
 from pipeline.errors import MaxitError
 from pipeline.lock import StoreLocked, command_line, token_in_env
 from pipeline.lock import acquire as acquire_writer_lock
-from pipeline.report import LOG_FILE, record_experiment, trajectory_success
+from pipeline.report import LOG_FILE, record_experiment, round_line, round_summary
 from pipeline.rounds import BASE_ROUND, record_timing, round_complete
-from pipeline.store import UrlStore, is_url, scan_table, table_path
+from pipeline.store import UrlStore, is_url, table_path
 
 log = logging.getLogger("maxit")
 
@@ -66,57 +67,6 @@ def _peak_rss_mb() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return max(own, kids) / 1024.0
-
-
-STAGE_COLUMNS = {"problems": "s_prob", "rollouts": "s_roll", "advantages": "s_adv", "view": "s_view", "training": "s_train", "evaluation": "s_eval", "other": "s_other"}
-"""Column of the round table holding each stage's seconds (the store's `timings` table)."""
-
-
-def round_summary(store: Path, rounds: list[int], metrics: Sequence[tuple[str, str, str]] | None = None) -> pl.DataFrame:
-    """One row per round: the workflow's held-out metrics (`metrics`: (agent_id, metric, column)
-    triples, by default the math workflow's: Solver accuracy, Verifier verdict accuracies),
-    trajectory success by strategy, rollout tokens/s (completion tokens over the rollouts stage's
-    seconds) and the seconds of every stage (the `timings` table)."""
-    if metrics is None:
-        from pipeline.workflows.math import MathWorkflow
-
-        metrics = MathWorkflow.table_metrics
-    columns = {(agent, metric): column for agent, metric, column in metrics}
-    ev = scan_table(store, "evaluation").filter(pl.col("round").is_in(rounds)).collect()
-    picked = ev.with_columns(pl.struct("agent_id", "metric").map_elements(lambda k: columns.get((k["agent_id"], k["metric"])), return_dtype=pl.String).alias("column"))
-    picked = picked.filter(pl.col("column").is_not_null())
-    table = picked.pivot(on="column", index="round", values="value", aggregate_function="first") if picked.height else pl.DataFrame({"round": sorted(set(ev["round"].to_list()))}, schema={"round": pl.Int32})
-    table = table.select("round", *[c for c in columns.values() if c in table.columns]).sort("round")
-    trained = [r for r in rounds if r >= 0]
-    if trained:
-        steps = scan_table(store, "steps").filter(pl.col("round").is_in(trained))
-        success = (
-            trajectory_success(steps)
-            .group_by("round", "strategy")
-            .agg(pl.col("global_reward").mean())
-            .collect()
-            .pivot(on="strategy", index="round", values="global_reward")
-        )
-        # strategies in a fixed order (a pivot orders them by first appearance)
-        success = success.select("round", *sorted(c for c in success.columns if c != "round"))
-        success = success.rename({c: f"success_{c}" for c in success.columns if c != "round"})
-        table = table.join(success, on="round", how="left")
-        if any(store.glob("round=*/timings.parquet")):
-            timings = scan_table(store, "timings").filter(pl.col("round").is_in(trained)).select("round", "stage", "seconds").collect()
-            tokens = steps.group_by("round").agg(pl.col("completion_ids").list.len().sum().alias("tokens")).collect()
-            speed = (
-                timings.filter(pl.col("stage") == "rollouts")
-                .join(tokens, on="round")
-                .select("round", (pl.col("tokens") / pl.col("seconds")).alias("rollout_tok_s"))
-            )
-            seconds = (
-                timings.filter(pl.col("stage").is_in(list(STAGE_COLUMNS)))
-                .with_columns(pl.col("stage").replace_strict(STAGE_COLUMNS), pl.col("seconds").round(0).cast(pl.Int64))
-                .pivot(on="stage", index="round", values="seconds", aggregate_function="first")
-            )
-            seconds = seconds.select("round", *[c for c in STAGE_COLUMNS.values() if c in seconds.columns])
-            table = table.join(speed, on="round", how="left").join(seconds, on="round", how="left")
-    return table.sort("round")
 
 
 @contextlib.contextmanager
@@ -187,7 +137,8 @@ def run_rounds(
     """Materialize rounds 0..n_rounds-1 in-process, on the store's own Dagster instance
     (`dagster_home(store)`, or `home`). Complete rounds (their `evaluation` table exists) are
     kept unless `restart`; the first incomplete round is re-run from scratch. The console shows
-    maxit's progress and round tables; engine and library output goes to `<store>/maxit.log`
+    maxit's progress and one line per finished round (`pipeline.report.round_line`; the caller
+    prints the returned table); engine and library output goes to `<store>/maxit.log`
     (and to the console too with `verbose`).
 
     `store` may be a URL (`pipeline.store.UrlStore`): the run then works in the store's local
@@ -310,9 +261,12 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
             _record_other_time(store, r, time.perf_counter() - t0, started)
             if url is not None:
                 url.push([BASE_ROUND, r])
-            bar.set_postfix_str(f"round {r}: {time.perf_counter() - t0:.0f}s")
+            seconds = time.perf_counter() - t0
+            bar.set_postfix_str(f"round {r}: {seconds:.0f}s")
+            # round r is done: one line on the console (the whole table is printed once, at the end)
             summary = round_summary(store, [BASE_ROUND, *done], metrics)
-            _print_table(summary, f"after round {r} ({time.perf_counter() - t_start:.0f}s, peak memory {_peak_rss_mb():.0f} MB)", out)
+            line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
+            _print_line(line, bar, out)
     finally:
         bar.close()
         close_engines()
@@ -369,9 +323,17 @@ def _record_other_time(store: Path, round_: int, wall_seconds: float, started: f
     record_timing(store, round_, "other", max(0.0, wall_seconds - staged))
 
 
-def _print_table(df: pl.DataFrame, title: str, file: IO[str] | None = None) -> None:
-    with pl.Config(tbl_rows=100, tbl_cols=30, float_precision=3, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True, tbl_width_chars=300):
-        print(f"\n{title}\n{df}", file=file or sys.stdout, flush=True)
+def _row(summary: pl.DataFrame, round_: int) -> dict | None:
+    rows = summary.filter(pl.col("round") == round_)
+    return rows.row(0, named=True) if rows.height else None
+
+
+def _print_line(line: str, bar, file: IO[str]) -> None:
+    """`line` on the console's stdout, the progress bar (on stderr) cleared first and drawn again
+    below it, so that on a terminal the two do not share a line."""
+    bar.clear()
+    print(line, file=file, flush=True)
+    bar.refresh()
 
 
 def ui(host: str = "127.0.0.1", port: int = 3000, home: str | Path | None = None, store: str | None = None, engine: str | None = None) -> int:

@@ -15,12 +15,12 @@ from pipeline.settings import LOSS_KINDS, add_setting_flags, parse_weights, sett
 __all__ = ["main", "build_parser"]
 
 
-def _print_frame(df, title: str | None = None) -> None:
+def _print_frame(df, title: str | None = None, width: int = 200) -> None:
     import polars as pl
 
     if title:
         print(f"\n{title}")
-    with pl.Config(tbl_rows=200, tbl_cols=30, tbl_width_chars=200, float_precision=3, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
+    with pl.Config(tbl_rows=200, tbl_cols=40, tbl_width_chars=width, float_precision=3, tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
         print(df)
 
 
@@ -177,7 +177,9 @@ def cmd_run(args) -> int:
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
-    _print_frame(summary, f"maxit run: {args.rounds} round(s) in {time.perf_counter() - t0:.0f}s, peak memory {peak:.0f} MB, store {args.store}")
+    # the whole round table, once: as wide as it is (column names unbroken), where the lines
+    # printed after each round keep to 120 characters
+    _print_frame(summary, f"maxit run: {args.rounds} round(s) in {time.perf_counter() - t0:.0f}s, peak memory {peak:.0f} MB, store {args.store}", width=1000)
     return 0
 
 

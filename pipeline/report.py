@@ -1,5 +1,7 @@
 """What stores hold, read back: the experiment record of a store, the list of experiments under
-some folders (`maxit runs`), and a self-contained HTML report comparing stores (`maxit report`).
+some folders (`maxit runs`), the round table (`round_summary`: what `maxit run` prints at the
+end, and one `round_line` per round as it goes), and a self-contained HTML report comparing
+stores (`maxit report`).
 
 A store is one experiment: its tables (`round=<r>/*.parquet`), checkpoints, policy registry,
 Dagster instance (`.dagster/`), console log (`maxit.log`) and `experiment.json`, which records
@@ -37,6 +39,10 @@ __all__ = [
     "store_metrics",
     "build_report",
     "trajectory_success",
+    "round_summary",
+    "round_line",
+    "STAGE_COLUMNS",
+    "LINE_WIDTH",
 ]
 
 EXPERIMENT_FILE = "experiment.json"
@@ -267,6 +273,146 @@ def store_metrics(store: str | Path) -> dict[str, pl.DataFrame]:
         .sort("round")
     )
     return out
+
+
+# -- the round table --------------------------------------------------------------------------
+
+STAGE_COLUMNS = {"problems": "s_prob", "rollouts": "s_roll", "advantages": "s_adv", "view": "s_view", "training": "s_train", "evaluation": "s_eval", "other": "s_other"}
+"""Column of the round table holding each stage's seconds (the store's `timings` table)."""
+
+TRAIN_COLUMNS = {"rows": "train_rows", "steps": "train_steps"}
+"""Columns of the round table holding a round's training rows and optimizer steps (summed over
+its policies, from the metrics its policy registry entries keep)."""
+
+LINE_WIDTH = 120
+"""The widest console line `round_line` writes."""
+
+
+def round_summary(store: str | Path, rounds: Sequence[int], metrics: Sequence[tuple[str, str, str]] | None = None) -> pl.DataFrame:
+    """One row per round: the workflow's held-out metrics (`metrics`: (agent_id, metric, column)
+    triples, by default the math workflow's: Solver accuracy, Verifier verdict accuracies),
+    trajectory success by strategy, training rows and optimizer steps, rollout tokens/s
+    (completion tokens over the rollouts stage's seconds) and the seconds of every stage (the
+    `timings` table)."""
+    store = Path(store)
+    rounds = list(rounds)
+    if metrics is None:
+        from pipeline.workflows.math import MathWorkflow
+
+        metrics = MathWorkflow.table_metrics
+    columns = {(agent, metric): column for agent, metric, column in metrics}
+    ev = st.scan_table(store, "evaluation").filter(pl.col("round").is_in(rounds)).collect()
+    picked = ev.with_columns(pl.struct("agent_id", "metric").map_elements(lambda k: columns.get((k["agent_id"], k["metric"])), return_dtype=pl.String).alias("column"))
+    picked = picked.filter(pl.col("column").is_not_null())
+    table = picked.pivot(on="column", index="round", values="value", aggregate_function="first") if picked.height else pl.DataFrame({"round": sorted(set(ev["round"].to_list()))}, schema={"round": pl.Int32})
+    table = table.select("round", *[c for c in columns.values() if c in table.columns]).sort("round")
+    trained = [r for r in rounds if r >= 0]
+    if trained:
+        steps = st.scan_table(store, "steps").filter(pl.col("round").is_in(trained))
+        success = (
+            trajectory_success(steps)
+            .group_by("round", "strategy")
+            .agg(pl.col("global_reward").mean())
+            .collect()
+            .pivot(on="strategy", index="round", values="global_reward")
+        )
+        # strategies in a fixed order (a pivot orders them by first appearance)
+        success = success.select("round", *sorted(c for c in success.columns if c != "round"))
+        success = success.rename({c: f"success_{c}" for c in success.columns if c != "round"})
+        table = table.join(success, on="round", how="left")
+        counts = _training_counts(store, trained)
+        if counts is not None:
+            table = table.join(counts, on="round", how="left")
+        if any(store.glob("round=*/timings.parquet")):
+            timings = st.scan_table(store, "timings").filter(pl.col("round").is_in(trained)).select("round", "stage", "seconds").collect()
+            tokens = steps.group_by("round").agg(pl.col("completion_ids").list.len().sum().alias("tokens")).collect()
+            speed = (
+                timings.filter(pl.col("stage") == "rollouts")
+                .join(tokens, on="round")
+                .select("round", (pl.col("tokens") / pl.col("seconds")).alias("rollout_tok_s"))
+            )
+            seconds = (
+                timings.filter(pl.col("stage").is_in(list(STAGE_COLUMNS)))
+                .with_columns(pl.col("stage").replace_strict(STAGE_COLUMNS), pl.col("seconds").round(0).cast(pl.Int64))
+                .pivot(on="stage", index="round", values="seconds", aggregate_function="first")
+            )
+            seconds = seconds.select("round", *[c for c in STAGE_COLUMNS.values() if c in seconds.columns])
+            table = table.join(speed, on="round", how="left").join(seconds, on="round", how="left")
+    return table.sort("round")
+
+
+def _training_counts(store: Path, rounds: Sequence[int]) -> pl.DataFrame | None:
+    """round, train_rows, train_steps: the training metrics the policy registry keeps, summed
+    over the round's policies; None when no entry of these rounds has them (a store trained
+    before they were kept)."""
+    from pipeline.registry import PolicyRegistry
+
+    rows = [
+        {"round": rec.round, **{column: rec.metrics.get(key) for key, column in TRAIN_COLUMNS.items()}}
+        for rec in PolicyRegistry(store).records()
+        if rec.round in rounds and any(key in rec.metrics for key in TRAIN_COLUMNS)
+    ]
+    if not rows:
+        return None
+    frame = pl.DataFrame(rows, schema={"round": pl.Int32, **{c: pl.Float64 for c in TRAIN_COLUMNS.values()}})
+    return frame.group_by("round").agg(pl.col(c).sum().cast(pl.Int64) for c in TRAIN_COLUMNS.values())
+
+
+def _is_fraction(value: float) -> bool:
+    return 0.0 <= value <= 1.0
+
+
+def _value(value: float | None, percent: bool) -> str:
+    if value is None or value != value:  # NaN: a metric with no sample
+        return "-"
+    return f"{100 * value:.1f}%" if percent else f"{value:.3f}"
+
+
+def round_line(
+    row: Mapping[str, object],
+    start: Mapping[str, object] | None,
+    metrics: Sequence[tuple[str, str, str]],
+    seconds: float | None = None,
+    total_seconds: float | None = None,
+    peak_mb: float | None = None,
+    width: int = LINE_WIDTH,
+) -> str:
+    """The console's line for one finished round: `row` is the round's row of `round_summary`,
+    `start` round -1's (the starting model), `metrics` the workflow's `table_metrics`. It shows
+    the workflow's first held-out metric and its change since the start, its next metrics, the
+    rows and optimizer steps trained, the round's seconds (and the run's so far) and the peak
+    memory, e.g. `round 3 | solver_acc 81.8% (+37.5 since start) | greedy 94.5% | 1647 rows/14
+    steps | 148s, 712s in all | peak 2210 MB`. At most `width` characters: what does not fit is
+    left out, the workflow's third and later metrics first, then the training counts, the
+    memory, the seconds and the second metric."""
+    shown = [column for _agent, _metric, column in metrics if column in row]
+    # (drop rank, text): the highest rank is left out first; 0 is always shown
+    segments: list[tuple[int, str]] = [(0, f"round {row['round']}")]
+    if not shown:
+        segments.append((0, "no held-out metric of the workflow"))
+    for i, column in enumerate(shown):
+        value = row[column]
+        percent = value is None or value != value or _is_fraction(float(value))
+        text = f"{column} {_value(value, percent)}"
+        if i == 0:
+            first = start.get(column) if start is not None else None
+            if value is not None and value == value and first is not None and first == first:
+                change = float(value) - float(first)
+                text += f" ({100 * change:+.1f} since start)" if percent and _is_fraction(float(first)) else f" ({change:+.3f} since start)"
+        segments.append((0 if i == 0 else 1 if i == 1 else 100 + i, text))
+    rows_trained, steps_trained = (row.get(c) for c in TRAIN_COLUMNS.values())
+    if rows_trained is not None:
+        steps_text = f"/{steps_trained} step{'' if steps_trained == 1 else 's'}" if steps_trained is not None else " trained"
+        segments.append((4, f"{rows_trained} rows{steps_text}"))
+    if seconds is not None:
+        segments.append((2, f"{seconds:.0f}s" + (f", {total_seconds:.0f}s in all" if total_seconds is not None else "")))
+    if peak_mb is not None:
+        segments.append((3, f"peak {peak_mb:.0f} MB"))
+    line = " | ".join(text for _rank, text in segments)
+    while len(line) > width and any(rank for rank, _ in segments):
+        del segments[max(range(len(segments)), key=lambda k: segments[k][0])]
+        line = " | ".join(text for _rank, text in segments)
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 # -- the HTML report --------------------------------------------------------------------------

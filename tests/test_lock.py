@@ -383,3 +383,18 @@ def test_a_killed_maxit_runs_lock_does_not_block_the_next(killed_then_run):
     assert (store / "round=0" / "evaluation.parquet").is_file()
     assert holder(store) is None  # released at the end
 
+
+def test_the_next_run_prints_one_line_per_round_and_the_table_once(killed_then_run):
+    """The console of the run after the killed one (a normal run: this saves a run of its own):
+    one line per finished round that fits 120 columns, the whole table once at the end."""
+    _store, _first, _second, third = killed_then_run
+    lines = third.stdout.splitlines()
+    rounds = [line for line in lines if line.startswith("round ")]
+    assert len(rounds) == 1 and len(rounds[0]) <= 120, rounds
+    assert re.fullmatch(r"round 0 \| solver_acc \d+\.\d% \([+-]\d+\.\d since start\) \| greedy \d+\.\d% \| \d+ rows/\d+ steps? \| \d+s, \d+s in all \| peak \d+ MB", rounds[0])
+    assert not any(line.startswith("after round") for line in lines)
+    table_top = [i for i, line in enumerate(lines) if line.startswith("maxit run: 1 round(s)")]
+    assert len(table_top) == 1 and table_top[0] > lines.index(rounds[0])
+    header = lines[table_top[0] + 2]  # the title, the table's top border, its header
+    for column in ("solver_acc", "verifier_bal_acc", "success_iid", "train_rows", "rollout_tok_s", "s_train"):
+        assert f" {column} " in header, header

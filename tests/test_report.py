@@ -1,5 +1,5 @@
 """`maxit report`: a self-contained HTML page of one or more stores (plotly.js inlined), and what
-headless Chromium makes of it."""
+headless Chromium makes of it; the round table's one line per round that `maxit run` prints."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.report import build_report, store_metrics
+from pipeline.report import LINE_WIDTH, build_report, round_line, round_summary, store_metrics
 from pipeline.rounds import record_timing
 from pipeline.store import table_path, write_table
 from pipeline.synthetic import synthetic_steps
+from pipeline.workflows.code import CodeWorkflow
+from pipeline.workflows.grid import GridWorkflow
+from pipeline.workflows.math import MathWorkflow, SingleWorkflow
 
 MAXIT = str(Path(sys.executable).with_name("maxit"))
 
@@ -136,3 +139,75 @@ def test_report_renders_in_headless_chromium(stores, tmp_path):
     # the first two stores' line colours (plotly's #636EFA and #EF553B) are on the page: the
     # figures were drawn, not only the HTML table
     assert (0x63, 0x6E, 0xFA) in colours and (0xEF, 0x55, 0x3B) in colours
+
+
+# -- the round table: one line per round ------------------------------------------------------------
+
+MATH_ROW = {"round": 3, "solver_acc": 0.818, "greedy": 0.945, "with_hint": 0.692, "verifier_acc": 0.8, "verifier_bal_acc": 0.75, "verifier_bal_greedy": 0.77,
+            "success_iid": 0.7, "train_rows": 1647, "train_steps": 14, "rollout_tok_s": 500.0, "s_train": 121}
+
+
+def test_round_line_of_the_math_workflow():
+    line = round_line(MATH_ROW, {"round": -1, "solver_acc": 0.443}, MathWorkflow.table_metrics, seconds=148.4, total_seconds=712, peak_mb=2210.4)
+    assert line == "round 3 | solver_acc 81.8% (+37.5 since start) | greedy 94.5% | 1647 rows/14 steps | 148s, 712s in all | peak 2210 MB"
+    assert len(line) <= LINE_WIDTH
+
+
+@pytest.mark.parametrize(
+    "workflow, row, expected",
+    [
+        (SingleWorkflow, {"round": 0, "solver_acc": 0.58, "greedy": 0.77, "with_hint": 0.605, "train_rows": 1041, "train_steps": 1},
+         "round 0 | solver_acc 58.0% (+13.8 since start) | greedy 77.0% | 1041 rows/1 step | 63s, 70s in all | peak 900 MB"),
+        (GridWorkflow, {"round": 4, "success": 0.705, "greedy": 0.64, "planner_reward": 0.587, "mover_reward": 0.578, "mover_follows": 0.946},
+         "round 4 | success 70.5% (+28.5 since start) | greedy 64.0% | planner_reward 58.7% | 63s, 70s in all | peak 900 MB"),
+        (CodeWorkflow, {"round": 1, "success": None, "greedy": 0.5, "solved": 0.25, "coder_reward": 2.5, "tester_reward": 0.1},
+         "round 1 | success - | greedy 50.0% | solved 25.0% | coder_reward 2.500 | 63s, 70s in all | peak 900 MB"),
+    ],
+)
+def test_round_line_of_other_workflows(workflow, row, expected):
+    """The workflow's own metrics, in its order, as many as fit (the last ones are left out)."""
+    start = {"round": -1, "success": 0.42, "solver_acc": 0.442}
+    line = round_line(row, start, workflow.table_metrics, seconds=63, total_seconds=70, peak_mb=900)
+    assert line == expected and len(line) <= LINE_WIDTH
+
+
+def test_round_line_leaves_out_what_does_not_fit_the_least_watched_first():
+    start = {"round": -1, "solver_acc": 0.5}
+    big = {**MATH_ROW, "train_rows": 12_345_678, "train_steps": 98_765}
+    full = round_line(big, start, MathWorkflow.table_metrics, seconds=86_399, total_seconds=999_999, peak_mb=1_234_567)
+    assert len(full) <= LINE_WIDTH
+    # the training counts go before the memory, the seconds and the second metric
+    assert "rows" not in full and "peak 1234567 MB" in full and "greedy 94.5%" in full
+    assert round_line(big, start, MathWorkflow.table_metrics, width=61) == "round 3 | solver_acc 81.8% (+31.8 since start) | greedy 94.5%"
+    # a column name too long for any line: cut, never wider
+    long = [("solver", "accuracy", "x" * 200)]
+    cut = round_line({"round": 0, "x" * 200: 0.5}, None, long)
+    assert len(cut) == LINE_WIDTH and cut.startswith("round 0 | xxx") and cut.endswith("…")
+    # a non-fraction first metric: its change in its own units
+    assert round_line({"round": 0, "r": 2.5}, {"round": -1, "r": 2.0}, [("a", "reward", "r")]) == "round 0 | r 2.500 (+0.500 since start)"
+
+
+def test_round_line_of_every_round_of_a_store_fits(stores):
+    metrics = MathWorkflow.table_metrics
+    table = round_summary(stores[0], [-1, 0, 1, 2], metrics)
+    start = table.row(0, named=True)
+    for row in table.iter_rows(named=True):
+        if row["round"] < 0:
+            continue
+        line = round_line(row, start, metrics, seconds=10, total_seconds=30, peak_mb=500)
+        assert len(line) <= LINE_WIDTH
+        assert line.startswith(f"round {row['round']} | solver_acc {100 * row['solver_acc']:.1f}% ({100 * (row['solver_acc'] - start['solver_acc']):+.1f} since start)")
+
+
+def test_round_summary_sums_training_counts_over_policies(stores):
+    from pipeline.registry import PolicyRegistry
+
+    registry = PolicyRegistry(stores[0])
+    (stores[0] / "ckpt").mkdir()
+    for r, (rows_a, rows_b) in enumerate([(10, 20), (30, 40)]):
+        registry.register(r, "solver", stores[0] / "ckpt", metrics={"rows": rows_a, "steps": 1, "mean_loss": 0.5})
+        registry.register(r, "verifier", stores[0] / "ckpt", metrics={"rows": rows_b, "steps": 2})
+    table = round_summary(stores[0], [-1, 0, 1, 2])
+    assert table["train_rows"].to_list() == [None, 30, 70, None] and table["train_steps"].to_list() == [None, 3, 3, None]
+    # a store without such entries has no such columns
+    assert "train_rows" not in round_summary(stores[1], [-1, 0, 1]).columns
