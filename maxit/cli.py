@@ -219,12 +219,21 @@ def cmd_runs(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from pipeline.report import build_report
+    from pipeline.report import build_report, markdown_round_table
     from pipeline.store import check_writable
 
-    check_writable(args.out, "--out")
-    out = build_report([local_store(s) for s in args.store], args.out)
-    print(f"report of {len(args.store)} store(s) -> {out}")
+    if args.out is None and not args.markdown:
+        raise MaxitError("maxit report needs --out FILE.html (the HTML report) or --markdown (the round table on stdout), or both")
+    if args.out is not None:
+        check_writable(args.out, "--out")
+    local = [local_store(s) for s in args.store]
+    if args.markdown:
+        # every table is made before any is printed: a bad store leaves stdout empty
+        tables = [markdown_round_table(path, label=name) for path, name in zip(local, args.store)]
+        print("\n\n".join(tables))
+    if args.out is not None:
+        out = build_report(local, args.out)
+        print(f"report of {len(args.store)} store(s) -> {out}", file=sys.stderr if args.markdown else sys.stdout)
     return 0
 
 
@@ -463,9 +472,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", action="append", metavar="DIR", help="folder holding stores, or a store (repeat; default runs)")
     p.set_defaults(func=cmd_runs)
 
-    p = sub.add_parser("report", help="a self-contained HTML report of one or more stores (accuracies, success, ratios, speed, time per stage)")
+    p = sub.add_parser(
+        "report",
+        help="a self-contained HTML report of one or more stores (accuracies, success, ratios, speed, time per stage) with --out; "
+        "the round table as markdown on stdout with --markdown",
+    )
     p.add_argument("--store", action="append", required=True, metavar="DIR", help="a store to draw, a folder or a URL (repeat to compare; one colour each)")
-    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument("--out", default=None, help="the HTML file to write")
+    p.add_argument(
+        "--markdown", action="store_true",
+        help="print each store's round table (held-out metrics, success per strategy, training rows and steps, seconds per stage; "
+        "what maxit run prints at its end) as a markdown table, after a line naming the store, workflow, algorithm and seed",
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rollout", help="one round's problems and rollouts (what `maxit run` samples) -> DIR/round=R/steps.parquet")

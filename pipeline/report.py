@@ -1,7 +1,7 @@
 """What stores hold, read back: the experiment record of a store, the list of experiments under
 some folders (`maxit runs`), the round table (`round_summary`: what `maxit run` prints at the
-end, and one `round_line` per round as it goes), and a self-contained HTML report comparing
-stores (`maxit report`).
+end, one `round_line` per round as it goes, and `maxit report --markdown`), and a
+self-contained HTML report comparing stores (`maxit report --out`).
 
 A store is one experiment: its tables (`round=<r>/*.parquet`), checkpoints, policy registry,
 Dagster instance (`.dagster/`), console log (`maxit.log`) and `experiment.json`, which records
@@ -27,6 +27,7 @@ import polars as pl
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
+from pipeline.registry import BASE_ROUND
 
 __all__ = [
     "EXPERIMENT_FILE",
@@ -41,6 +42,8 @@ __all__ = [
     "trajectory_success",
     "round_summary",
     "round_line",
+    "table_metrics_of",
+    "markdown_round_table",
     "STAGE_COLUMNS",
     "LINE_WIDTH",
 ]
@@ -413,6 +416,79 @@ def round_line(
         del segments[max(range(len(segments)), key=lambda k: segments[k][0])]
         line = " | ".join(text for _rank, text in segments)
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def table_metrics_of(store: str | Path) -> tuple[tuple[tuple[str, str, str], ...], str | None]:
+    """The round-table metrics of a store: its workflow's `table_metrics` (the workflow rebuilt
+    from the settings `experiment.json` records), or, when it cannot be rebuilt here (no record, a
+    user's workflow module not importable here), one column per held-out metric its evaluation
+    table holds (named `metric` for the team, `agent_metric` for an agent). Returns the triples
+    and, in the second case, why."""
+    from pipeline.errors import MaxitError, one_line
+
+    record = read_experiment(store)
+    reason: str | None
+    if record is None or "settings" not in record:
+        reason = f"no {EXPERIMENT_FILE}"
+    else:
+        from pipeline.rounds import build_workflow
+        from pipeline.settings import Settings
+
+        known = {f.name for f in fields(Settings)}
+        try:
+            workflow = build_workflow(Settings(**{k: v for k, v in record["settings"].items() if k in known}).run_config())
+            return tuple(workflow.table_metrics), None
+        except (MaxitError, TypeError, ValueError, ImportError, OSError) as err:
+            reason = f"its workflow cannot be rebuilt here: {one_line(err)}"
+    pairs = st.scan_table(store, "evaluation").select("agent_id", "metric").unique(maintain_order=True).collect().iter_rows()
+    return tuple((agent, metric, metric if agent == "team" else f"{agent}_{metric}") for agent, metric in pairs), reason
+
+
+def _percent_columns(table: pl.DataFrame, metric_columns: Sequence[str]) -> set[str]:
+    """The held-out metric and success columns whose values are all fractions (shown in percent)."""
+    candidates = [c for c in table.columns if c in metric_columns or c.startswith("success_")]
+    return {c for c in candidates if table[c].drop_nulls().drop_nans().is_between(0.0, 1.0).all()}
+
+
+def markdown_round_table(store: str | Path, label: str | None = None) -> str:
+    """The round table of a store (`round_summary` of its complete rounds and round -1) as a
+    markdown table, after a one-line header naming the store (`label`, else its path), its
+    workflow, algorithm and seed. Fractions are shown in percent, one decimal; round -1 is the
+    starting model. Raises `DataError` when the store has no complete round."""
+    root = Path(store)
+    name = label or str(store)
+    if not is_store(root):
+        raise ConfigError(f"store {name}: not a store (no round folders, no {EXPERIMENT_FILE})")
+    done = _complete_rounds(root)
+    if not done:
+        raise DataError(f"store {name}: no completed round (no round=R/evaluation.parquet with R >= 0)")
+    metrics, reason = table_metrics_of(root)
+    rounds = ([BASE_ROUND] if st.table_path(root, BASE_ROUND, "evaluation").exists() else []) + done
+    table = round_summary(root, rounds, metrics)
+    settings = (read_experiment(root) or {}).get("settings", {})
+    described = ", ".join(f"{key} {settings.get(key, 'not recorded')}" for key in ("workflow", "algorithm", "seed"))
+    header = f"store {name}: {described}; {len(done)} complete round(s); fractions in percent, s_* in seconds"
+    if reason:
+        header += f" (every held-out metric shown: {reason})"
+    percent = _percent_columns(table, [c for _a, _m, c in metrics])
+
+    def cell(column: str, value) -> str:
+        if value is None or (isinstance(value, float) and value != value):
+            return ""
+        if column == "round":
+            return f"{value} (start)" if value == BASE_ROUND else str(value)
+        if column in percent:
+            return f"{100 * value:.1f}"
+        if isinstance(value, float):
+            return f"{value:.0f}" if column == "rollout_tok_s" else f"{value:.3f}"
+        return str(value)
+
+    def line(cells: Sequence[str]) -> str:
+        return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+
+    lines = [header, "", line(["round", *(f"`{c}`" for c in table.columns[1:])]), "|" + "---:|" * table.width]
+    lines += [line([cell(c, v) for c, v in row.items()]) for row in table.iter_rows(named=True)]
+    return "\n".join(lines)
 
 
 # -- the HTML report --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """`maxit report`: a self-contained HTML page of one or more stores (plotly.js inlined), and what
-headless Chromium makes of it; the round table's one line per round that `maxit run` prints."""
+headless Chromium makes of it; the round table as markdown (`--markdown`) and as the one line
+per round `maxit run` prints."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.report import LINE_WIDTH, build_report, round_line, round_summary, store_metrics
+from pipeline.report import LINE_WIDTH, build_report, markdown_round_table, record_experiment, round_line, round_summary, store_metrics, table_metrics_of
 from pipeline.rounds import record_timing
 from pipeline.store import table_path, write_table
 from pipeline.synthetic import synthetic_steps
@@ -141,7 +142,7 @@ def test_report_renders_in_headless_chromium(stores, tmp_path):
     assert (0x63, 0x6E, 0xFA) in colours and (0xEF, 0x55, 0x3B) in colours
 
 
-# -- the round table: one line per round ------------------------------------------------------------
+# -- the round table: one line per round, and as markdown ------------------------------------------
 
 MATH_ROW = {"round": 3, "solver_acc": 0.818, "greedy": 0.945, "with_hint": 0.692, "verifier_acc": 0.8, "verifier_bal_acc": 0.75, "verifier_bal_greedy": 0.77,
             "success_iid": 0.7, "train_rows": 1647, "train_steps": 14, "rollout_tok_s": 500.0, "s_train": 121}
@@ -211,3 +212,76 @@ def test_round_summary_sums_training_counts_over_policies(stores):
     assert table["train_rows"].to_list() == [None, 30, 70, None] and table["train_steps"].to_list() == [None, 3, 3, None]
     # a store without such entries has no such columns
     assert "train_rows" not in round_summary(stores[1], [-1, 0, 1]).columns
+
+
+def recorded(store: Path, **settings) -> Path:
+    from pipeline.settings import Settings
+
+    record_experiment(store, Settings(**settings), "hf")
+    return store
+
+
+def markdown_rows(block: str) -> tuple[str, list[str], list[list[str]]]:
+    """(header line, column names, cells of every row) of one store's markdown block."""
+    lines = block.splitlines()
+    assert lines[1] == "", block
+    columns = [c.strip().strip("`") for c in lines[2].strip("|").split("|")]
+    assert lines[3] == "|" + "---:|" * len(columns)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[4:]]
+    assert all(len(cells) == len(columns) for cells in rows), block
+    return lines[0], columns, rows
+
+
+def test_markdown_round_table(stores):
+    store = recorded(stores[0], seed=3, algorithm="drmas")
+    header, columns, rows = markdown_rows(markdown_round_table(store))
+    assert header == f"store {store}: workflow math, algorithm drmas, seed 3; 3 complete round(s); fractions in percent, s_* in seconds"
+    assert columns[:6] == ["round", "solver_acc", "greedy", "with_hint", "verifier_acc", "verifier_bal_acc"]
+    assert {"success_feedback", "success_iid", "success_prompt_aug", "rollout_tok_s", "s_roll", "s_train", "s_other"} <= set(columns)
+    assert [r[0] for r in rows] == ["-1 (start)", "0", "1", "2"]
+    # fractions in percent, the start row without round columns, seconds as whole numbers
+    assert rows[0][1:3] == ["25.0", "35.0"] and rows[3][1] == "40.0"
+    assert rows[0][columns.index("success_iid")] == "" and rows[1][columns.index("s_roll")] == "5"
+
+
+def test_markdown_round_table_of_a_workflow_not_importable_here(stores):
+    store = recorded(stores[1])
+    record = json.loads((store / "experiment.json").read_text())
+    record["settings"]["workflow"] = "gone_module:Team"  # a user's workflow of another machine
+    (store / "experiment.json").write_text(json.dumps(record))
+    header, columns, _rows = markdown_rows(markdown_round_table(store))
+    assert header.startswith(f"store {store}: workflow gone_module:Team, algorithm maxit, seed 0; 2 complete round(s)")
+    assert "(every held-out metric shown: its workflow cannot be rebuilt here: " in header and "\n" not in header
+    assert columns[:6] == ["round", "solver_accuracy", "solver_accuracy_greedy", "solver_accuracy_hint", "verifier_verdict_accuracy", "verifier_verdict_balanced_accuracy"]
+    assert table_metrics_of(store)[1] is not None
+
+
+def test_report_markdown_command(stores, tmp_path):
+    recorded(stores[0], seed=3)
+    proc = subprocess.run([MAXIT, "report", "--markdown", "--store", str(stores[0]), "--store", str(stores[1])], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    blocks = re.split(r"\n\n(?=store )", proc.stdout.rstrip("\n"))  # one block per store, a blank line between
+    assert len(blocks) == 2
+    header_a, columns_a, rows_a = markdown_rows(blocks[0])
+    header_b, _columns_b, rows_b = markdown_rows(blocks[1])
+    assert header_a.startswith(f"store {stores[0]}: workflow math, algorithm maxit, seed 3;")
+    # exp-b has no experiment.json: what is not known is said so, and every held-out metric is shown
+    assert header_b.startswith(f"store {stores[1]}: workflow not recorded, algorithm not recorded, seed not recorded; 2 complete round(s)")
+    assert len(rows_a) == 4 and len(rows_b) == 3 and columns_a[1] == "solver_acc"
+    # with --out as well: the HTML is written too, its line on stderr, stdout holds the tables only
+    both = subprocess.run([MAXIT, "report", "--markdown", "--store", str(stores[0]), "--out", str(tmp_path / "r.html")], capture_output=True, text=True, timeout=300)
+    assert both.returncode == 0 and (tmp_path / "r.html").is_file() and both.stdout.startswith(f"store {stores[0]}:") and "report of 1 store(s)" in both.stderr
+
+
+def test_report_markdown_bad_input(stores, tmp_path):
+    fresh = tmp_path / "fresh"
+    (fresh / "round=-1").mkdir(parents=True)  # a run stopped before its first round finished
+    for argv, message in (
+        (["--store", str(fresh)], f"maxit report: error: store {fresh}: no completed round (no round=R/evaluation.parquet with R >= 0)"),
+        (["--store", str(tmp_path / "nowhere")], f"maxit report: error: store {tmp_path / 'nowhere'}: not a store (no round folders, no experiment.json)"),
+    ):
+        # a good store first: a bad one among several prints no table at all
+        proc = subprocess.run([MAXIT, "report", "--markdown", "--store", str(stores[0]), *argv], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and proc.stderr.strip() == message and proc.stdout == ""
+    neither = subprocess.run([MAXIT, "report", "--store", str(stores[0])], capture_output=True, text=True, timeout=300)
+    assert neither.returncode == 2 and "needs --out FILE.html (the HTML report) or --markdown" in neither.stderr
