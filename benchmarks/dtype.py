@@ -135,7 +135,7 @@ def bench_train(name: str, args) -> tuple[float, float, float]:
     from pipeline.training.config import LossConfig, RatioConfig
     from pipeline.training.trainer import batch_loss, collate
 
-    cfg = LossConfig(ratio=RatioConfig(mode="none"))
+    cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
     batch = collate(synthetic_rows(args.train_rows, 40, 24, MODELS[name]["vocab_size"]))
     tokens = int(batch["completion_mask"].sum())
     models, losses = {}, {}
@@ -209,7 +209,7 @@ def packing(args) -> None:
             "sampling_logprobs": [-5.0] * c, "advantage": 1.0 if i % 2 == 0 else -1.0, "sample_weight": 1.0, "reward": 1.0,
             "strategy": "iid", "agent_id": "solver", "step_id": f"r{i}",
         })
-    cfg = LossConfig(ratio=RatioConfig(mode="none"), negative_weight=0.0)
+    cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"), negative_weight=0.0)
     trainable = trainable_rows([r["advantage"] for r in rows], [1.0] * minibatch, [1.0] * minibatch, ["iid"] * minibatch, cfg)
     order_shuffled = list(range(minibatch))
     order_sorted = list(MinibatchSortedSampler(order_shuffled, row_sort_keys(lengths), minibatch))

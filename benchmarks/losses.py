@@ -37,7 +37,10 @@ LOSSES = {
 def main() -> None:
     args = bench_parser(__doc__).parse_args()
     with bench_setup(args, half_rewarded=True) as (threads, tmp, init_dir, tok, view):
-        base = TrainConfig(epochs=1, minibatch_size=64, micro_batch_size=64, report_to="none", num_threads=threads)
+        base = TrainConfig(
+            epochs=1, minibatch_size=64, micro_batch_size=64, report_to="none", num_threads=threads, loss=LossConfig(kind="ppo"),
+            micro_batch_tokens=None, gradient_checkpointing=False,
+        )
         train_policy(view, "shared", init_dir, tmp / "warm-up", base)  # one-time costs (imports, first allocations) out of the timings
         best: dict[str, float] = {}
         for r in range(args.repeats):

@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     task = make_task()
     problems = task.problems("train", args.problems, 0)
     strategies = [make_strategy(s, group_size=args.samples) for s in ("iid", "prompt_aug", "feedback", "tree")]
-    config = RolloutConfig(max_tokens=args.max_tokens)
+    config = RolloutConfig(max_tokens=args.max_tokens, alpha=1.0, local_weight=1.0)
     prompts = [encode_prompt(tokenizer, task.solver_messages(p)) for p in problems]
 
     engine_seconds = [0.0]
@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     for rep in range(args.repeats):
         engine_seconds[0] = 0.0
         t0 = time.perf_counter()
-        table = run_rollouts(problems, MathWorkflow(task), strategies, sampler, RolloutConfig(max_tokens=args.max_tokens, seed=rep), tokenizer=tokenizer)
+        table = run_rollouts(problems, MathWorkflow(task), strategies, sampler, RolloutConfig(max_tokens=args.max_tokens, seed=rep, alpha=1.0, local_weight=1.0), tokenizer=tokenizer)
         t_round = time.perf_counter() - t0
         round_tokens = sum(table.column("completion_ids").combine_chunks().value_lengths().to_pylist())
         calls = len(set(table.column("step").to_pylist()))

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from pipeline.models.chat import encode_prompt  # noqa: E402
 from pipeline.strategies import IID  # noqa: E402
-from pipeline.training.config import TrainConfig  # noqa: E402
+from pipeline.training.config import LossConfig, TrainConfig  # noqa: E402
 from pipeline.training.trainer import batch_loss, collate, set_threads, train_policy  # noqa: E402
 from pipeline.views import build_training_view, to_dataset  # noqa: E402
 from tiny import advantage_row, advantages_table, tiny_model_dir, tiny_tokenizer  # noqa: E402
@@ -126,7 +126,10 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=64)
     args = ap.parse_args()
     with bench_setup(args) as (threads, tmp, init_dir, tok, view):
-        config = TrainConfig(epochs=1, minibatch_size=args.minibatch, micro_batch_size=args.micro, report_to="none", num_threads=threads)
+        config = TrainConfig(
+            epochs=1, minibatch_size=args.minibatch, micro_batch_size=args.micro, report_to="none", num_threads=threads,
+            loss=LossConfig(kind="ppo"), micro_batch_tokens=None, gradient_checkpointing=False,
+        )
         n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(init_dir).parameters())
         plain, trainer, plain_cpu, trainer_cpu = [], [], [], []
         for r in range(args.repeats):

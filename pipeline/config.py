@@ -2,9 +2,11 @@
 validated at construction (an invalid value raises `ConfigError` naming the field).
 
 `RunConfig` is the whole of a run, nested by stage: `AdvantageConfig`, `ViewConfig`,
-`pipeline.training.config.TrainConfig` and `EvalConfig`. The Dagster `Config` classes and the CLI
-flags (`pipeline.settings.Settings`) are a thin layer mapped onto these; they take their defaults
-from here. The stages' modules re-export their configs (`pipeline.views.ViewConfig`,
+`pipeline.training.config.TrainConfig` and `EvalConfig`. Their defaults are the default run's
+(`maxit run` with no flags: the maxit algorithm, the "rs" loss), so a stage called with its
+default config in a notebook (`compute_advantages(steps)`) computes what that run computes. The
+Dagster `Config` classes and the CLI flags (`pipeline.settings.Settings`) are a thin layer mapped
+onto these; they take their defaults from here. The stages' modules re-export their configs (`pipeline.views.ViewConfig`,
 `pipeline.evaluation.EvalConfig`, `pipeline.rounds.RunConfig`).
 """
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Literal, Mapping
 
 from pipeline.errors import ConfigError
-from pipeline.strategies import STRATEGY_IDS, make_strategy
+from pipeline.strategies import STRATEGY_IDS, Feedback, make_strategy
 from pipeline.training.config import LossConfig, TrainConfig
 
 class FrozenMapping(Mapping):
@@ -74,7 +76,8 @@ class AdvantageConfig:
 
     Reward: reward = alpha * global_reward + local_weight * local_reward. DrMAS (every agent gets
     the team's final reward) is alpha=1, local_weight=0; AT-GRPO's mixed reward is alpha=1,
-    local_weight=1; rejection sampling on each call's own correctness is alpha=0, local_weight=1.
+    local_weight=1; rejection sampling on each call's own correctness is alpha=0, local_weight=1
+    (the default: the default run's "rs" loss trains the calls whose own action was right).
     """
 
     # --- Parameters that control the groups -------------------------------------------------
@@ -121,10 +124,11 @@ class AdvantageConfig:
     group baseline gives it 0."""
 
     # --- Parameters that control rewards ----------------------------------------------------
-    alpha: float = 1.0
+    alpha: float = 0.0
     """Weight of the global (team outcome) reward: reward = alpha * global_reward +
     local_weight * local_reward, recomputed whenever both columns are present (a stored `reward`
-    is then ignored; either part null gives a null reward, as at rollout time)."""
+    is then ignored; either part null gives a null reward, as at rollout time). 0 by default:
+    the "rs" loss judges a call by its own action alone."""
     local_weight: float = 1.0
     """Weight of the local (own action) reward in the mixed reward (see `alpha`). 0 with alpha=1
     gives DrMAS's reward: every agent of a trajectory gets the team's final reward. At least one
@@ -259,6 +263,18 @@ class ViewConfig:
                 "a relabelled completion has no sampling logprobs in its context for an importance ratio"
             )
 
+    @classmethod
+    def for_loss(cls, loss: LossConfig, **fields) -> "ViewConfig":
+        """The view `loss` trains on (`fields` set the rest). "rs" keeps the rows at or above its
+        threshold whose reward is their own action's correctness, zero advantages included, with
+        the verdicts balanced; the policy-gradient losses keep every rewarded row but those of
+        zero advantage, unbalanced (rescaling rows after the advantages would break the groups'
+        zero-sum advantages). `ViewConfig()` alone is the latter's; the default run's view is
+        `ViewConfig.for_loss(LossConfig())`."""
+        rs = loss.kind == "rs"
+        own = {"drop_zero_advantage": not rs, "min_reward": loss.rs_threshold if rs else None, "reward_is_local": rs, "balance_verdicts": rs}
+        return cls(**{**own, **fields})
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -328,8 +344,11 @@ class RunConfig:
     """Group size of every strategy (tree: candidates per node)."""
     strategies: tuple[str, ...] = ("iid", "prompt_aug", "feedback", "tree")
     """Search strategies interleaved in each round (pipeline.strategies)."""
-    strategy_options: Mapping[str, Mapping] = field(default_factory=lambda: {"feedback": {"train_context": "problem", "first_attempt": "iid"}})
-    """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}})."""
+    strategy_options: Mapping[str, Mapping] = field(
+        default_factory=lambda: {"feedback": {"train_context": Feedback.train_context, "first_attempt": Feedback.first_attempt}}
+    )
+    """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}}); by default
+    the feedback strategy's own, spelled out as the settings pass them."""
     temperature: float = 1.0
     """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
     max_tokens: int | None = None
@@ -340,13 +359,12 @@ class RunConfig:
     """Seed of the problem draws and of sampling (each round derives its own)."""
 
     # --- Parameters that control learning ------------------------------------------------------
-    advantage: AdvantageConfig = field(default_factory=lambda: AdvantageConfig(alpha=0.0))
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     """Rewards (alpha, local weight), grouping and normalization of advantages."""
-    view: ViewConfig = field(default_factory=lambda: ViewConfig(drop_zero_advantage=False, min_reward=1.0, reward_is_local=True, balance_verdicts=True))
-    """Which rows are trained, with what weights (`pipeline.views.build_training_view`)."""
-    train: TrainConfig = field(
-        default_factory=lambda: TrainConfig(loss=LossConfig(kind="rs"), gradient_checkpointing=None, micro_batch_tokens=8192, report_to="none")
-    )
+    view: ViewConfig = field(default_factory=lambda: ViewConfig.for_loss(LossConfig()))
+    """Which rows are trained, with what weights (`pipeline.views.build_training_view`); by default
+    the view of the default loss (`ViewConfig.for_loss`)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
     """Loss, learning rate, epochs (`pipeline.training.trainer.train_policy`)."""
     train_on: str = "rollouts"
     """"rollouts" (expert iteration) or "ground_truth": the step-matched SFT baseline, which

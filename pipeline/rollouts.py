@@ -63,6 +63,7 @@ from typing import Mapping, Sequence
 import pyarrow as pa
 
 from pipeline.agents.agent import Agent
+from pipeline.config import AdvantageConfig
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
 from pipeline.rewards import Outcome, row_reward, safe_map
@@ -87,11 +88,12 @@ class RolloutConfig:
     """Completion budget of an agent call, for agents not in `max_tokens_by_agent`."""
     max_tokens_by_agent: Mapping[str, int] = field(default_factory=dict)
     """Per-agent completion budgets, e.g. {"verifier": 16}."""
-    alpha: float = 1.0
+    alpha: float = AdvantageConfig.alpha
     """Mixed reward: reward = alpha * global_reward + local_weight * local_reward (the run passes
-    its advantage settings' values; the tree strategy selects its best candidate by it)."""
-    local_weight: float = 1.0
-    """Weight of the local reward in the mixed reward."""
+    its advantage settings' values; the tree strategy selects its best candidate by it). The
+    default is `AdvantageConfig`'s, the default run's."""
+    local_weight: float = AdvantageConfig.local_weight
+    """Weight of the local reward in the mixed reward (default: `AdvantageConfig`'s)."""
     seed: int = 0
     """Base seed; each request of an agent step gets a seed derived from it, the round, the step
     and the request's trajectory (`request_seed`), recorded in the `seed` column."""

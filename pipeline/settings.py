@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.config import AdvantageConfig, EvalConfig, RunConfig, ViewConfig
 from pipeline.errors import ConfigError
+from pipeline.strategies import Feedback
 from pipeline.training.config import LoraSettings, LossConfig, RatioConfig, TrainConfig
 
 __all__ = ["Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "settings_from_args", "setting_default", "parse_group_by"]
@@ -47,12 +48,21 @@ def _default(config: type, name: str) -> Any:
     return f.default if f.default is not MISSING else f.default_factory()
 
 
+_CHECKPOINTING = {"auto": None, "on": True, "off": False}
+"""The `gradient_checkpointing` setting -> `TrainConfig.gradient_checkpointing`."""
+
 LOSS_KINDS = ("rs", "ppo", "is", "exit")
 
 LOSS_PRESETS: Mapping[str, Mapping[str, Any]] = {
     # rejection-sampling expert iteration: a row is trained when its own action was right (the
-    # Solver's answer, the Verifier's verdict), so the reward is the local reward alone
-    "rs": {"alpha": 0.0, "local_weight": 1.0, "lr": 5e-4, "baseline": "group", "negative_weight": 1.0, "clip_high": 0.28},
+    # Solver's answer, the Verifier's verdict), so the reward is the local reward alone (alpha 0,
+    # local_weight 1; `check` refuses any other mix). The library's defaults are this loss's: its
+    # preset is read from them
+    "rs": {
+        "alpha": _default(AdvantageConfig, "alpha"), "local_weight": _default(AdvantageConfig, "local_weight"), "lr": _default(TrainConfig, "lr"),
+        "baseline": _default(AdvantageConfig, "baseline"), "negative_weight": _default(LossConfig, "negative_weight"),
+        "clip_high": _default(LossConfig, "eps_high"),
+    },
     # policy gradient with PPO clip: each call's own correctness as its reward (alpha 0), the
     # round's mean reward per strategy/agent/turn as the baseline, at rs's learning rate, and the
     # positive half of the gradient only (negative_weight 0: a wrong sample is not pushed down;
@@ -71,11 +81,15 @@ ALGORITHMS = ("maxit", "drmas", "atgrpo", "exit", "grpo")
 ALGORITHM_PRESETS: Mapping[str, Mapping[str, Any]] = {
     # the measured best on the embedded default (docs/ALGORITHMS.md#maxit-the-default): rejection
     # sampling on each call's own correctness, AT-GRPO's groups and tree beside the plan's
-    # strategies; the settings left out here come from the loss's preset
+    # strategies. It is the default algorithm, so its values are the library's defaults (the
+    # configs of pipeline.config and pipeline.training.config declare them); the settings left out
+    # here come from the loss's preset
     "maxit": {
-        "loss": "rs", "strategies": ("iid", "prompt_aug", "feedback", "tree"), "group_by": ("agent_id", "turn"), "normalize": "std",
-        "trajectory_mean": False, "trajectory_score": "own", "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid",
-        "feedback_train_context": "problem", "strategy_weights": (),
+        "loss": _default(LossConfig, "kind"), "strategies": _default(RunConfig, "strategies"), "group_by": _default(AdvantageConfig, "group_by"),
+        "normalize": _default(AdvantageConfig, "normalize"), "trajectory_mean": _default(AdvantageConfig, "trajectory_mean"),
+        "trajectory_score": _default(AdvantageConfig, "trajectory_score"), "hinted_rows": "mask", "feedback_rows": "mask",
+        "feedback_first_attempt": _default(Feedback, "first_attempt"), "feedback_train_context": _default(Feedback, "train_context"),
+        "strategy_weights": (),
     },
     # DrMAS: K copies of each problem, groups per (uid, agent), the team's final reward on every
     # row, verl's PPO with the dual clip and std normalisation
@@ -157,7 +171,7 @@ class Settings:
     )
     engine: str = _s(_default(RunConfig, "engine"), "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=("auto", "vllm", "hf"))
     dtype: str = _s(
-        "auto",
+        _default(TrainConfig, "dtype"),
         "precision of the engines and of training (bf16 autocast over float32 weights): auto = bfloat16 on a GPU, and on a CPU with "
         "native bf16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo) for models of 20M parameters or more; float32 elsewhere and for the "
         "tiny default model (faster there, and sampled logprobs match training's)",
@@ -228,7 +242,7 @@ class Settings:
         choices=LOSS_KINDS,
     )
     anchor: str = _s(
-        "sampling",
+        _default(LossConfig, "anchor"),
         "what the PPO clip compares with: the sampling logprobs q, or the policy at the start of the round's update (proximal: decoupled PPO)",
         group="training",
         choices=("sampling", "proximal"),
@@ -262,9 +276,9 @@ class Settings:
         group="training",
     )
     lr: float | None = _s(None, "AdamW learning rate; None = the loss's preset (rs, ppo 5e-4; is 2e-4)", group="training")
-    epochs: int = _s(2, "passes over each round's training rows", group="training")
-    minibatch_size: int = _s(256, "rows per optimizer step", group="training")
-    micro_batch_size: int = _s(64, "rows per forward/backward pass", group="training")
+    epochs: int = _s(_default(TrainConfig, "epochs"), "passes over each round's training rows", group="training")
+    minibatch_size: int = _s(_default(TrainConfig, "minibatch_size"), "rows per optimizer step", group="training")
+    micro_batch_size: int = _s(_default(TrainConfig, "micro_batch_size"), "rows per forward/backward pass", group="training")
     balance_verdicts: bool | None = _s(
         None,
         "equal total weight for the yes and no rows of an agent that gives verdicts (the math Verifier) each round; None = on with the rs loss, "
@@ -272,12 +286,12 @@ class Settings:
         group="training",
     )
     relabel_verdicts: bool = _s(
-        False,
+        _default(ViewConfig, "relabel_verdicts"),
         "rs loss: train every Verifier row on the right verdict (a wrong verdict's row gets the other verdict) instead of only the rows it got right",
         group="training",
     )
     verifier_replay: int = _s(
-        0,
+        _default(ViewConfig, "verifier_replay"),
         "train the Verifier on its calls of the last N rounds (this one included), each labelled by the reward with the right verdict, "
         "one row per distinct prompt, yes/no balanced, by their NLL under every loss; 0 = its own rows of this round only",
         group="training",
@@ -298,16 +312,16 @@ class Settings:
         "its own adapter on one shared base, served by one vLLM engine with LoRA requests",
         group="training",
     )
-    lora_rank: int = _s(16, "LoRA rank r (with --lora)", group="training")
-    lora_alpha: float = _s(32.0, "LoRA scaling alpha (with --lora; the update is scaled by alpha / r)", group="training")
+    lora_rank: int = _s(_default(LoraSettings, "r"), "LoRA rank r (with --lora)", group="training")
+    lora_alpha: float = _s(_default(LoraSettings, "alpha"), "LoRA scaling alpha (with --lora; the update is scaled by alpha / r)", group="training")
     gradient_checkpointing: str = _s(
-        "auto",
+        {v: k for k, v in _CHECKPOINTING.items()}[_default(TrainConfig, "gradient_checkpointing")],
         "recompute activations in the backward pass (less memory, ~30% more time); auto = on for models above 50M parameters",
         group="training",
         choices=("auto", "on", "off"),
     )
     micro_batch_tokens: int | None = _s(
-        8192,
+        _default(TrainConfig, "micro_batch_tokens"),
         "token budget of a micro-batch (rows x longest row): long rows get fewer rows per forward pass, same optimizer step; None = always micro_batch_size rows",
         group="training",
     )
@@ -335,10 +349,10 @@ class Settings:
     )
 
     # --- evaluation -------------------------------------------------------------------------
-    eval_problems: int = _s(200, "held-out problems evaluated after every round (the same ones each round)", group="evaluation")
-    eval_samples: int = _s(2, "Solver samples per held-out problem", group="evaluation")
+    eval_problems: int = _s(_default(EvalConfig, "problems"), "held-out problems evaluated after every round (the same ones each round)", group="evaluation")
+    eval_samples: int = _s(_default(EvalConfig, "samples"), "Solver samples per held-out problem", group="evaluation")
     eval_max_tokens: int | None = _s(
-        None, "completion budget of the evaluation's Solver and Verifier calls; None = the task's default (arithmetic 16, task file 512)", group="evaluation"
+        _default(EvalConfig, "max_tokens"), "completion budget of the evaluation's Solver and Verifier calls; None = the task's default (arithmetic 16, task file 512)", group="evaluation"
     )
 
     def __post_init__(self) -> None:
@@ -348,7 +362,7 @@ class Settings:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         if self.clip_low is None:
-            object.__setattr__(self, "clip_low", 0.2)
+            object.__setattr__(self, "clip_low", _default(LossConfig, "eps_low"))
         for f in fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -397,18 +411,17 @@ class Settings:
         )
 
     def view_config(self) -> ViewConfig:
+        """The loss's view (`ViewConfig.for_loss`: which rows it trains, verdicts balanced for
+        "rs" only) with the view settings over it."""
         rs = self.loss == "rs"
-        return ViewConfig(
-            drop_zero_advantage=not rs,
-            min_reward=self.loss_config().rs_threshold if rs else None,
-            reward_is_local=rs,
-            # on for rs only: it rescales rows after the advantages, which under a policy gradient
-            # breaks the groups' zero-sum advantages
-            balance_verdicts=self.balance_verdicts if self.balance_verdicts is not None else rs,
+        over = {} if self.balance_verdicts is None else {"balance_verdicts": self.balance_verdicts}
+        return ViewConfig.for_loss(
+            self.loss_config(),
             relabel_verdicts=self.relabel_verdicts and rs,
             strategy_weights=parse_weights(self.strategy_weights) if self.strategy_weights else None,
             drop_strategies=("prompt_aug",) if self.hinted_rows == "drop" else (),
             verifier_replay=self.verifier_replay,
+            **over,
         )
 
     def loss_config(self) -> LossConfig:
@@ -438,7 +451,7 @@ class Settings:
             temperature=self.temperature,
             loss=self.loss_config(),
             lora=self.lora_settings(),
-            gradient_checkpointing={"auto": None, "on": True, "off": False}[self.gradient_checkpointing],
+            gradient_checkpointing=_CHECKPOINTING[self.gradient_checkpointing],
             micro_batch_tokens=self.micro_batch_tokens,
             dtype=self.dtype,
             report_to="none",

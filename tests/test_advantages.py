@@ -244,12 +244,12 @@ def test_nan_in_a_reward_part_is_named_even_when_the_mixed_reward_is_null():
     # NaN global + null local gives a null reward; the NaN must not pass as "no reward"
     df = frame(global_reward=[1.0, float("nan"), 0.0], local_reward=[0.0, None, 0.0])
     with pytest.raises(DataError, match=r"NaN or infinite global_reward in 1 row\(s\): step_id 's1'"):
-        compute_advantages(df)
+        compute_advantages(df, AdvantageConfig(alpha=1.0))
 
 
 def test_config_hashes_and_pickles():
-    a = AdvantageConfig(group_by=["agent_id"], local_weight=0.0, trajectory_mean=True, trajectory_score="mean")
-    b = AdvantageConfig(group_by=("agent_id", "strategy"), local_weight=0.0, trajectory_mean=True, trajectory_score="mean")
+    a = AdvantageConfig(group_by=["agent_id"], alpha=1.0, local_weight=0.0, trajectory_mean=True, trajectory_score="mean")
+    b = AdvantageConfig(group_by=("agent_id", "strategy"), alpha=1.0, local_weight=0.0, trajectory_mean=True, trajectory_score="mean")
     assert hash(a) == hash(b) and a == b
     assert pickle.loads(pickle.dumps(a)) == a
 
@@ -267,7 +267,7 @@ def test_metrics_keep_rounds_apart():
     df = frame(uid=["A"] * 4, global_reward=[1.0, 1.0, 0.0, 0.0], local_reward=[0.0] * 4).with_columns(
         pl.Series("round", [0, 0, 1, 1], dtype=pl.Int32)
     )
-    m = advantage_metrics(compute_advantages(df)).sort("round")
+    m = advantage_metrics(compute_advantages(df, AdvantageConfig(alpha=1.0))).sort("round")
     assert m["round"].to_list() == [0, 1]
     assert m["groups"].to_list() == [1, 1]
     assert m["zero_std_frac"].to_list() == [1.0, 1.0]
@@ -348,7 +348,7 @@ def test_metrics_group_fractions():
         global_reward=[1.0, 1.0, 0.0, 0.0, 1.0, 0.0],
         local_reward=[0.0] * 6,
     )
-    m = advantage_metrics(compute_advantages(df))
+    m = advantage_metrics(compute_advantages(df, AdvantageConfig(alpha=1.0)))
     row = m.row(0, named=True)
     assert row["groups"] == 3
     assert row["all_good_frac"] == pytest.approx(1 / 3)
@@ -422,8 +422,8 @@ def test_exact_plan_agrees_with_the_hashed_one_and_is_used_on_a_collision(monkey
     from pipeline.synthetic import synthetic_steps
 
     df = synthetic_steps(200, samples=3, layout="loops", seed=3)
-    traj = AdvantageConfig(trajectory_mean=True, group_by=("agent_id",))
-    for cfg in (AdvantageConfig(), traj, dataclasses.replace(traj, trajectory_score="mean")):
+    traj = AdvantageConfig(trajectory_mean=True, group_by=("agent_id",), alpha=1.0)
+    for cfg in (AdvantageConfig(alpha=1.0), traj, dataclasses.replace(traj, trajectory_score="mean")):
         sub = df.lazy()
         hashed = A._plan(sub, sub.collect_schema(), cfg, exact=False).collect()
         exact = A._plan(sub, sub.collect_schema(), cfg, exact=True).collect()
@@ -440,9 +440,9 @@ def test_exact_plan_agrees_with_the_hashed_one_and_is_used_on_a_collision(monkey
         return out if exact else out.with_columns(pl.lit(True).alias("_collision"))
 
     monkeypatch.setattr(A, "_plan", plan)
-    out = A.compute_advantages(df)
+    out = A.compute_advantages(df, AdvantageConfig(alpha=1.0))
     assert calls == [False, True]
-    assert out["advantage"].to_list() == real_plan(df.lazy(), df.schema, AdvantageConfig(), True).collect()["advantage"].to_list()
+    assert out["advantage"].to_list() == real_plan(df.lazy(), df.schema, AdvantageConfig(alpha=1.0), True).collect()["advantage"].to_list()
 
 
 def test_batch_baseline_compares_every_problem_with_the_rounds_mean():

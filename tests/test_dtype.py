@@ -139,7 +139,7 @@ def test_a_bf16_autocast_step_is_finite_close_to_fp32_and_keeps_fp32_weights(tmp
 
     d = tiny_model_dir(tmp_path / "m")
     batch = tr.collate(_rows())
-    cfg = LossConfig(ratio=RatioConfig(mode="none"))
+    cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
     seen = []
     real_compute_loss = tr.compute_loss
     monkeypatch.setattr(tr, "compute_loss", lambda b, c, **k: seen.append(b.logp.dtype) or real_compute_loss(b, c, **k))
@@ -185,13 +185,13 @@ def test_train_policy_in_bf16_records_the_resolved_dtype(tmp_path, cpu):
     d = tiny_model_dir(tmp_path / "m")
     view = _view(d)
     fast = dict(report_to="none", temperature=1.0, minibatch_size=4, micro_batch_size=2, epochs=1)
-    auto = train_policy(view, "shared", d, tmp_path / "auto", TrainConfig(**fast))
+    auto = train_policy(view, "shared", d, tmp_path / "auto", TrainConfig(loss=LossConfig(kind="ppo"), **fast))
     assert auto.dtype == "float32" and read_checkpoint_meta(auto.checkpoint).config["dtype"] == "float32"  # tiny: below the threshold
     assert abs(auto.first_step_diagnostics.overall.mean_log_ratio) < 1e-5
-    bf16 = train_policy(view, "shared", d, tmp_path / "bf16", TrainConfig(**fast, dtype="bfloat16"))
+    bf16 = train_policy(view, "shared", d, tmp_path / "bf16", TrainConfig(loss=LossConfig(kind="ppo"), **fast, dtype="bfloat16"))
     meta = read_checkpoint_meta(bf16.checkpoint)
     assert bf16.dtype == "bfloat16" and meta.config["dtype"] == "bfloat16" and meta.metrics["bf16"] == 1.0
     assert bf16.steps == 2 and bf16.mean_loss == pytest.approx(auto.mean_loss, rel=2e-2, abs=1e-3)
     assert 0 < abs(bf16.first_step_diagnostics.overall.mean_log_ratio) < 0.05  # bf16 rounding, against float32 logprobs
-    override = train_policy(view, "shared", d, tmp_path / "override", TrainConfig(**fast, dtype="bfloat16", bf16=False))
+    override = train_policy(view, "shared", d, tmp_path / "override", TrainConfig(loss=LossConfig(kind="ppo"), **fast, dtype="bfloat16", bf16=False))
     assert override.dtype == "float32" and read_checkpoint_meta(override.checkpoint).config["dtype"] == "float32"

@@ -73,7 +73,7 @@ def reference_ppo(batch: LossBatch, cfg: LossConfig) -> float:
 
 def test_on_policy_ratio_is_one_and_loss_is_minus_weighted_advantage():
     b = make_batch([[-1.0, -2.0], [-0.5, -0.7]], [[-1.0, -2.0], [-0.5, -0.7]], [1.0, -0.5], weight=[2.0, 1.0])
-    out = compute_loss(b, LossConfig())
+    out = compute_loss(b, LossConfig(kind="ppo"))
     assert out.loss.item() == pytest.approx(-(2 * 1.0 * 2 + 1 * -0.5 * 2) / 4)
     d = out.diagnostics.overall
     assert d.mean_log_ratio == 0.0 and d.clip_fraction == 0.0 and d.masked_fraction == 0.0
@@ -85,7 +85,7 @@ def test_ppo_clip_counts_and_gradients():
     # row 2: A > 0, ratio 0.5 -> unclipped branch (min picks rho * A), gradient flows
     logq = [[0.0], [0.0], [0.0]]
     logp = [[math.log(1.5)], [math.log(0.5)], [math.log(0.5)]]
-    cfg = LossConfig(ratio=RatioConfig(mode="none"))
+    cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
     b = make_batch(logp, [[-1e-9 + x for x in r] for r in logq], [1.0, -1.0, 1.0])
     out = compute_loss(b, cfg)
     out.loss.backward()
@@ -100,7 +100,7 @@ def test_sequence_mask_and_truncate_per_strategy():
     logp = [[low_ratio, low_ratio]] * 3
     logq = [[0.0, 0.0]] * 3
     strategies = ["iid", "prompt_aug", "feedback"]
-    cfg = LossConfig(
+    cfg = LossConfig(kind="ppo", 
         eps_low=0.9,  # keep the token clip out of the way
         ratio=RatioConfig(mode="mask"),
         ratio_by_strategy={"prompt_aug": RatioConfig(mode="truncate"), "feedback": RatioConfig(mode="none")},
@@ -122,8 +122,8 @@ def test_sequence_mask_and_truncate_per_strategy():
 def test_sequence_level_sum_vs_mean():
     # token log ratios -0.5 each over 4 tokens: mean -0.5 (s=0.61, inside), sum -2 (s=0.135, outside)
     b = make_batch([[-0.5] * 4], [[0.0] * 4], [1.0])
-    inside = compute_loss(b, LossConfig(eps_low=0.9, ratio=RatioConfig(level="mean")))
-    outside = compute_loss(b, LossConfig(eps_low=0.9, ratio=RatioConfig(level="sum")))
+    inside = compute_loss(b, LossConfig(kind="ppo", eps_low=0.9, ratio=RatioConfig(level="mean")))
+    outside = compute_loss(b, LossConfig(kind="ppo", eps_low=0.9, ratio=RatioConfig(level="sum")))
     assert inside.diagnostics.overall.n_masked_rows == 0
     assert outside.diagnostics.overall.n_masked_rows == 1
     assert outside.loss.item() == 0.0
@@ -145,7 +145,7 @@ def test_matches_plain_reference(data, b, t, aggregation, mode, level):
     adv = [data.draw(st.floats(-2.0, 2.0)) for _ in range(b)]
     w = [data.draw(st.floats(0.1, 3.0)) for _ in range(b)]
     lengths = [data.draw(st.integers(1, t)) for _ in range(b)]
-    cfg = LossConfig(aggregation=aggregation, ratio=RatioConfig(mode=mode, level=level))
+    cfg = LossConfig(kind="ppo", aggregation=aggregation, ratio=RatioConfig(mode=mode, level=level))
     batch = make_batch(logp, logq, adv, weight=w, lengths=lengths)
     out = compute_loss(batch, cfg)
     assert out.loss.item() == pytest.approx(reference_ppo(batch, cfg), rel=1e-9, abs=1e-12)
@@ -161,7 +161,7 @@ def test_stratified_weights_scale_each_rows_gradient():
     assert weight[:2] == [2.25, 2.25] and weight[2] == pytest.approx(0.375)
     logp = [[-0.3, -0.6]] * n
     adv = [1.0, -1.0, 0.5, -0.5, 1.5, 0.25]
-    cfg = LossConfig()
+    cfg = LossConfig(kind="ppo")
     weighted = make_batch(logp, logp, adv, weight=weight, strategy=strategy)
     plain = make_batch(logp, logp, adv, strategy=strategy)
     lw, lp = compute_loss(weighted, cfg).loss, compute_loss(plain, cfg).loss
@@ -195,17 +195,17 @@ def test_kl_k3_to_reference():
     logp = [[-1.0, -1.0]]
     ref = [[-1.5, -0.5]]
     b = make_batch(logp, logp, [0.0], ref=ref)
-    out = compute_loss(b, LossConfig(beta=0.1))
+    out = compute_loss(b, LossConfig(kind="ppo", beta=0.1))
     k3 = [math.exp(r - p) - (r - p) - 1 for r, p in zip(ref[0], logp[0])]
     assert out.loss.item() == pytest.approx(0.1 * sum(k3) / 2)
     assert out.diagnostics.overall.mean_kl == pytest.approx(sum(k3) / 2)
     with pytest.raises(ValueError, match="ref_logp"):
-        compute_loss(make_batch(logp, logp, [0.0]), LossConfig(beta=0.1))
+        compute_loss(make_batch(logp, logp, [0.0]), LossConfig(kind="ppo", beta=0.1))
 
 
 def test_extreme_ratios_stay_finite_and_diagnostics_merge():
     b = make_batch([[0.0, 0.0], [-1.0, -1.0]], [[-80.0, -80.0], [-1.0, -1.0]], [-1.0, 1.0], strategy=["a", "b"], agent=["solver", "verifier"])
-    out = compute_loss(b, LossConfig(ratio=RatioConfig(mode="none")))
+    out = compute_loss(b, LossConfig(kind="ppo", ratio=RatioConfig(mode="none")))
     assert math.isfinite(out.loss.item())
     d = out.diagnostics
     both = d.merge(d)
@@ -229,10 +229,10 @@ def test_aggregate_modes():
     "build, field",
     [
         (lambda: LossConfig(kind="dpo"), "LossConfig.kind"),
-        (lambda: LossConfig(eps_low=1.5), "LossConfig.eps_low"),
-        (lambda: LossConfig(aggregation="sum"), "LossConfig.aggregation"),
-        (lambda: LossConfig(beta=-1.0), "LossConfig.beta"),
-        (lambda: LossConfig(ratio_by_strategy={"iid": 3.0}), "ratio_by_strategy['iid']"),
+        (lambda: LossConfig(kind="ppo", eps_low=1.5), "LossConfig.eps_low"),
+        (lambda: LossConfig(kind="ppo", aggregation="sum"), "LossConfig.aggregation"),
+        (lambda: LossConfig(kind="ppo", beta=-1.0), "LossConfig.beta"),
+        (lambda: LossConfig(kind="ppo", ratio_by_strategy={"iid": 3.0}), "ratio_by_strategy['iid']"),
         (lambda: RatioConfig(low=2.0), "RatioConfig.low"),
         (lambda: RatioConfig(mode="clip"), "RatioConfig.mode"),
         (lambda: TrainConfig(lr=0.0), "TrainConfig.lr"),
@@ -240,8 +240,8 @@ def test_aggregate_modes():
         (lambda: TrainConfig(epochs=0), "TrainConfig.epochs"),
         (lambda: LossConfig(kind="exit", aggregation="token-mean"), "LossConfig.aggregation"),
         (lambda: LossConfig(kind="exit", anchor="proximal"), "LossConfig.anchor"),
-        (lambda: LossConfig(dual_clip=1.0), "LossConfig.dual_clip"),
-        (lambda: LossConfig(dual_clip=float("inf")), "LossConfig.dual_clip"),
+        (lambda: LossConfig(kind="ppo", dual_clip=1.0), "LossConfig.dual_clip"),
+        (lambda: LossConfig(kind="ppo", dual_clip=float("inf")), "LossConfig.dual_clip"),
         (lambda: LossConfig(kind="is", dual_clip=3.0), "LossConfig.dual_clip"),
     ],
 )
@@ -264,15 +264,15 @@ def test_ess_uses_the_sequence_likelihood_ratio_at_either_level():
     r = [math.e, 1.0]
     want = sum(r) ** 2 / sum(x * x for x in r)
     for level in ("mean", "sum"):
-        d = compute_loss(b, LossConfig(ratio=RatioConfig(mode="none", level=level))).diagnostics
+        d = compute_loss(b, LossConfig(kind="ppo", ratio=RatioConfig(mode="none", level=level))).diagnostics
         assert d.overall.ess == pytest.approx(want)
 
 
 def test_truncation_only_ever_shrinks_a_row():
     # token log ratios [0, -6]: mean level s = e^-3, far below the cap; the old two-sided rule
     # multiplied the row by (1/3)/s = 6.7, so a token whose own ratio is 1 got 6.7 times its gradient
-    truncate = LossConfig(eps_low=0.99, eps_high=100.0, ratio=RatioConfig(mode="truncate"))
-    none = LossConfig(eps_low=0.99, eps_high=100.0, ratio=RatioConfig(mode="none"))
+    truncate = LossConfig(kind="ppo", eps_low=0.99, eps_high=100.0, ratio=RatioConfig(mode="truncate"))
+    none = LossConfig(kind="ppo", eps_low=0.99, eps_high=100.0, ratio=RatioConfig(mode="none"))
     low = make_batch([[0.0, -6.0]], [[0.0, 0.0]], [1.0])
     plain = make_batch([[0.0, -6.0]], [[0.0, 0.0]], [1.0])
     compute_loss(low, truncate).loss.backward()
@@ -310,8 +310,8 @@ def test_proximal_anchor_clips_against_the_policy_at_the_start_of_the_update():
     # Against p_old the ratio is 1: the gradient flows, scaled by the off-policy weight 0.5.
     logp = [[math.log(0.25)]]
     logq = [[math.log(0.5)]]
-    cfg_q = LossConfig(ratio=RatioConfig(mode="none"))
-    cfg_old = LossConfig(anchor="proximal", ratio=RatioConfig(mode="none"))
+    cfg_q = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
+    cfg_old = LossConfig(kind="ppo", anchor="proximal", ratio=RatioConfig(mode="none"))
     b_q = make_batch(logp, logq, [-1.0])
     compute_loss(b_q, cfg_q).loss.backward()
     assert b_q.logp.grad.item() == 0.0
@@ -323,14 +323,14 @@ def test_proximal_anchor_clips_against_the_policy_at_the_start_of_the_update():
     assert out.diagnostics.overall.n_clipped_tokens == 0
     # the off-policy weight is truncated at off_policy_cap
     big = make_batch([[0.0]], [[math.log(0.01)]], [1.0], old=[[0.0]])
-    assert compute_loss(big, LossConfig(anchor="proximal", off_policy_cap=3.0, ratio=RatioConfig(mode="none"))).loss.item() == pytest.approx(-3.0)
+    assert compute_loss(big, LossConfig(kind="ppo", anchor="proximal", off_policy_cap=3.0, ratio=RatioConfig(mode="none"))).loss.item() == pytest.approx(-3.0)
     with pytest.raises(ValueError, match="old_logp"):
         compute_loss(make_batch(logp, logq, [1.0]), cfg_old)
 
 
 def test_minibatch_denominator_makes_micro_batches_add_up_to_one_token_mean():
     # two micro-batches of 1 and 3 tokens: the mean of their means weighs the lone token 3x too much
-    cfg = LossConfig(ratio=RatioConfig(mode="none"))
+    cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
     a = make_batch([[-1.0, -1.0, -1.0]], [[-1.0, -1.0, -1.0]], [1.0], lengths=[1])
     b = make_batch([[-1.0, -1.0, -1.0]], [[-1.0, -1.0, -1.0]], [-1.0], lengths=[3])
     whole = make_batch([[-1.0] * 3, [-1.0] * 3], [[-1.0] * 3, [-1.0] * 3], [1.0, -1.0], lengths=[1, 3])
@@ -341,7 +341,7 @@ def test_minibatch_denominator_makes_micro_batches_add_up_to_one_token_mean():
     mean_of_means = (compute_loss(a, cfg).loss + compute_loss(b, cfg).loss) / 2
     assert mean_of_means.item() == pytest.approx((-1 + 1) / 2)
     # rows for the per-sequence aggregations
-    seq = LossConfig(aggregation="seq-mean-token-mean", ratio=RatioConfig(mode="none"))
+    seq = LossConfig(kind="ppo", aggregation="seq-mean-token-mean", ratio=RatioConfig(mode="none"))
     rows = aggregation_count(a.mask, "seq-mean-token-mean") + aggregation_count(b.mask, "seq-mean-token-mean")
     assert rows == 2.0
     got = compute_loss(a, seq, denominator=rows).loss + compute_loss(b, seq, denominator=rows).loss
@@ -350,7 +350,7 @@ def test_minibatch_denominator_makes_micro_batches_add_up_to_one_token_mean():
 
 def test_diagnostics_per_agent_and_strategy_cell():
     b = make_batch([[0.0], [-1.0], [0.0]], [[0.0], [0.0], [0.0]], [1.0, 1.0, 1.0], strategy=["iid", "tree", "iid"], agent=["solver", "solver", "verifier"])
-    d = compute_loss(b, LossConfig(ratio=RatioConfig(mode="none"))).diagnostics
+    d = compute_loss(b, LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))).diagnostics
     assert set(d.by_agent_strategy) == {"solver/iid", "solver/tree", "verifier/iid"}
     assert d.by_agent_strategy["solver/tree"].mean_log_ratio == pytest.approx(-1.0)
     assert d.merge(d).by_agent_strategy["verifier/iid"].n_rows == 2
@@ -382,7 +382,7 @@ def test_negative_weight_scales_only_negative_advantages():
     half = compute_loss(batch, LossConfig(kind="ppo", negative_weight=0.5)).loss.item()
     assert full == pytest.approx(-(1.5 - 0.5) / 2) and half == pytest.approx(-(1.5 - 0.25) / 2)
     with pytest.raises(ConfigError, match="negative_weight"):
-        LossConfig(negative_weight=1.5)
+        LossConfig(kind="ppo", negative_weight=1.5)
 
 
 def test_defaults_per_kind():
@@ -393,8 +393,8 @@ def test_defaults_per_kind():
     ex = LossConfig(kind="exit")
     assert ex.ratio == RatioConfig(mode="none", level="sum") and ex.aggregation == "seq-mean-token-sum"
     assert LossConfig(kind="exit", aggregation="seq-mean-token-sum") == ex
-    assert LossConfig() == LossConfig(ratio=RatioConfig(), aggregation="token-mean")
-    assert LossConfig(dual_clip=3.0).dual_clip == 3.0
+    assert LossConfig(kind="ppo") == LossConfig(kind="ppo", ratio=RatioConfig(), aggregation="token-mean")
+    assert LossConfig(kind="ppo", dual_clip=3.0).dual_clip == 3.0
 
 
 def test_exit_ratio_handling_is_set_per_strategy_with_an_explicit_none():
@@ -453,7 +453,7 @@ def test_exit_clamps_the_row_log_ratio():
 def test_dual_clip_bounds_negative_advantage_tokens_only():
     # A < 0, rho = 5 > 3: loss -A * 3 (no gradient); A > 0, rho = 5: the usual high clip
     logp, logq = [[math.log(5.0)], [math.log(5.0)], [math.log(2.0)]], [[0.0], [0.0], [0.0]]
-    cfg = LossConfig(dual_clip=3.0, ratio=RatioConfig(mode="none"))
+    cfg = LossConfig(kind="ppo", dual_clip=3.0, ratio=RatioConfig(mode="none"))
     b = make_batch(logp, logq, [-1.0, 1.0, -1.0], weight=[2.0, 1.0, 1.0])
     out = compute_loss(b, cfg)
     out.loss.backward()
@@ -462,5 +462,5 @@ def test_dual_clip_bounds_negative_advantage_tokens_only():
     d = out.diagnostics.overall
     assert d.n_clipped_tokens == 2 and d.n_dual_clipped_tokens == 1
     assert "ratio/dual_clip_fraction" in out.diagnostics.as_metrics()
-    without = compute_loss(make_batch(logp, logq, [-1.0, 1.0, -1.0], weight=[2.0, 1.0, 1.0]), LossConfig(ratio=RatioConfig(mode="none")))
+    without = compute_loss(make_batch(logp, logq, [-1.0, 1.0, -1.0], weight=[2.0, 1.0, 1.0]), LossConfig(kind="ppo", ratio=RatioConfig(mode="none")))
     assert without.loss.item() == pytest.approx((2.0 * 5.0 - 1.28 + 2.0) / 3)

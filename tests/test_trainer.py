@@ -111,7 +111,7 @@ def test_on_policy_ratio_is_one_through_the_trainer_forward_and_params_move(tok,
     assert diff < 1e-5
 
     # one optimizer step of the real run: its forward sees the initial weights
-    result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", TrainConfig(**FAST))
+    result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", TrainConfig(loss=LossConfig(kind="ppo"), **FAST))
     overall = result.diagnostics.overall
     assert result.steps == 1 and overall.n_rows == 8
     assert abs(overall.mean_log_ratio) < 1e-5
@@ -157,7 +157,7 @@ def test_context_swapped_batch_gives_finite_loss_and_diagnostics(tok, model, ini
     rows = rows_for(tok, model, 6, strategy="prompt_aug", hint=True, seed=1) + rows_for(tok, model, 2, strategy="iid", seed=2)
     view, _ = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok)
     assert view.column("context_swapped").to_pylist() == [True] * 6 + [False] * 2
-    cfg = TrainConfig(**FAST, loss=LossConfig(ratio_by_strategy={"prompt_aug": RatioConfig(mode="truncate")}))
+    cfg = TrainConfig(**FAST, loss=LossConfig(kind="ppo", ratio_by_strategy={"prompt_aug": RatioConfig(mode="truncate")}))
     result = train_policy(view, "shared", init_dir, tmp_path / "ckpt", cfg)
     assert math.isfinite(result.mean_loss)
     aug, iid = result.diagnostics.by_strategy["prompt_aug"], result.diagnostics.by_strategy["iid"]
@@ -185,7 +185,7 @@ def test_stratified_weights_scale_the_model_gradient(tok, model):
         r["sample_weight"] = w_s[r["strategy"]] * n / n_s[r["strategy"]]
     view, _ = build_training_view(advantages_table(rows), {"iid": IID(), "prompt_aug": PromptAug()}, tok)
     items = to_dataset(view).to_list()
-    cfg = LossConfig(aggregation="seq-mean-token-sum", ratio=RatioConfig(mode="none"))
+    cfg = LossConfig(kind="ppo", aggregation="seq-mean-token-sum", ratio=RatioConfig(mode="none"))
     model.train()
     try:
         g_all = _grads(model, collate(items, tok.pad_token_id), cfg)
@@ -229,12 +229,12 @@ def test_crash_mid_training_leaves_previous_checkpoint_and_no_partial_dir(tok, m
     out.mkdir()
     (out / "previous.txt").write_text("round 0 checkpoint")
     with pytest.raises(RuntimeError, match="boom"):
-        train_policy(view, "shared", init_dir, out, TrainConfig(**FAST), callbacks=[Boom()])
+        train_policy(view, "shared", init_dir, out, TrainConfig(loss=LossConfig(kind="ppo"), **FAST), callbacks=[Boom()])
     assert sorted(p.name for p in out.iterdir()) == ["previous.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary siblings left
     fresh = tmp_path / "fresh"
     with pytest.raises(RuntimeError, match="boom"):
-        train_policy(view, "shared", init_dir, fresh, TrainConfig(**FAST), callbacks=[Boom()])
+        train_policy(view, "shared", init_dir, fresh, TrainConfig(loss=LossConfig(kind="ppo"), **FAST), callbacks=[Boom()])
     assert not fresh.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
@@ -242,13 +242,13 @@ def test_crash_mid_training_leaves_previous_checkpoint_and_no_partial_dir(tok, m
 def test_bad_view_input_names_column_and_step_id(tok, model, init_dir, tmp_path):
     view, _ = build_training_view(advantages_table(rows_for(tok, model, 3, seed=7)), {"iid": IID()}, tok)
     with pytest.raises(SchemaError, match="sampling_logprobs"):
-        train_policy(view.drop_columns(["sampling_logprobs"]), "shared", init_dir, tmp_path / "a", TrainConfig(**FAST))
+        train_policy(view.drop_columns(["sampling_logprobs"]), "shared", init_dir, tmp_path / "a", TrainConfig(loss=LossConfig(kind="ppo"), **FAST))
     lp = view.column("sampling_logprobs").to_pylist()
     lp[1] = lp[1][:-1]
     broken = view.set_column(view.schema.get_field_index("sampling_logprobs"), "sampling_logprobs", pa.array(lp, pa.list_(pa.float32())))
     bad_id = view.column("step_id")[1].as_py()
     with pytest.raises(DataError, match=rf"'completion_ids'.*'sampling_logprobs'.*'{bad_id}'"):
-        train_policy(broken, "shared", init_dir, tmp_path / "b", TrainConfig(**FAST))
+        train_policy(broken, "shared", init_dir, tmp_path / "b", TrainConfig(loss=LossConfig(kind="ppo"), **FAST))
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
@@ -261,7 +261,7 @@ def test_policy_rows_epochs_too_long_rows_kl_and_files(tok, model, init_dir, tmp
     import pyarrow.parquet as pq
 
     pq.write_table(view, path)
-    cfg = TrainConfig(report_to="none", temperature=T, minibatch_size=2, micro_batch_size=2, epochs=2, max_length=64, loss=LossConfig(beta=0.05))
+    cfg = TrainConfig(report_to="none", temperature=T, minibatch_size=2, micro_batch_size=2, epochs=2, max_length=64, loss=LossConfig(kind="ppo", beta=0.05))
     result = train_from_files(path, "solver", init_dir, tmp_path / "solver", cfg)
     assert result.diagnostics.overall.mean_kl > 0  # the policy moved away from the reference
     assert result.n_rows == 5 and result.n_dropped_too_long == 1
@@ -284,7 +284,7 @@ def test_lora_checkpoints_are_adapters_that_rounds_continue(tok, model, init_dir
     from pipeline.models import adapter_base, load_model
 
     view, _ = build_training_view(advantages_table(rows_for(tok, model, 8, seed=10)), {"iid": IID()}, tok)
-    cfg = TrainConfig(**{**FAST, "lr": 5e-2}, lora=LoraSettings(r=4, alpha=8))
+    cfg = TrainConfig(loss=LossConfig(kind="ppo"), **{**FAST, "lr": 5e-2}, lora=LoraSettings(r=4, alpha=8))
     train_policy(view, "shared", init_dir, tmp_path / "r0", cfg)
     r0 = tmp_path / "r0"
     assert (r0 / "adapter_config.json").is_file() and not list(r0.glob("model*.safetensors"))
@@ -381,7 +381,7 @@ def test_trl_grpo_loss_equals_loss_py_on_a_fixed_batch(tok, init_dir, tmp_path):
         theirs_loss = trl_trainer._compute_loss(trl_trainer.model, trl_inputs)
         theirs_loss.backward()
         ours.zero_grad()
-        ours_loss = batch_loss(ours, batch, LossConfig(aggregation=aggregation, ratio=RatioConfig(mode="none")), T).loss
+        ours_loss = batch_loss(ours, batch, LossConfig(kind="ppo", aggregation=aggregation, ratio=RatioConfig(mode="none")), T).loss
         ours_loss.backward()
         assert ours_loss.item() == pytest.approx(theirs_loss.item(), abs=1e-6), trl_type
         g_theirs = torch.cat([p.grad.flatten() for p in trl_trainer.model.parameters()])
@@ -392,7 +392,7 @@ def test_trl_grpo_loss_equals_loss_py_on_a_fixed_batch(tok, init_dir, tmp_path):
 def test_shared_or_separate_policies_and_tensorboard_logs(tok, model, init_dir, tmp_path):
     rows = rows_for(tok, model, 4, seed=12, policy_id="solver") + rows_for(tok, model, 2, seed=13, policy_id="verifier", agent_id="verifier")
     view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
-    cfg = TrainConfig(**{**FAST, "report_to": "tensorboard"})
+    cfg = TrainConfig(loss=LossConfig(kind="ppo"), **{**FAST, "report_to": "tensorboard"})
     results = {pid: train_policy(view, pid, init_dir, tmp_path / "round0" / pid, cfg) for pid in ("solver", "verifier")}
     assert {k: r.n_rows for k, r in results.items()} == {"solver": 4, "verifier": 2}
     assert set(results["verifier"].diagnostics.by_agent) == {"verifier"}
@@ -408,7 +408,7 @@ def test_a_minibatch_is_one_token_mean_whatever_its_micro_batches(tok, model, in
     view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
     assert len({len(r["completion_ids"]) for r in rows}) > 1
     data = to_dataset(view).to_list()
-    cfg = LossConfig(ratio=RatioConfig(mode="none"))
+    cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
 
     def grads(micro: int):
         m = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
@@ -436,7 +436,7 @@ def test_first_step_diagnostics_see_the_ratios_before_any_update(tok, model, ini
     """Two steps over rows sampled by the model itself: at the first step every log ratio is 0
     (sampling and training agree); over the run the policy has moved."""
     view, _ = build_training_view(advantages_table(rows_for(tok, model, 16, seed=22)), {"iid": IID()}, tok)
-    res = train_policy(view, "shared", init_dir, tmp_path / "ckpt", TrainConfig(**{**FAST, "lr": 5e-2}))
+    res = train_policy(view, "shared", init_dir, tmp_path / "ckpt", TrainConfig(loss=LossConfig(kind="ppo"), **{**FAST, "lr": 5e-2}))
     assert res.steps == 2
     first = res.first_step_diagnostics
     assert first.overall.n_rows == 8 and abs(first.overall.mean_log_ratio) < 1e-5
@@ -455,8 +455,8 @@ def test_proximal_anchor_clips_against_the_policy_before_the_update(tok, model, 
         r["advantage"] = -1.0
     view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
     none = RatioConfig(mode="none")
-    sampling = train_policy(view, "shared", init_dir, tmp_path / "q", TrainConfig(**FAST, loss=LossConfig(ratio=none)))
-    proximal = train_policy(view, "shared", init_dir, tmp_path / "old", TrainConfig(**FAST, loss=LossConfig(anchor="proximal", ratio=none)))
+    sampling = train_policy(view, "shared", init_dir, tmp_path / "q", TrainConfig(**FAST, loss=LossConfig(kind="ppo", ratio=none)))
+    proximal = train_policy(view, "shared", init_dir, tmp_path / "old", TrainConfig(**FAST, loss=LossConfig(kind="ppo", anchor="proximal", ratio=none)))
     first_q, first_old = sampling.first_step_diagnostics.overall, proximal.first_step_diagnostics.overall
     assert first_q.n_clipped_tokens == first_q.n_tokens > 0
     assert first_old.n_clipped_tokens == 0
@@ -584,7 +584,7 @@ def test_max_train_length_prefers_the_config_then_the_model():
 
 
 def test_training_arguments_carry_the_train_config(tmp_path):
-    cfg = TrainConfig(report_to="none", lr=3e-4, epochs=3, minibatch_size=8, micro_batch_size=2, seed=7, weight_decay=0.1,
+    cfg = TrainConfig(loss=LossConfig(kind="ppo"), report_to="none", lr=3e-4, epochs=3, minibatch_size=8, micro_batch_size=2, seed=7, weight_decay=0.1,
                       max_grad_norm=0.5, lr_scheduler="cosine", warmup_steps=2, logging_steps=5)
     args = training_arguments(cfg, tmp_path / "logs", use_cuda=False)
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.num_train_epochs) == (2, 4, 3)
@@ -659,7 +659,7 @@ def test_micro_batches_follow_the_token_budget_and_checkpointing_is_automatic(to
     view, _ = build_training_view(advantages_table(rows_for(tok, model, 8, seed=3)), {"iid": IID()}, tok)
     table = tr.select_policy_rows(view, "shared", max_length=10_000, temperature=T).table
     longest = max(len(p) + len(c) for p, c in zip(table.column("train_prompt_ids").to_pylist(), table.column("completion_ids").to_pylist()))
-    cfg = TrainConfig(**{**FAST, "minibatch_size": 12, "micro_batch_size": 12}, micro_batch_tokens=5 * longest, gradient_checkpointing=None)
+    cfg = TrainConfig(loss=LossConfig(kind="ppo"), **{**FAST, "minibatch_size": 12, "micro_batch_size": 12}, micro_batch_tokens=5 * longest, gradient_checkpointing=None)
     sized = tr.sized_for(cfg, table, model)
     assert sized.micro_batch_size == 4  # divisors of 12 that fit 5 rows: 1, 2, 3, 4
     assert sized.minibatch_size == 12 and sized.gradient_checkpointing is False
@@ -718,9 +718,9 @@ class _Grads(TrainerCallback):
 @pytest.mark.parametrize(
     "loss, zero",
     [
-        (LossConfig(ratio=RatioConfig(mode="none")), "advantage"),  # A = 0
+        (LossConfig(kind="ppo", ratio=RatioConfig(mode="none")), "advantage"),  # A = 0
         (LossConfig(kind="exit"), "weight"),  # w = 0 (the plan's feedback first attempt)
-        (LossConfig(negative_weight=0.0), "negative"),  # the ppo preset: negative rows at weight 0
+        (LossConfig(kind="ppo", negative_weight=0.0), "negative"),  # the ppo preset: negative rows at weight 0
         (LossConfig(kind="rs"), "reward"),  # below the threshold
     ],
 )
@@ -799,7 +799,7 @@ def test_minibatches_keep_their_rows_when_sorted_by_length(tok, model, init_dir,
     steps = {}
     for sort in (False, True):
         seen.clear()
-        cfg = TrainConfig(**{**FAST, "minibatch_size": 8, "micro_batch_size": 2, "epochs": 2}, sort_by_length=sort)
+        cfg = TrainConfig(loss=LossConfig(kind="ppo"), **{**FAST, "minibatch_size": 8, "micro_batch_size": 2, "epochs": 2}, sort_by_length=sort, micro_batch_tokens=None)
         results[sort] = train_policy(view, "shared", init_dir, tmp_path / f"sort{sort}", cfg)
         steps[sort] = [list(step) for step in seen]
     assert len(steps[True]) == len(steps[False]) == 4

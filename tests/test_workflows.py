@@ -143,7 +143,7 @@ class BrokenEnv(Env):
     ],
 )
 def test_a_step_that_raises_or_returns_nonsense_is_a_named_error_on_its_row(how, message):
-    steps = pl.from_arrow(run_rollouts(Broken(how).problems("train", 3, 0), Broken(how), [IID(group_size=2)], Echo(), RolloutConfig()))
+    steps = pl.from_arrow(run_rollouts(Broken(how).problems("train", 3, 0), Broken(how), [IID(group_size=2)], Echo(), RolloutConfig(alpha=1.0)))
     bad = steps.filter(pl.col("uid") == "p1", pl.col("agent_id") == "b")
     assert bad.height == 2 and bad["reward"].is_null().all()
     assert bad["reward_error"].str.contains(message, literal=True).all()

@@ -2,10 +2,12 @@
 LoRA (`LoraSettings`) and the run itself (`TrainConfig`).
 
 Every field is documented where it is declared and validated at construction: a bad value raises
-`pipeline.errors.ConfigError` naming the field. Defaults come from the prototype
-(docs/FINDINGS.md): PPO clip [0.8, 1.28], sequence-ratio mask [1/3, 3], lr 5e-4 for the
-tiny model (1e-3 collapsed), 2 epochs, minibatch 256, no KL. The "exit" loss (the
-expert-iteration plan's estimator) defaults to no sequence-ratio mask and the mean over rows.
+`pipeline.errors.ConfigError` naming the field. The defaults are the default run's (`maxit run`
+with no flags): the "rs" loss, micro-batches cut to a token budget, gradient checkpointing
+decided by the model's size, no logging integration. The others come from the prototype
+(docs/FINDINGS.md): PPO clip [0.8, 1.28], sequence-ratio mask [1/3, 3], lr 5e-4 for the tiny
+model (1e-3 collapsed), 2 epochs, minibatch 256, no KL. The "exit" loss (the expert-iteration
+plan's estimator) defaults to no sequence-ratio mask and the mean over rows.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class RatioConfig:
 class LossConfig:
     """The training loss (see `pipeline/training/loss.py` for the formulas)."""
 
-    kind: Literal["ppo", "is", "exit", "rs"] = "ppo"
+    kind: Literal["ppo", "is", "exit", "rs"] = "rs"
     """"ppo": importance-weighted policy gradient with PPO clip and sequence-ratio handling
     (AT-GRPO's loss; with `dual_clip`, verl's dual-clip PPO as DrMAS trains);
     "exit": the expert-iteration plan's estimator exactly, g = (1/N) sum_i (p_train/q_s) A_i w_i
@@ -86,7 +88,7 @@ class LossConfig:
     "rs": rejection-sampling expert iteration, the NLL of completions whose reward >=
     `rs_threshold` under the training context (docs/FINDINGS.md, lesson 4: best and cheapest in the
     prototype). For "rs" build the view with `drop_zero_advantage=False`, or the correct answers
-    of all-correct groups are lost."""
+    of all-correct groups are lost. The default ("rs") is the default run's."""
     anchor: Literal["sampling", "proximal"] = "sampling"
     """What the PPO clip compares the policy with. "sampling": q, the stored sampling logprobs
     (ratio p_theta(y|x_train) / q(y|x_sample)). "proximal" (decoupled PPO): the policy at the start
@@ -235,9 +237,10 @@ class TrainConfig:
     """Learning-rate schedule over the run."""
     warmup_steps: int = 0
     """Linear warm-up optimizer steps."""
-    report_to: str = "tensorboard"
-    """Where metrics go ("tensorboard", "none", or any `transformers` integration name); TensorBoard
-    logs are written inside the checkpoint folder, under `logs/`."""
+    report_to: str = "none"
+    """Where the Trainer sends metrics ("none", "tensorboard", or any `transformers` integration
+    name); TensorBoard logs are written inside the checkpoint folder, under `logs/`. "none" by
+    default, as `maxit run` trains."""
     logging_steps: int = 1
     """Log metrics every this many optimizer steps."""
     lora: LoraSettings | None = None
@@ -261,12 +264,12 @@ class TrainConfig:
     positions are projected to the vocabulary a few rows at a time under activation
     checkpointing, so (rows x completion length x vocabulary) logits never exist at once; below it
     (the default tiny model always) one projection, as plain. 0 = always in one piece."""
-    gradient_checkpointing: bool | None = False
+    gradient_checkpointing: bool | None = None
     """Recompute each layer's activations in the backward pass instead of keeping them (the
-    Trainer's `gradient_checkpointing`): less memory for long rows, ~30% more compute. None =
-    auto: on for models above `CHECKPOINTING_PARAMETERS` parameters (real models), off for the
-    tiny default."""
-    micro_batch_tokens: int | None = None
+    Trainer's `gradient_checkpointing`): less memory for long rows, ~30% more compute. None (the
+    default) = auto: on for models above `CHECKPOINTING_PARAMETERS` parameters (real models), off
+    for the tiny default."""
+    micro_batch_tokens: int | None = 8192
     """Token budget of one micro-batch: rows x the longest row's prompt + completion tokens. The
     micro-batch is then the largest divisor of `minibatch_size` that fits the budget (at most
     `micro_batch_size` rows, at least one), so long chain-of-thought rows get small micro-batches
