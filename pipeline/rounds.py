@@ -2,18 +2,25 @@
 
     problems(r) -> rollouts(r) -> advantages(r) -> training_view(r) -> policy(r) -> evaluation(r)
 
-Each stage reads what it needs, writes its table to `<store>/round=<r>/<table>.parquet`
-atomically, and returns it. Round r samples with the checkpoints that the policy registry holds
-for the latest round before r (the base model for round 0), trains them, registers round r's
-checkpoints, and evaluates them. A round is complete when its `evaluation` table exists: it is
-written last, atomically, after the checkpoints are registered, so a run killed at any point
-resumes by re-running the first incomplete round from scratch (its tables are replaced, never
-appended to: no lost or duplicated rows).
+Each stage is two parts. Its middle is a function of frames and configs to a frame, with no
+store and no clock: `draw_problems`, `sample_steps` (with `rollout_config`), `advantages_frame`,
+`training_view`, the workflow's evaluation (with `evaluation_config`); the policy stage's middle,
+the training runs, writes checkpoints and is the exception (`ratio_diagnostics_table` and
+`registry_metrics` are its pure parts). Its `stage_*` function reads what the middle needs and, in
+one place (`_stage`), writes the result to `<store>/round=<r>/<table>.parquet` atomically and
+records the seconds in the round's `timings`; it returns the result. The stages are named as
+their Dagster assets (`STAGES`); the `timings` table keeps two older labels (`TIMING_LABELS`).
+
+Round r samples with the checkpoints that the policy registry holds for the latest round before
+r (the base model for round 0), trains them, registers round r's checkpoints, and evaluates them.
+A round is complete when its `evaluation` table exists: it is written last, atomically, after
+the checkpoints are registered, so a run killed at any point resumes by re-running the first
+incomplete round from scratch (its tables are replaced, never appended to: no lost or duplicated
+rows).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -44,6 +51,20 @@ __all__ = [
     "RunConfig",
     "RoundContext",
     "EnginePool",
+    "STAGES",
+    "TIMING_LABELS",
+    "STAGE_NAMES",
+    "BASE_ROUND",
+    "draw_problems",
+    "rollout_config",
+    "sample_steps",
+    "advantages_frame",
+    "training_view",
+    "registry_metrics",
+    "ratio_diagnostics_table",
+    "evaluation_config",
+    "problems_table",
+    "problems_from_table",
     "stage_problems",
     "stage_rollouts",
     "stage_advantages",
@@ -52,11 +73,8 @@ __all__ = [
     "stage_evaluation",
     "evaluate_base",
     "run_round_stages",
-    "ratio_diagnostics_table",
     "round_complete",
     "record_timing",
-    "STAGE_NAMES",
-    "BASE_ROUND",
     "build_workflow",
     "run_strategies",
 ]
@@ -187,16 +205,27 @@ class RoundContext:
         return (self.config.seed * 1_000_003 + (round_ + 2) * 7919 + salt) % (2**31 - 1)
 
 
-# -- stage timings --------------------------------------------------------------------------
+# -- stage names and timings ------------------------------------------------------------------
 
-STAGE_NAMES = ("problems", "rollouts", "advantages", "view", "training", "evaluation", "other")
+STAGES = ("problems", "rollouts", "advantages", "training_view", "policy", "evaluation")
+"""The stages of a round in order, by the names of their Dagster assets (and of
+`run_round_stages`'s results)."""
+
+TIMING_LABELS = {"training_view": "view", "policy": "training"}
+"""The `timings` table's labels of two stages, older than the stages' names and kept as aliases:
+stored tables use them, and so do their readers (the round table's s_view and s_train columns,
+the trackers' time/<stage> scalars)."""
+
+STAGE_NAMES = (*(TIMING_LABELS.get(s, s) for s in STAGES), "other")
 """The rows of a round's `timings` table, in round order ("other": the round's wall time the
 stages do not account for, recorded by whoever runs the whole round, e.g. `maxit run`)."""
 
 
 def record_timing(store: str | Path, round_: int, stage: str, seconds: float) -> None:
-    """Set `stage`'s seconds in `<store>/round=<r>/timings.parquet` (replacing an earlier value:
-    a re-run round records its own times). The stages of a round run one after another."""
+    """Set `stage`'s seconds (a stage of `STAGES`, its `timings` label, or "other") in
+    `<store>/round=<r>/timings.parquet`, replacing an earlier value: a re-run round records its
+    own times. The stages of a round run one after another."""
+    stage = TIMING_LABELS.get(stage, stage)
     if stage not in STAGE_NAMES:
         raise ConfigError(f"record_timing: stage must be one of {STAGE_NAMES}, got {stage!r}")
     if not math.isfinite(seconds) or seconds < 0:
@@ -211,23 +240,23 @@ def record_timing(store: str | Path, round_: int, stage: str, seconds: float) ->
     st.write_table(table, path, TIMINGS)
 
 
-def _timed(stage: str):
-    """Record the seconds a stage function `fn(ctx, round_, ...)` takes in the round's timings."""
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def timed(ctx: "RoundContext", round_: int, *args, **kwargs):
-            t0 = time.perf_counter()
-            out = fn(ctx, round_, *args, **kwargs)
-            record_timing(ctx.store, round_, stage, time.perf_counter() - t0)
-            return out
-
-        return timed
-
-    return wrap
+def _stage(ctx: "RoundContext", round_: int, stage: str, compute, write=None):
+    """A stage's I/O, in one place around its middle: `compute()`, then `write(result)` (its
+    tables, atomically), then the seconds both took in the round's timings."""
+    t0 = time.perf_counter()
+    out = compute()
+    if write is not None:
+        write(out)
+    record_timing(ctx.store, round_, stage, time.perf_counter() - t0)
+    return out
 
 
-# -- stages ---------------------------------------------------------------------------------
+def _write(ctx: "RoundContext", round_: int, table: str, schema):
+    """`write` of a stage whose result is (or starts with) the frame of `table`."""
+    return lambda out: st.write_table(out[0] if isinstance(out, tuple) else out, st.table_path(ctx.store, round_, table), schema)
+
+
+# -- the stages' middles: frames and configs in, a frame out; no store, no clock ----------------
 
 
 def problems_table(problems: Sequence[Problem], round_: int) -> pl.DataFrame:
@@ -248,114 +277,67 @@ def problems_from_table(df: pl.DataFrame) -> list[Problem]:
     return [Problem(uid=r["uid"], question=r["question"], answer=r["answer"], split=r["split"], hint=r["hint"]) for r in df.iter_rows(named=True)]
 
 
-@_timed("problems")
-def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
-    """Draw round r's training problems (a fresh draw each round, from the train split only)."""
-    problems = ctx.workflow().problems("train", ctx.config.problems, ctx.round_seed(round_, 1))
-    df = problems_table(problems, round_)
-    st.write_table(df, st.table_path(ctx.store, round_, "problems"), PROBLEMS)
-    return df
+def draw_problems(workflow, n: int, seed: int, round_: int) -> pl.DataFrame:
+    """Round r's training problems: `n` of the workflow's train split, drawn with `seed`."""
+    return problems_table(workflow.problems("train", n, seed), round_)
 
 
-@_timed("rollouts")
-def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa.Table:
-    """Sample the team on round r's problems under every strategy -> the `steps` table."""
-    c = ctx.config
-    workflow = ctx.workflow()
-    samplers = ctx.samplers(ctx.start_checkpoints(round_))
-    config = RolloutConfig(
+def rollout_config(config: RunConfig, workflow, round_: int, seed: int) -> RolloutConfig:
+    """How round r samples: the run's temperature and reward mix; the run's completion budget,
+    else each agent's own (`workflow.max_tokens`), else `RolloutConfig`'s."""
+    return RolloutConfig(
         round=round_,
-        temperature=c.temperature,
-        max_tokens=c.max_tokens or workflow.max_tokens(workflow.turn_order[0]) or RolloutConfig.max_tokens,
-        max_tokens_by_agent={} if c.max_tokens else {a: b for a in workflow.turn_order if (b := workflow.max_tokens(a))},
-        alpha=c.advantage.alpha,
-        local_weight=c.advantage.local_weight,
-        seed=ctx.round_seed(round_, 2),
+        temperature=config.temperature,
+        max_tokens=config.max_tokens or workflow.max_tokens(workflow.turn_order[0]) or RolloutConfig.max_tokens,
+        max_tokens_by_agent={} if config.max_tokens else {a: b for a in workflow.turn_order if (b := workflow.max_tokens(a))},
+        alpha=config.advantage.alpha,
+        local_weight=config.advantage.local_weight,
+        seed=seed,
     )
-    table = run_rollouts(problems_from_table(problems), workflow, list(ctx.strategy_objects().values()), samplers, config)
-    write_steps(table, ctx.store, round_)
-    return table
 
 
-@_timed("advantages")
-def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
-    steps_df = steps if isinstance(steps, pl.DataFrame) else pl.from_arrow(steps)
-    out = compute_advantages(steps_df, ctx.config.advantage)
-    st.write_table(out, st.table_path(ctx.store, round_, "advantages"), "advantages")
-    return out
+def sample_steps(problems: pl.DataFrame, workflow, strategies, samplers: Mapping[str, Sampler], config: RolloutConfig) -> pa.Table:
+    """The `steps` table of the team on `problems` under every strategy, sampled by `samplers`."""
+    return run_rollouts(problems_from_table(problems), workflow, list(strategies), samplers, config)
 
 
-@_timed("view")
-def stage_training_view(ctx: RoundContext, round_: int, advantages):
-    checkpoints = ctx.start_checkpoints(round_)
-    tokenizer = load_tokenizer(next(iter(checkpoints.values())))
-    view, stats = build_training_view(advantages, ctx.strategy_objects(), tokenizer, ctx.config.view)
-    if ctx.config.view.verifier_replay and ctx.config.train_on == "rollouts":
-        view = _with_replay(ctx, round_, advantages, tokenizer, view)
-    if ctx.config.train_on == "ground_truth":
-        workflow = ctx.workflow()
-        task = ctx.task()
+def advantages_frame(steps, config) -> pl.DataFrame:
+    """The `advantages` table of a `steps` table (Arrow or Polars)."""
+    return compute_advantages(steps if isinstance(steps, pl.DataFrame) else pl.from_arrow(steps), config)
+
+
+def training_view(advantages, strategies, tokenizer, config: RunConfig, workflow, round_: int, *, earlier=(), problems: pl.DataFrame | None = None):
+    """The `training_view` table and its `ViewStats`: the rows of `advantages` that `config.view`
+    trains, context-swapped; with `verifier_replay`, the checking agent's rows replaced by its replay
+    over this round and the `earlier` rounds' advantages tables (`pipeline.views.verifier_replay`);
+    with train_on="ground_truth", as many rows of the task's reference answers to `problems` (the
+    step-matched baseline)."""
+    view, stats = build_training_view(advantages, strategies, tokenizer, config.view)
+    if config.view.verifier_replay and config.train_on == "rollouts":
+        checker = getattr(workflow, "verifier_id", None)
+        if checker is None:
+            raise ConfigError(f"--verifier-replay trains a checking agent's verdicts; workflow {config.workflow!r} has none")
+        tables = [advantages, *earlier]
+        replay, n_relabeled = verifier_replay(tables, strategies, tokenizer, config.view)
+        log.info("verifier replay: %d rows from %d round(s), %d relabelled", replay.num_rows, len(tables), n_relabeled)
+        view = with_verifier_replay(view, replay, checker)
+    if config.train_on == "ground_truth":
+        task = getattr(workflow, "task", None)
         if task is None or not callable(getattr(task, "solver_messages", None)):
             raise ConfigError(f"train_on='ground_truth' trains on a task's reference answers; workflow {workflow.name!r} has no such task")
         first = next(a for a in workflow.agents if a.agent_id == workflow.turn_order[0])
-        problems = problems_from_table(st.read_table(st.table_path(ctx.store, round_, "problems")))
         view = ground_truth_view(
-            problems, task, tokenizer, view.num_rows, round_, policy_id=first.policy_id, agent_id=first.agent_id, temperature=ctx.config.temperature
+            problems_from_table(problems), task, tokenizer, view.num_rows, round_,
+            policy_id=first.policy_id, agent_id=first.agent_id, temperature=config.temperature,
         )
-    st.write_table(view, st.table_path(ctx.store, round_, "training_view"), "training_view")
     return view, stats
 
 
-def _with_replay(ctx: RoundContext, round_: int, advantages, tokenizer, view):
-    """The view with the Verifier's rows replaced by its replay over this round and the
-    `verifier_replay - 1` rounds before it (`pipeline.views.verifier_replay`)."""
-    tables = [advantages]
-    for r in range(round_ - 1, max(-1, round_ - ctx.config.view.verifier_replay), -1):
-        path = st.table_path(ctx.store, r, "advantages")
-        if path.exists():
-            tables.append(st.read_table(path))
-    checker = getattr(ctx.workflow(), "verifier_id", None)
-    if checker is None:
-        raise ConfigError(f"--verifier-replay trains a checking agent's verdicts; workflow {ctx.config.workflow!r} has none")
-    replay, n_relabeled = verifier_replay(tables, ctx.strategy_objects(), tokenizer, ctx.config.view)
-    log.info("verifier replay: %d rows from %d round(s), %d relabelled", replay.num_rows, len(tables), n_relabeled)
-    return with_verifier_replay(view, replay, checker)
-
-
-@_timed("training")
-def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
-    """Train each policy on its rows; checkpoints go to `<store>/checkpoints/round=<r>/<policy>`
-    (atomically) and into the registry. The process's engines are closed first
-    (`EnginePool.release`), except LoRA-serving engines on a GPU."""
-    # torch and the transformers Trainer take seconds to import: only this stage needs them
-    from pipeline.training.trainer import train_policy
-
-    results = {}
-    parents = ctx.start_checkpoints(round_)
-    # Engines that the new checkpoints would rebuild anyway (full weights) are closed first, so
-    # training does not hold a live engine's memory as well (SmolLM2-135M's vLLM engine: about
-    # 2 GB). LoRA-serving engines stay on a GPU, where a new adapter is only a new request; on a
-    # CPU the engine and the trainer share one RAM, so they are closed too and rebuilt after
-    # training (SmolLM2-135M: about 20 s a round on the 2-core machine).
-    import torch
-
-    released = ctx.engines.release(keep_lora=torch.cuda.is_available())
-    if released:
-        log.info("closed the engines of %s before training", released)
-    for pid, parent in parents.items():
-        out_dir = st.checkpoint_dir(ctx.store, round_, pid)
-        res = train_policy(view, pid, parent, out_dir, ctx.config.train, round_=round_)
-        ctx.registry.register(
-            round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash,
-            metrics={
-                k: v
-                for k, v in {"steps": res.steps, "rows": res.n_rows, "mean_loss": res.mean_loss, "tokens_per_second": res.tokens_per_second}.items()
-                if math.isfinite(v)  # a policy without rows has no loss; keep the JSON strict
-            },
-        )
-        results[pid] = res
-    st.write_table(ratio_diagnostics_table(results, round_), st.table_path(ctx.store, round_, "ratio_diagnostics"), RATIO_DIAGNOSTICS)
-    return results
+def registry_metrics(result) -> dict[str, float]:
+    """The training metrics a checkpoint is registered with; a policy without rows has no loss,
+    which is left out to keep the registry's JSON strict."""
+    values = {"steps": result.steps, "rows": result.n_rows, "mean_loss": result.mean_loss, "tokens_per_second": result.tokens_per_second}
+    return {k: v for k, v in values.items() if math.isfinite(v)}
 
 
 def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.DataFrame:
@@ -391,17 +373,103 @@ def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.Da
     return pl.DataFrame(rows, schema=schema)
 
 
-@_timed("evaluation")
+def evaluation_config(config: RunConfig):
+    """What the held-out evaluation samples: the run's, at the sampling temperature (its budget:
+    `eval_max_tokens`, else the workflow's)."""
+    return replace(config.evaluation, temperature=config.temperature)
+
+
+# -- the stages: the middles above with their reads and writes ---------------------------------
+
+
+def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
+    """Draw round r's training problems (a fresh draw each round, from the train split only)."""
+    return _stage(
+        ctx, round_, "problems",
+        lambda: draw_problems(ctx.workflow(), ctx.config.problems, ctx.round_seed(round_, 1), round_),
+        _write(ctx, round_, "problems", PROBLEMS),
+    )
+
+
+def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame) -> pa.Table:
+    """Sample the team on round r's problems under every strategy -> the `steps` table."""
+
+    def compute():
+        workflow = ctx.workflow()
+        samplers = ctx.samplers(ctx.start_checkpoints(round_))
+        config = rollout_config(ctx.config, workflow, round_, ctx.round_seed(round_, 2))
+        return sample_steps(problems, workflow, ctx.strategy_objects().values(), samplers, config)
+
+    return _stage(ctx, round_, "rollouts", compute, lambda table: write_steps(table, ctx.store, round_))
+
+
+def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
+    """Round r's `advantages` table from its `steps` table."""
+    return _stage(ctx, round_, "advantages", lambda: advantages_frame(steps, ctx.config.advantage), _write(ctx, round_, "advantages", "advantages"))
+
+
+def stage_training_view(ctx: RoundContext, round_: int, advantages):
+    """Round r's `training_view` table (and its `ViewStats`), rendered with the tokenizer of the
+    checkpoints the round trains from."""
+    c = ctx.config
+
+    def compute():
+        tokenizer = load_tokenizer(next(iter(ctx.start_checkpoints(round_).values())))
+        earlier = []
+        if c.view.verifier_replay and c.train_on == "rollouts":
+            for r in range(round_ - 1, max(-1, round_ - c.view.verifier_replay), -1):
+                path = st.table_path(ctx.store, r, "advantages")
+                if path.exists():
+                    earlier.append(st.read_table(path))
+        problems = st.read_table(st.table_path(ctx.store, round_, "problems")) if c.train_on == "ground_truth" else None
+        return training_view(advantages, ctx.strategy_objects(), tokenizer, c, ctx.workflow(), round_, earlier=earlier, problems=problems)
+
+    return _stage(ctx, round_, "training_view", compute, _write(ctx, round_, "training_view", "training_view"))
+
+
+def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
+    """Train each policy on its rows; checkpoints go to `<store>/checkpoints/round=<r>/<policy>`
+    (atomically) and into the registry. The process's engines are closed first
+    (`EnginePool.release`), except LoRA-serving engines on a GPU."""
+
+    def compute():
+        # torch and the transformers Trainer take seconds to import: only this stage needs them
+        import torch
+
+        from pipeline.training.trainer import train_policy
+
+        parents = ctx.start_checkpoints(round_)
+        # Engines that the new checkpoints would rebuild anyway (full weights) are closed first, so
+        # training does not hold a live engine's memory as well (SmolLM2-135M's vLLM engine: about
+        # 2 GB). LoRA-serving engines stay on a GPU, where a new adapter is only a new request; on a
+        # CPU the engine and the trainer share one RAM, so they are closed too and rebuilt after
+        # training (SmolLM2-135M: about 20 s a round on the 2-core machine).
+        released = ctx.engines.release(keep_lora=torch.cuda.is_available())
+        if released:
+            log.info("closed the engines of %s before training", released)
+        results = {}
+        for pid, parent in parents.items():
+            res = train_policy(view, pid, parent, st.checkpoint_dir(ctx.store, round_, pid), ctx.config.train, round_=round_)
+            ctx.registry.register(round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash, metrics=registry_metrics(res))
+            results[pid] = res
+        return results
+
+    def write(results):
+        st.write_table(ratio_diagnostics_table(results, round_), st.table_path(ctx.store, round_, "ratio_diagnostics"), RATIO_DIAGNOSTICS)
+
+    return _stage(ctx, round_, "policy", compute, write)
+
+
 def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
     """Evaluate round r's checkpoints (round -1: the starting checkpoints) on the held-out split."""
-    checkpoints = ctx.trained_checkpoints(round_)
-    samplers = ctx.samplers(checkpoints)
-    tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
-    c = ctx.config
-    cfg = replace(c.evaluation, temperature=c.temperature)  # its budget: eval_max_tokens, else the task's
-    df = ctx.workflow().evaluate(samplers, tokenizers, cfg, round_)
-    st.write_table(df, st.table_path(ctx.store, round_, "evaluation"), EVALUATION)
-    return df
+
+    def compute():
+        checkpoints = ctx.trained_checkpoints(round_)
+        samplers = ctx.samplers(checkpoints)
+        tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
+        return ctx.workflow().evaluate(samplers, tokenizers, evaluation_config(ctx.config), round_)
+
+    return _stage(ctx, round_, "evaluation", compute, _write(ctx, round_, "evaluation", EVALUATION))
 
 
 def evaluate_base(ctx: RoundContext) -> pl.DataFrame:

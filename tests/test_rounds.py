@@ -1,0 +1,151 @@
+"""The middles of a round's stages (pipeline/rounds.py) on fakes: frames and configs in, a frame
+out, no store; and the stages' I/O around them (the table written, the seconds recorded)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from fakes import FakeSampler, FakeTask, FakeTokenizer
+from pipeline.advantages import compute_advantages
+from pipeline.config import RunConfig
+from pipeline.errors import ConfigError
+from pipeline.rounds import (
+    STAGE_NAMES,
+    STAGES,
+    TIMING_LABELS,
+    RoundContext,
+    advantages_frame,
+    draw_problems,
+    evaluation_config,
+    problems_from_table,
+    ratio_diagnostics_table,
+    record_timing,
+    registry_metrics,
+    rollout_config,
+    run_strategies,
+    sample_steps,
+    stage_advantages,
+    training_view,
+)
+from pipeline.store import table_path
+from pipeline.training.loss import LossDiagnostics, RatioStats
+from pipeline.views import build_training_view
+from pipeline.workflows.math import MathWorkflow, SingleWorkflow
+from schemas import PROBLEMS, RATIO_DIAGNOSTICS, STEPS, validate
+from tiny import advantage_row, advantages_table, tiny_tokenizer
+
+CONFIG = RunConfig(problems=4, samples=2, strategies=("iid", "prompt_aug"))
+
+
+def a_round(config: RunConfig = CONFIG):
+    """One round's middles chained on the fakes: problems, steps, advantages."""
+    workflow = MathWorkflow(FakeTask())
+    problems = draw_problems(workflow, config.problems, seed=7, round_=0)
+    strategies = run_strategies(config, workflow)
+    steps = sample_steps(problems, workflow, strategies.values(), FakeSampler(), rollout_config(config, workflow, 0, seed=11))
+    return workflow, strategies, problems, steps, advantages_frame(steps, config.advantage)
+
+
+def test_draw_problems_is_the_workflows_train_draw_as_a_problems_table():
+    workflow = MathWorkflow(FakeTask())
+    df = draw_problems(workflow, 5, seed=3, round_=2)
+    validate(df.to_arrow(), PROBLEMS)
+    assert df["round"].to_list() == [2] * 5
+    assert problems_from_table(df) == workflow.problems("train", 5, 3)
+    assert_frame_equal(draw_problems(workflow, 5, seed=3, round_=2), df)
+
+
+def test_rollout_config_takes_the_runs_mix_and_temperature_and_the_agents_budgets():
+    workflow = MathWorkflow(FakeTask())
+    mixed = dataclasses.replace(
+        CONFIG, temperature=0.7, train=dataclasses.replace(CONFIG.train, temperature=0.7), advantage=dataclasses.replace(CONFIG.advantage, alpha=0.5, local_weight=2.0)
+    )
+    rc = rollout_config(mixed, workflow, 3, seed=9)
+    assert (rc.round, rc.seed, rc.temperature, rc.alpha, rc.local_weight) == (3, 9, 0.7, 0.5, 2.0)
+    budget = workflow.max_tokens(workflow.turn_order[0])  # the task's own (16 for a task without one)
+    assert rc.max_tokens == budget and rc.max_tokens_by_agent == {a: budget for a in workflow.turn_order}
+    given = rollout_config(dataclasses.replace(CONFIG, max_tokens=9), workflow, 0, seed=0)
+    assert given.max_tokens == 9 and dict(given.max_tokens_by_agent) == {}
+
+
+def test_sample_steps_and_advantages_frame_are_the_engines_and_the_advantage_engines():
+    workflow, strategies, problems, steps, adv = a_round()
+    validate(steps, STEPS)
+    assert set(steps.column("uid").to_pylist()) == set(problems["uid"])
+    assert set(steps.column("strategy").to_pylist()) == {"iid", "prompt_aug"}
+    assert adv.height == steps.num_rows > 0
+    assert_frame_equal(adv, compute_advantages(pl.from_arrow(steps), CONFIG.advantage))
+    assert_frame_equal(advantages_frame(pl.from_arrow(steps), CONFIG.advantage), adv)  # Polars in, the same
+
+
+def test_training_view_is_the_views_rows_of_the_advantages():
+    workflow, strategies, _problems, _steps, adv = a_round()
+    tok = FakeTokenizer()
+    view, stats = training_view(adv.to_arrow(), strategies, tok, CONFIG, workflow, 0)
+    want, want_stats = build_training_view(adv.to_arrow(), strategies, tok, CONFIG.view)
+    assert view.num_rows == stats.n_rows > 0 and view.equals(want) and stats == want_stats
+
+
+def test_training_view_of_the_ground_truth_baseline_is_as_many_reference_rows():
+    workflow = MathWorkflow(FakeTask())
+    problems = draw_problems(workflow, 4, seed=1, round_=0)
+    rows = [advantage_row(f"s{i}", uid=problems["uid"][i % 4], local_reward=1.0, reward=1.0) for i in range(6)]
+    config = dataclasses.replace(CONFIG, train_on="ground_truth")
+    view, stats = training_view(advantages_table(rows), run_strategies(config, workflow), tiny_tokenizer(), config, workflow, 0, problems=problems)
+    assert view.num_rows == stats.n_rows == 6
+    assert set(view.column("strategy").to_pylist()) == {"ground_truth"}
+
+
+def test_training_view_refuses_a_replay_without_a_checking_agent():
+    workflow = SingleWorkflow(FakeTask())
+    assert workflow.verifier_id is None
+    config = dataclasses.replace(CONFIG, view=dataclasses.replace(CONFIG.view, verifier_replay=2))
+    with pytest.raises(ConfigError, match="--verifier-replay trains a checking agent's verdicts; workflow 'math' has none"):
+        training_view(advantages_table([advantage_row("s0", local_reward=1.0)]), run_strategies(CONFIG, workflow), FakeTokenizer(), config, workflow, 0)
+
+
+def test_registry_metrics_leave_out_a_missing_loss():
+    assert registry_metrics(SimpleNamespace(steps=2, n_rows=8, mean_loss=math.nan, tokens_per_second=10.0)) == {"steps": 2, "rows": 8, "tokens_per_second": 10.0}
+    assert registry_metrics(SimpleNamespace(steps=2, n_rows=8, mean_loss=0.5, tokens_per_second=10.0))["mean_loss"] == 0.5
+
+
+def test_ratio_diagnostics_table_has_a_row_per_cell_and_the_stars():
+    cell = RatioStats(n_rows=2, n_tokens=6, sum_log_ratio=-0.6)
+    whole = LossDiagnostics(overall=cell, by_agent={"solver": cell}, by_strategy={"iid": cell}, by_agent_strategy={"solver/iid": cell, "verifier/iid": RatioStats()})
+    df = ratio_diagnostics_table({"shared": SimpleNamespace(diagnostics=whole, first_step_diagnostics=None)}, 1)
+    validate(df.to_arrow(), RATIO_DIAGNOSTICS)
+    assert df.select("agent_id", "strategy").rows() == [("*", "*"), ("solver", "*"), ("*", "iid"), ("solver", "iid")]  # an empty cell has no row
+    assert df["mean_log_ratio"].to_list() == pytest.approx([-0.1] * 4) and df["first_step_log_ratio"].is_null().all()
+    assert df["round"].to_list() == [1] * 4
+
+
+def test_evaluation_config_is_the_runs_at_the_sampling_temperature():
+    config = dataclasses.replace(CONFIG, temperature=0.6, train=dataclasses.replace(CONFIG.train, temperature=0.6))
+    assert evaluation_config(config) == dataclasses.replace(config.evaluation, temperature=0.6)
+
+
+def test_one_name_per_stage_and_the_timings_keep_their_labels(tmp_path):
+    assert STAGES == ("problems", "rollouts", "advantages", "training_view", "policy", "evaluation")
+    assert STAGE_NAMES == ("problems", "rollouts", "advantages", "view", "training", "evaluation", "other")
+    record_timing(tmp_path, 0, "training_view", 1.0)
+    record_timing(tmp_path, 0, "view", 2.0)  # the label names the same row
+    record_timing(tmp_path, 0, "policy", 3.0)
+    t = pl.read_parquet(table_path(tmp_path, 0, "timings"))
+    assert t.select("stage", "seconds").rows() == [("view", 2.0), ("training", 3.0)]
+    assert set(TIMING_LABELS) <= set(STAGES)
+
+
+def test_a_stage_writes_its_table_and_records_its_seconds(tmp_path):
+    _workflow, _strategies, _problems, steps, adv = a_round()
+    ctx = RoundContext(tmp_path, CONFIG)
+    out = stage_advantages(ctx, 0, steps)
+    assert_frame_equal(out, adv)
+    assert_frame_equal(pl.read_parquet(table_path(tmp_path, 0, "advantages")), adv)
+    timings = pl.read_parquet(table_path(tmp_path, 0, "timings"))
+    assert timings["stage"].to_list() == ["advantages"] and timings["seconds"][0] >= 0
