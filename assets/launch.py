@@ -35,6 +35,7 @@ from pipeline.lock import acquire as acquire_writer_lock
 from pipeline.report import LOG_FILE, record_experiment, round_line, round_summary
 from pipeline.rounds import BASE_ROUND, record_timing, round_complete
 from pipeline.store import UrlStore, is_url, table_path
+from pipeline.tracking import check_targets, log_round
 
 log = logging.getLogger("maxit")
 
@@ -204,6 +205,7 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
     from pipeline.rounds import build_workflow
 
     metrics = build_workflow(settings.settings().run_config()).table_metrics
+    trackers = check_targets(settings.settings().report_to)
     t_start = time.perf_counter()
     done: list[int] = []
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
@@ -211,6 +213,8 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
         for r in bar:
             if round_complete(store, r) and not restart:
                 done.append(r)
+                if trackers:  # a resumed run logs the rounds a tracker has not seen yet (a no-op for the others)
+                    log_round(store, r, trackers, metrics=metrics)
                 bar.set_postfix_str(f"round {r} already complete")
                 continue
             key = str(r)
@@ -267,6 +271,8 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
             summary = round_summary(store, [BASE_ROUND, *done], metrics)
             line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
             _print_line(line, bar, out)
+            if trackers:
+                log_round(store, r, trackers, metrics=metrics)
     finally:
         bar.close()
         close_engines()

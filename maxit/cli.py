@@ -166,8 +166,11 @@ def cmd_run(args) -> int:
     from assets.launch import run_rounds
     from pipeline.settings import settings_from_args
 
+    from pipeline.tracking import check_targets
+
     settings = settings_from_args(args)
     settings.run_config()  # validate every flag before anything starts
+    check_targets(settings.report_to)
     workflow = check_run_inputs(settings, args.store)
     print(
         f"maxit run: algorithm {settings.algorithm} (loss {settings.loss}), workflow {workflow.describe()}, "

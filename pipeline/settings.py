@@ -355,6 +355,14 @@ class Settings:
         _default(EvalConfig, "max_tokens"), "completion budget of the evaluation's Solver and Verifier calls; None = the task's default (arithmetic 16, task file 512)", group="evaluation"
     )
 
+    report_to: tuple[str, ...] = _s(
+        (),
+        "experiment trackers every finished round is logged to, offline and inside the store: tensorboard, mlflow, wandb "
+        "(several allowed; docs/TRACKING.md); the store stays the record",
+        group="evaluation",
+        metavar="TRACKER",
+    )
+
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")

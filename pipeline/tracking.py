@@ -241,12 +241,9 @@ def settings_values(record: Mapping[str, Any] | None) -> dict[str, str | int | f
 
 def _round_table():
     """(`round_summary`, `STAGE_COLUMNS`): the round table `maxit run` prints, so the trackers
-    show its column names. It is moving from assets/launch.py (which imports no Dagster at
-    module level) to pipeline/report.py; either place serves."""
-    try:
-        from pipeline.report import STAGE_COLUMNS, round_summary
-    except ImportError:
-        from assets.launch import STAGE_COLUMNS, round_summary
+    show its column names (imported here: pipeline.report reads the registry and workflows)."""
+    from pipeline.report import STAGE_COLUMNS, round_summary
+
     return round_summary, STAGE_COLUMNS
 
 

@@ -73,7 +73,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pipeline.errors import DataError  # noqa: E402
 from pipeline.report import read_experiment  # noqa: E402
-from pipeline.settings import LOSS_PRESETS, add_setting_flags, settings_from_args  # noqa: E402
+from pipeline.settings import LOSS_PRESETS, add_setting_flags, setting_default, settings_from_args  # noqa: E402
 from pipeline.store import jsonable  # noqa: E402
 # the ppo preset until the positive-half one: the base of the ppo-* variants measured against it
 PPO_2E4 = ["--loss", "ppo", "--lr", "2e-4", "--negative-weight", "0.5"]
@@ -162,10 +162,18 @@ def check_reusable(store: Path, want: dict) -> None:
                 "move the directory away (or pass another --out) to run it again"
             )
     have = {**stored, **record.get("effective", {})}
-    diff = sorted(k for k in want if have.get(k) != want[k])
+    # a setting added after the store was made is not in its record: it ran at that setting's default
+    diff = sorted(k for k in want if (have[k] if k in have else _default_of(k)) != want[k])
     if diff:
         shown = ", ".join(f"{k}: ran {have.get(k)!r}, asked {want[k]!r}" for k in diff)
         raise SystemExit(f"{store}: a finished run of other settings than this variant's ({shown}); move it away (or pass another --out) to run it again")
+
+
+def _default_of(name: str):
+    try:
+        return jsonable(setting_default(name))
+    except KeyError:  # not a setting (a value in effect of the loss's preset)
+        return None
 
 
 def run_variant(name: str, seed: int, rounds: int, out: Path, extra: list[str]) -> dict:

@@ -32,6 +32,12 @@ ALL = ("tensorboard", "mlflow", "wandb")
 # -- the store --------------------------------------------------------------------------------
 
 
+RUN_FLAGS = [
+    "--engine", "hf", "--problems", "4", "--samples", "2", "--strategies", "iid", "tree", "--max-loop-num", "1",
+    "--eval-problems", "4", "--eval-samples", "1", "--epochs", "1", "--minibatch-size", "64", "--micro-batch-size", "32",
+]
+
+
 @pytest.fixture(scope="module")
 def one_round(tmp_path_factory) -> Path:
     """A store after `maxit run --rounds 1`: round -1 (the starting model's evaluation) and round 0."""
@@ -39,11 +45,7 @@ def one_round(tmp_path_factory) -> Path:
     from pipeline.models import default_cache_dir, default_model
 
     store = tmp_path_factory.mktemp("tracking") / "store"
-    argv = [
-        "run", "--rounds", "1", "--store", str(store), "--engine", "hf", "--model-dir", str(default_model(default_cache_dir())),
-        "--problems", "4", "--samples", "2", "--strategies", "iid", "tree", "--max-loop-num", "1",
-        "--eval-problems", "4", "--eval-samples", "1", "--epochs", "1", "--minibatch-size", "64", "--micro-batch-size", "32",
-    ]
+    argv = ["run", "--rounds", "1", "--store", str(store), "--model-dir", str(default_model(default_cache_dir())), *RUN_FLAGS]
     assert main(argv) == 0
     return store
 
@@ -389,3 +391,40 @@ def test_ratio_scalars_name_the_all_rows_and_skip_null_and_nan():
         "ratio/p/a/iid/first_step_log_ratio": 0.5,
         "ratio/p/a/iid/kl": 0.0,
     }
+
+
+# -- maxit run --report-to ----------------------------------------------------------------------
+
+
+def test_maxit_run_report_to_logs_a_resumed_round_and_a_new_one_to_every_tracker(store, no_network):
+    """`maxit run --rounds 2 --report-to ...` on a store with round 0 done: round -1 and round 0
+    are logged as the run resumes them, round 1 as it finishes; each tracker reads back one point
+    per round, equal to the store's tables."""
+    from maxit.cli import main
+    from pipeline.models import default_cache_dir, default_model
+
+    argv = ["run", "--rounds", "2", "--store", str(store), "--model-dir", str(default_model(default_cache_dir())), *RUN_FLAGS, "--report-to", *ALL]
+    assert main(argv) == 0
+    assert pl.read_parquet(st.table_path(store, 1, "evaluation")).height  # round 1 ran
+    state = json.loads((store / STATE_FILE).read_text())
+    assert all(state[t]["rounds"] == [-1, 0, 1] for t in ALL)
+    want = expected(store, 1)
+    assert want
+    scalars = tensorboard_scalars(store / "tensorboard")
+    for name, value in want.items():
+        assert [v for step, v in scalars.get(name, []) if step == 1] == [pytest.approx(value, rel=1e-6, abs=1e-7)], name
+    assert [s for s, _ in scalars["heldout/solver/accuracy"]] == [-1, 0, 1]
+    client = mlflow_client(store)
+    history = client.get_metric_history(state["mlflow"]["run_id"], "heldout/solver/accuracy")
+    assert sorted(m.step for m in history) == [-1, 0, 1]
+    assert [row["round"] for _, row in wandb_history(store)] == [-1, 0, 1]
+    assert not no_network  # nothing tried to reach the network
+
+
+def test_maxit_run_refuses_an_unknown_tracker_before_it_writes_anything(tmp_path, capsys):
+    from maxit.cli import main
+
+    store = tmp_path / "store"
+    assert main(["run", "--rounds", "1", "--store", str(store), "--report-to", "tensorboard", "neptune"]) == 2
+    assert "--report-to neptune: unknown target" in capsys.readouterr().err
+    assert not store.exists()
