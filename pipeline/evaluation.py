@@ -18,7 +18,7 @@ import polars as pl
 
 from pipeline.config import EvalConfig
 from pipeline.types import Sampler
-from schemas import EVALUATION, validate
+from schemas import EVALUATION, polars_schema, validate
 
 __all__ = ["EvalConfig", "evaluate_workflow"]
 
@@ -82,5 +82,5 @@ def evaluate_workflow(workflow, samplers: Mapping[str, Sampler], tokenizers: Map
         greedy = team(play(1, 0.0, config.seed))
         ok = (greedy["global_reward"] >= 0.5).fill_null(False)
         add("team", "success_greedy", float(ok.mean() or 0.0), greedy.height)
-    df = pl.DataFrame(rows, schema={"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "split": pl.String, "metric": pl.String, "value": pl.Float64, "n": pl.Int64})
+    df = pl.DataFrame(rows, schema=polars_schema(EVALUATION))
     return validate(df, EVALUATION)

@@ -45,7 +45,7 @@ from pipeline.tasks import build_task
 from pipeline.types import Problem, Sampler
 from pipeline.views import build_training_view, verifier_replay, with_verifier_replay
 from pipeline.workflows import check_workflow, load_workflow
-from schemas import EVALUATION, PROBLEMS, RATIO_DIAGNOSTICS, TIMINGS
+from schemas import EVALUATION, PROBLEMS, RATIO_DIAGNOSTICS, TIMINGS, polars_schema
 
 __all__ = [
     "RunConfig",
@@ -231,7 +231,7 @@ def record_timing(store: str | Path, round_: int, stage: str, seconds: float) ->
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigError(f"record_timing: seconds of stage {stage!r} must be finite and >= 0, got {seconds!r}")
     path = st.table_path(store, round_, "timings")
-    schema = {"round": pl.Int32, "stage": pl.String, "seconds": pl.Float64}
+    schema = polars_schema(TIMINGS)
     old = pl.read_parquet(path).select(*schema) if path.exists() else pl.DataFrame(schema=schema)
     row = pl.DataFrame({"round": [round_], "stage": [stage], "seconds": [float(seconds)]}, schema=schema)
     table = pl.concat([old.filter(pl.col("stage") != stage), row])
@@ -269,7 +269,7 @@ def problems_table(problems: Sequence[Problem], round_: int) -> pl.DataFrame:
             "split": [p.split for p in problems],
             "hint": [p.hint for p in problems],
         },
-        schema={"round": pl.Int32, "uid": pl.String, "question": pl.String, "answer": pl.String, "split": pl.String, "hint": pl.String},
+        schema=polars_schema(PROBLEMS),
     )
 
 
@@ -365,12 +365,7 @@ def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.Da
                     "truncated_fraction": stats.truncated_fraction, "ess_fraction": stats.ess_fraction, "kl": stats.mean_kl,
                 }
             )
-    schema = pl.Schema(
-        {"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "strategy": pl.String, "rows": pl.Int64, "tokens": pl.Int64,
-         "mean_log_ratio": pl.Float64, "first_step_log_ratio": pl.Float64, "clip_fraction": pl.Float64, "masked_fraction": pl.Float64,
-         "truncated_fraction": pl.Float64, "ess_fraction": pl.Float64, "kl": pl.Float64}
-    )
-    return pl.DataFrame(rows, schema=schema)
+    return pl.DataFrame(rows, schema=polars_schema(RATIO_DIAGNOSTICS))
 
 
 def evaluation_config(config: RunConfig):

@@ -26,6 +26,7 @@ __all__ = [
     "PROBLEMS",
     "SCHEMAS",
     "TableSchema",
+    "polars_schema",
     "SchemaError",
     "validate",
     "validate_columns",
@@ -193,6 +194,14 @@ TIMINGS = TableSchema(
 )
 
 SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION, RATIO_DIAGNOSTICS, TIMINGS)}
+
+
+def polars_schema(schema: "TableSchema | str"):
+    """The table's columns as a Polars schema, for building a frame of this table in code (the
+    one declaration of its columns stays here)."""
+    import polars as pl
+
+    return pl.from_arrow(_schema_of(schema).schema.empty_table()).schema
 
 
 class SchemaError(ValueError):

@@ -162,3 +162,15 @@ def test_atomic_dir_puts_the_old_directory_back_when_the_swap_fails(tmp_path, mo
     monkeypatch.undo()
     assert (target / "w").read_text() == "one"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_polars_schema_is_the_contract_s_columns_in_order_for_every_table():
+    import polars as pl
+
+    from schemas import SCHEMAS, polars_schema
+
+    for name, contract in SCHEMAS.items():
+        frame = pl.DataFrame(schema=polars_schema(name))
+        assert frame.columns == contract.schema.names, name
+    assert dict(polars_schema("timings")) == {"round": pl.Int32, "stage": pl.String, "seconds": pl.Float64}
+    assert polars_schema("evaluation")["n"] == pl.Int64 and polars_schema("problems")["hint"] == pl.String
