@@ -80,6 +80,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.tasks.base import split_of
 from pipeline.types import Message, Problem
 from pipeline.workflows.base import Env, StepResult, Workflow
+from pipeline.workflows.contract import jsonl_objects
 
 __all__ = [
     "CODER",
@@ -480,27 +481,9 @@ def read_task_file(path: str | Path, heldout_fraction: float = 0.2, sandbox: dic
     from pipeline.sandbox import SandboxError, parse_tests, run_tests_many
 
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"code task_file {p}: no such file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"code task_file {p}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     rows: list[tuple[int, Problem]] = []
     uids: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-
-        def bad(what: str) -> DataError:
-            return DataError(f"code task_file {p} line {lineno}: {what}")
-
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise bad(f"not JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise bad(f"expected a JSON object with {list(REQUIRED)}, got {type(row).__name__}")
+    for lineno, row, bad in jsonl_objects(p, "code task_file", f"{list(REQUIRED)}"):
         missing = [k for k in REQUIRED if k not in row]
         if missing:
             raise bad(f"missing column(s) {missing} (a row needs {list(REQUIRED)})")

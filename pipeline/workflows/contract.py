@@ -10,12 +10,14 @@ import them, while `Workflow`'s default `evaluate` calls the evaluation.
 from __future__ import annotations
 
 import copy as _copy
+import json
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
 
 from pipeline.agents.agent import Agent
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DataError
 from pipeline.types import Message
 
 __all__ = ["StepResult", "Env", "check_workflow", "check_messages", "finite_reward"]
@@ -131,3 +133,32 @@ def check_messages(messages: object, what: str) -> list[Message]:
             raise ValueError(f"{what} returned a message that is not {{'role': system|user|assistant, 'content': str}}: {str(m)[:80]!r}")
         out.append(Message(role=m["role"], content=m["content"]))
     return out
+
+
+def jsonl_objects(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, dict, Callable[[str], DataError]]]:
+    """(line number, object, bad) for each non-blank line of a workflow's JSONL task file, where
+    `bad(what)` is the DataError naming the file and the line. A missing file is a ConfigError;
+    text that is not UTF-8, a line that is not JSON or not a JSON object (`expected` says what
+    it should hold) a DataError, all prefixed with `label` ("grid task_file")."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{label} {p}: no such file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{label} {p}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+
+        def bad(what: str, lineno: int = lineno) -> DataError:
+            return DataError(f"{label} {p} line {lineno}: {what}")
+
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise bad(f"not JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise bad(f"expected a JSON object with {expected}, got {type(row).__name__}")
+        yield lineno, row, bad
+

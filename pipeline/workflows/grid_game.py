@@ -22,7 +22,6 @@ goal, else 0.0.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Sequence
 from pipeline.errors import ConfigError, DataError
 from pipeline.tasks.base import split_of
 from pipeline.types import Message
-from pipeline.workflows.contract import Env, StepResult
+from pipeline.workflows.contract import Env, StepResult, jsonl_objects
 
 __all__ = [
     "GridEnv",
@@ -242,27 +241,9 @@ def read_puzzle_file(path: str | Path, heldout_fraction: float = 0.2) -> list[tu
     are skipped. Returns (puzzle, split, hint, uid) per row; a bad row is a `DataError` naming the
     file and the line."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"grid task_file {p}: no such file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"grid task_file {p}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     out = []
     uids: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-
-        def bad(what: str) -> DataError:
-            return DataError(f"grid task_file {p} line {lineno}: {what}")
-
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise bad(f"not JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise bad(f"expected a JSON object with a 'grid', got {type(row).__name__}")
+    for lineno, row, bad in jsonl_objects(p, "grid task_file", "a 'grid'"):
         grid = row.get("grid")
         if isinstance(grid, list) and all(isinstance(r, str) for r in grid):
             grid = "\n".join(grid)
