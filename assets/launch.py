@@ -204,8 +204,9 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
     run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
     from pipeline.rounds import build_workflow
 
-    metrics = build_workflow(settings.settings().run_config()).table_metrics
-    trackers = check_targets(settings.settings().report_to)
+    run_settings = settings.settings()
+    metrics = build_workflow(run_settings.run_config()).table_metrics
+    trackers = check_targets(run_settings.report_to)
     t_start = time.perf_counter()
     done: list[int] = []
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
