@@ -285,8 +285,10 @@ def random_adapter(base_dir, out_dir, seed: int, rank: int = 8):
 
 
 @pytest.mark.vllm
-def test_vllm_serves_lora_checkpoints_on_one_engine(tiny_model_dir, tmp_path):
-    """LoRA checkpoints are sampled as LoRA requests on their base's engine: the logprobs are the
+@pytest.mark.parametrize("lora_sampling", ["requests", "merged"])
+def test_vllm_serves_lora_checkpoints_on_one_engine(tiny_model_dir, tmp_path, lora_sampling):
+    """LoRA checkpoints are sampled on their base's engine, as LoRA requests or with the adapter
+    merged into the engine's weights before the call (the CPU default): the logprobs are the
     merged model's under teacher forcing, a new adapter is no rebuild, and two policies whose
     checkpoints are adapters on one base share one engine (`EnginePool`)."""
     from pipeline.engines.pool import EnginePool
@@ -296,7 +298,7 @@ def test_vllm_serves_lora_checkpoints_on_one_engine(tiny_model_dir, tmp_path):
     prompts = [encode_prompt(tok, task.solver_messages(p)) for p in task.problems("train", 3, seed=1)]
     a = random_adapter(tiny_model_dir, tmp_path / "a", seed=1)
     b = random_adapter(tiny_model_dir, tmp_path / "b", seed=2)
-    pool = EnginePool("vllm")
+    pool = EnginePool("vllm", {"lora_sampling": lora_sampling})
     try:
         # a run training rank-8 adapters: the base model of round 0 is served by a LoRA engine
         solver = pool.get("solver", tiny_model_dir, lora_rank=8)
@@ -318,6 +320,10 @@ def test_vllm_serves_lora_checkpoints_on_one_engine(tiny_model_dir, tmp_path):
         assert verifier.generate(prompts, n=2, temperature=TEMPERATURE, max_tokens=16, seed=3) == base_out
         # before training: the LoRA engine stays (a new adapter is a new request), unless asked
         assert pool.release() == [] and solver.llm is llm
+        if lora_sampling == "merged":  # back and forth between the adapters and the base: each swap
+            assert solver.merged is not None and solver.merged.swaps == 3  # a, b, the base
+            assert solver.generate(prompts, n=2, temperature=TEMPERATURE, max_tokens=16, seed=3) == out_a
+            assert solver.merged.swaps == 4
         assert sorted(pool.release(keep_lora=False)) == ["solver", "verifier"] and solver.llm is None
         assert pool.get("solver", a, lora_rank=8) is not solver  # built anew on the next request
     finally:

