@@ -287,3 +287,32 @@ def test_humaneval_loads_offline_and_checks_in_the_sandbox():
     for bad in ("def has_close_elements(numbers, threshold):\n    return True", "import os\nos._exit(0)", *hostile):
         assert wf.reset(p, None).step(CODER, bad).reward == 0.0, bad
     assert env.runs.killable  # mutants of the canonical solution that check() catches
+    # heldout_fraction=1: all 164 held out (an evaluation pass over the whole set), none to train on
+    every = load_workflow("code", dataset="humaneval", heldout_fraction=1, **FAST)
+    assert len(every.problems("heldout", 500, 0)) == 164 and every.problems("train", 500, 0) == []
+    with pytest.raises(ConfigError, match="needs a fixed set"):
+        load_workflow("code", heldout_fraction=1, **FAST)
+
+
+def test_the_coder_alone_is_a_team_of_one():
+    """`team=coder`: one Coder call per episode, rewarded by the hidden tests' pass rate; no Tester
+    row, prompt or column; the evaluation still reports the team's success."""
+    from pipeline.evaluation import EvalConfig
+
+    wf = load_workflow("code", team="coder", **FAST)
+    assert [a.agent_id for a in wf.agents] == [CODER] and wf.turn_order == (CODER,) and wf.max_turns == 1
+    assert all(agent != TESTER for agent, _, _ in wf.table_metrics)
+    replies = iter([WRONG, RIGHT] * 4)
+    sampler = Script(lambda m, j: next(replies))
+    rows = rows_of(run_rollouts([ADD], wf, [IID(group_size=2)], sampler, RolloutConfig()))
+    assert [(r["agent_id"], r["turn"]) for r in rows] == [(CODER, 0), (CODER, 0)]
+    assert sorted(r["local_reward"] for r in rows) == [0.25, 1.0] and sorted(r["global_reward"] for r in rows) == [0.25, 1.0]
+    config = EvalConfig(problems=2, samples=1)
+    specs = {p.question: spec_of(p) for p in wf.problems("heldout", config.problems, config.seed)}
+    coder = Script(lambda m, j: f"```python\n{next(s for q, s in specs.items() if q in m[0][1]).reference}```")
+    (policy,) = wf.policy_ids
+    df = wf.evaluate({policy: coder}, {policy: coder.tokenizer}, config, 0)
+    values = {(r["agent_id"], r["metric"]): r["value"] for r in df.to_dicts()}
+    assert values[("team", "success")] == 1.0 and not any(agent == TESTER for agent, _ in values)
+    with pytest.raises(ConfigError, match="team must be one of"):
+        load_workflow("code", team="tester", **FAST)

@@ -690,7 +690,7 @@ class CodeEnv(Env):
             code = extract_code(text, self.spec.entry_point)
             (hidden,) = self.runs.run([(candidate_source(self.spec, code), None)])
             self.code, self.code_text, self.hidden = code, text, hidden
-            return StepResult(hidden.rate)
+            return StepResult(hidden.rate, done=self.workflow.team == "coder")  # alone: no tests to answer
         if agent_id != TESTER:
             raise ValueError(f"code has no agent {agent_id!r}")
         wf = self.workflow
@@ -734,6 +734,10 @@ def _coder_feedback(entry: str, cases: Sequence, run: RunResult, show: int = 3) 
 # -- the workflow -----------------------------------------------------------------------------
 
 
+TEAMS = {"coder_tester": (CODER, TESTER), "coder": (CODER,)}
+"""The `team` option: the agents (in turn order) of each team the workflow plays."""
+
+
 def _default_agents() -> tuple[Agent, ...]:
     return (Agent(CODER), Agent(TESTER))
 
@@ -742,10 +746,13 @@ def _default_agents() -> tuple[Agent, ...]:
 class CodeWorkflow(Workflow):
     """A Coder and a Tester (see the module docstring). Options (`--workflow-options`):
     `dataset` (generated | humaneval), `task_file` (JSONL; instead of `dataset`),
-    `max_loop_num` (turns, default 2), `heldout_fraction`, `max_tests` (Tester tests kept),
+    `max_loop_num` (turns, default 2), `heldout_fraction` (1 with a fixed set: all held out, to
+    evaluate a model on every problem), `max_tests` (Tester tests kept),
     `mutants` (wrong programs a Tester's tests are scored against), `sandbox_timeout` (seconds
     per program), `sandbox_memory_mb`, `workers` (programs run at once), `coder_tokens`,
-    `tester_tokens` (completion budgets), `allow_unisolated_network`."""
+    `tester_tokens` (completion budgets), `allow_unisolated_network`, `team` (coder_tester, the
+    default; or coder: the Coder alone, a team of one, one call per episode rewarded by the hidden
+    tests' pass rate: the baseline the Tester has to beat)."""
 
     dataset: str = "generated"
     task_file: str | None = None
@@ -759,6 +766,7 @@ class CodeWorkflow(Workflow):
     coder_tokens: int = 256
     tester_tokens: int = 192
     allow_unisolated_network: bool = False
+    team: str = "coder_tester"
     agents: tuple[Agent, ...] = field(default_factory=_default_agents)
 
     name: ClassVar[str] = "code"
@@ -782,18 +790,26 @@ class CodeWorkflow(Workflow):
                 raise bad(f"{name} must be an integer >= {low}, got {v!r}")
         if isinstance(self.sandbox_timeout, bool) or not isinstance(self.sandbox_timeout, (int, float)) or not 0 < self.sandbox_timeout <= 5:
             raise bad(f"sandbox_timeout must be seconds in (0, 5] (a step runs its programs at once, within the 10 s reward timeout), got {self.sandbox_timeout!r}")
-        if not (isinstance(self.heldout_fraction, (int, float)) and 0 < self.heldout_fraction < 1):
-            raise bad(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction!r}")
+        if not (isinstance(self.heldout_fraction, (int, float)) and 0 < self.heldout_fraction <= 1):
+            raise bad(f"heldout_fraction must be in (0, 1], got {self.heldout_fraction!r}")
+        if self.heldout_fraction == 1 and self.dataset == "generated" and self.task_file is None:
+            raise bad("heldout_fraction=1 (every problem held out, for an evaluation-only pass) needs a fixed set: dataset=humaneval or a task_file")
         if self.dataset not in DATASETS:
             raise bad(f"dataset must be one of {list(DATASETS)}, got {self.dataset!r}")
         if self.task_file is not None and self.dataset != "generated":
             raise bad(f"give either task_file or dataset={self.dataset}, not both")
         if not isinstance(self.allow_unisolated_network, bool):
             raise bad(f"allow_unisolated_network must be true or false, got {self.allow_unisolated_network!r}")
+        if self.team not in TEAMS:
+            raise bad(f"team must be one of {list(TEAMS)}, got {self.team!r}")
         self.agents = tuple(self.agents)
+        if self.team == "coder" and self.agents == _default_agents():
+            self.agents = (Agent(CODER),)
         ids = sorted(a.agent_id for a in self.agents)
-        if ids != sorted((CODER, TESTER)):
-            raise bad(f"needs the agents {[CODER, TESTER]}, got {ids}")
+        if ids != sorted(TEAMS[self.team]):
+            raise bad(f"team {self.team} needs the agents {list(TEAMS[self.team])}, got {ids}")
+        if self.team == "coder":  # no Tester columns in the round table
+            self.table_metrics = tuple(m for m in type(self).table_metrics if m[0] != TESTER)
         self._check_isolation()
         self._cache: dict[str, _Runs] = {}
         self._pool: dict[str, list[Problem]] | None = None
@@ -820,11 +836,11 @@ class CodeWorkflow(Workflow):
     # -- the contract -----------------------------------------------------------------------
     @property
     def max_turns(self) -> int:
-        return self.max_loop_num
+        return 1 if self.team == "coder" else self.max_loop_num
 
     @property
     def turn_order(self) -> tuple[str, ...]:
-        return (CODER, TESTER)
+        return TEAMS[self.team]
 
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
         if split not in ("train", "heldout"):
