@@ -195,6 +195,42 @@ def run_maxit(args, b: dict, seed: int, model_dir: Path, task_file: Path, store:
 # -- TRL -------------------------------------------------------------------------------------
 
 
+_REUSE_KEYS = ("rounds", "problems", "samples", "max_tokens", "temperature", "lr", "epochs", "minibatch_size", "micro_batch_size",
+               "lora_rank", "lora_alpha", "dtype", "model_dir", "prompt_file")
+
+
+def reused_trl(work: Path, settings: dict, seed: int, store: Path) -> dict:
+    """TRL's record for `seed` from the earlier run in `work`, after checking that it trained on
+    this run's budget and settings and on the problems this run's maxit drew."""
+    import polars as pl
+
+    results = Path(work) / "results.jsonl"
+    if not results.is_file():
+        raise SystemExit(f"--reuse-trl {work}: no results.jsonl there")
+    records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    found = None
+    for i, rec in enumerate(records):
+        if rec.get("kind") == "system" and rec.get("system") == "trl" and rec.get("seed") == seed:
+            earlier = next(r for r in reversed(records[:i]) if r.get("kind") == "settings")
+            found = (earlier, rec)
+    if found is None:
+        raise SystemExit(f"--reuse-trl {work}: results.jsonl has no TRL run of seed {seed}")
+    earlier, rec = found
+    differ = [k for k in _REUSE_KEYS if earlier.get(k) != settings.get(k)]
+    if differ:
+        raise SystemExit(f"--reuse-trl {work}: seed {seed}'s TRL run had other settings: " + ", ".join(f"{k} {earlier.get(k)!r} vs {settings.get(k)!r}" for k in differ))
+    old_store = Path(work) / f"seed{seed}" / "maxit"
+    for r in range(int(settings["rounds"])):
+        a, b = (pl.read_parquet(s / f"round={r}" / "problems.parquet").select("uid", "question").sort("uid") for s in (old_store, store))
+        if not a.equals(b):
+            raise SystemExit(f"--reuse-trl {work}: round {r}'s problems differ from this run's (seed {seed}); TRL trained on others")
+    if not Path(rec["checkpoint"]).is_dir():
+        raise SystemExit(f"--reuse-trl {work}: TRL's adapter {rec['checkpoint']} is gone")
+    print(f"[seed {seed}] TRL GRPOTrainer: reused from {results} (same settings and problems; adapter evaluated again)", flush=True)
+    drop = ("kind", "seed", "system", "algorithm", "before_greedy", "after_greedy", "gain_greedy", "before_sampled", "after_sampled", "gain_sampled", "eval_problems", "seconds_per_sample")
+    return {**{k: v for k, v in rec.items() if k not in drop}, "reused_from": str(results)}
+
+
 def run_trl(args, b: dict, seed: int, model_dir: Path, task_file: Path, work: Path, maxit: dict) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -416,6 +452,12 @@ def parse_args(argv=None):
         help="precision of both systems' sampling and training and of the evaluation engine: float32 weights and passes, or bf16 "
         "(maxit --dtype bfloat16, TRL bf16=True autocast); default float32, maxit's CPU precision up to the --dtype setting",
     )
+    ap.add_argument(
+        "--reuse-trl", type=Path, metavar="WORK",
+        help="take TRL's side from an earlier run's WORK folder (its results.jsonl and adapters) instead of training it again: "
+        "its settings must equal this run's but for maxit's algorithm and strategies, and its problems this run's (checked); "
+        "its adapter is evaluated again here, beside maxit's",
+    )
     ap.add_argument("--trl-worker", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
@@ -461,7 +503,10 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         seed_dir = work / f"seed{seed}"
         mx = run_maxit(args, b, seed, model_dir, task_file, seed_dir / "maxit")
-        tr = run_trl(args, b, seed, model_dir, task_file, seed_dir / "trl", mx)
+        if args.reuse_trl:
+            tr = reused_trl(args.reuse_trl, settings, seed, seed_dir / "maxit")
+        else:
+            tr = run_trl(args, b, seed, model_dir, task_file, seed_dir / "trl", mx)
         runs[seed] = (mx, tr)
 
     print(f"evaluating on {b['eval_problems']} held-out problems (greedy, and {args.eval_samples} sample(s) at T={args.temperature}), one engine", flush=True)
