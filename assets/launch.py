@@ -33,7 +33,7 @@ from pipeline.errors import MaxitError
 from pipeline.lock import StoreLocked, command_line, token_in_env
 from pipeline.lock import acquire as acquire_writer_lock
 from pipeline.report import LOG_FILE, record_experiment, round_line, round_summary
-from pipeline.rounds import BASE_ROUND, record_timing, round_complete
+from pipeline.rounds import BASE_ROUND, SUBSTAGES, record_timing, round_complete
 from pipeline.store import UrlStore, is_url, table_path
 from pipeline.tracking import check_targets, log_round
 
@@ -326,7 +326,7 @@ def _record_other_time(store: Path, round_: int, wall_seconds: float, started: f
     for r in (round_, BASE_ROUND):
         path = table_path(store, r, "timings")
         if path.exists() and (r == round_ or path.stat().st_mtime >= started):
-            staged += float(pl.read_parquet(path).filter(pl.col("stage") != "other")["seconds"].sum())
+            staged += float(pl.read_parquet(path).filter(~pl.col("stage").is_in(["other", *SUBSTAGES]))["seconds"].sum())
     record_timing(store, round_, "other", max(0.0, wall_seconds - staged))
 
 

@@ -216,7 +216,12 @@ TIMING_LABELS = {"training_view": "view", "policy": "training"}
 stored tables use them, and so do their readers (the round table's s_view and s_train columns,
 the trackers' time/<stage> scalars)."""
 
-STAGE_NAMES = (*(TIMING_LABELS.get(s, s) for s in STAGES), "other")
+SUBSTAGES = ("sandbox",)
+"""Rows of a round's `timings` table that are parts of other stages' time, not added to it:
+"sandbox", the seconds the round waited on model-written programs (a workflow's `sandbox_seconds`:
+the code workflow's tests, in its rollouts and evaluation)."""
+
+STAGE_NAMES = (*(TIMING_LABELS.get(s, s) for s in STAGES), "other", *SUBSTAGES)
 """The rows of a round's `timings` table, in round order ("other": the round's wall time the
 stages do not account for, recorded by whoever runs the whole round, e.g. `maxit run`)."""
 
@@ -242,13 +247,24 @@ def record_timing(store: str | Path, round_: int, stage: str, seconds: float) ->
 
 def _stage(ctx: "RoundContext", round_: int, stage: str, compute, write=None):
     """A stage's I/O, in one place around its middle: `compute()`, then `write(result)` (its
-    tables, atomically), then the seconds both took in the round's timings."""
+    tables, atomically), then the seconds both took in the round's timings (and the seconds the
+    workflow waited on its sandbox meanwhile, added to the round's "sandbox" row)."""
+    waited = _sandbox_seconds(ctx)
     t0 = time.perf_counter()
     out = compute()
     if write is not None:
         write(out)
     record_timing(ctx.store, round_, stage, time.perf_counter() - t0)
+    if _sandbox_seconds(ctx) > waited:
+        path = st.table_path(ctx.store, round_, "timings")
+        before = pl.read_parquet(path).filter(pl.col("stage") == "sandbox")["seconds"].sum()
+        record_timing(ctx.store, round_, "sandbox", float(before) + _sandbox_seconds(ctx) - waited)
     return out
+
+
+def _sandbox_seconds(ctx) -> float:
+    """Seconds the context's workflow (if built yet: a new one has waited 0) waited on its sandbox."""
+    return float(getattr(getattr(ctx, "_workflow", None), "sandbox_seconds", 0.0) or 0.0)
 
 
 def _write(ctx: "RoundContext", round_: int, table: str, schema):

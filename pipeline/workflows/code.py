@@ -812,6 +812,7 @@ class CodeWorkflow(Workflow):
             self.table_metrics = tuple(m for m in type(self).table_metrics if m[0] != TESTER)
         self._check_isolation()
         self._cache: dict[str, _Runs] = {}
+        self.sandbox_seconds = 0.0
         self._pool: dict[str, list[Problem]] | None = None
         if self.task_file is not None:
             rows = read_task_file(self.task_file, self.heldout_fraction, self.sandbox_settings())
@@ -865,10 +866,17 @@ class CodeWorkflow(Workflow):
         return {"timeout": float(self.sandbox_timeout), "memory_mb": self.sandbox_memory_mb, "allow_unisolated_network": self.allow_unisolated_network}
 
     def execute(self, items: Sequence[tuple[str, object]]) -> list:
-        """`run_tests` on each (program, tests), `workers` at a time."""
+        """`run_tests` on each (program, tests), `workers` at a time; the wall seconds the caller
+        waited are added to `sandbox_seconds` (the round's `sandbox` timing)."""
+        import time
+
         from pipeline.sandbox import run_tests_many
 
-        return run_tests_many(items, workers=min(self.workers, len(items)), **self.sandbox_settings())
+        t0 = time.perf_counter()
+        try:
+            return run_tests_many(items, workers=min(self.workers, len(items)), **self.sandbox_settings())
+        finally:
+            self.sandbox_seconds += time.perf_counter() - t0
 
     def _runs(self, uid: str, spec: CodeSpec) -> _Runs:
         runs = self._cache.get(uid)
