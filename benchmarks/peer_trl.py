@@ -54,6 +54,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -151,6 +152,8 @@ def run_maxit(args, b: dict, seed: int, model_dir: Path, task_file: Path, store:
         raise SystemExit(f"--dtype {args.dtype}: this maxit has no --dtype setting (its CPU runs are float32)")
     if args.prompt_file:
         cmd += ["--prompt-file", str(args.prompt_file)]
+    if args.maxit_extra:
+        cmd += shlex.split(args.maxit_extra)  # last, so they override the settings above
     log = store.parent / "maxit.log"
     print(f"[seed {seed}] maxit: {' '.join(cmd[len(maxit_command()):])}", flush=True)
     t0 = time.perf_counter()
@@ -452,6 +455,8 @@ def parse_args(argv=None):
         help="precision of both systems' sampling and training and of the evaluation engine: float32 weights and passes, or bf16 "
         "(maxit --dtype bfloat16, TRL bf16=True autocast); default float32, maxit's CPU precision up to the --dtype setting",
     )
+    ap.add_argument("--maxit-extra", default="", metavar="ARGS",
+                    help="more `maxit run` settings for maxit's side only, e.g. \"--epochs 8\" (an experiment: the two sides then differ in them)")
     ap.add_argument(
         "--reuse-trl", type=Path, metavar="WORK",
         help="take TRL's side from an earlier run's WORK folder (its results.jsonl and adapters) instead of training it again: "
@@ -495,7 +500,7 @@ def main(argv=None) -> int:
         "maxit_strategies": maxit_strategies(args) or "preset", "rounds": b["rounds"], "problems": b["problems"], "samples": b["samples"],
         "max_tokens": b["max_tokens"], "temperature": args.temperature, "lr": args.lr, "epochs": args.epochs, "minibatch_size": b["minibatch"],
         "micro_batch_size": b["micro"], "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha, "eval_problems": b["eval_problems"],
-        "eval_samples": args.eval_samples, "eval_max_tokens": b["eval_max_tokens"], "engine": args.engine, "dtype": args.dtype, "seeds": args.seeds, "smoke": args.smoke,
+        "eval_samples": args.eval_samples, "eval_max_tokens": b["eval_max_tokens"], "engine": args.engine, "dtype": args.dtype, "seeds": args.seeds, "smoke": args.smoke, "maxit_extra": args.maxit_extra,
     }
     print(f"peer_trl: {json.dumps(settings)}", flush=True)
     records: list[dict] = [{"kind": "settings", **settings}]
