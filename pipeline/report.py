@@ -281,7 +281,7 @@ def store_metrics(store: str | Path) -> dict[str, pl.DataFrame]:
 # -- the round table --------------------------------------------------------------------------
 
 STAGE_COLUMNS = {"problems": "s_prob", "rollouts": "s_roll", "advantages": "s_adv", "view": "s_view", "training": "s_train", "evaluation": "s_eval", "other": "s_other",
-                 "sandbox": "s_sandbox"}  # s_sandbox: inside s_roll and s_eval, not beside them
+                 "sandbox": "s_sandbox", "engine_start": "s_engine", "engine_swap": "s_swap"}  # the last three: inside s_roll and s_eval
 """Column of the round table holding each stage's seconds (the store's `timings` table)."""
 
 TRAIN_COLUMNS = {"rows": "train_rows", "steps": "train_steps"}

@@ -216,10 +216,11 @@ TIMING_LABELS = {"training_view": "view", "policy": "training"}
 stored tables use them, and so do their readers (the round table's s_view and s_train columns,
 the trackers' time/<stage> scalars)."""
 
-SUBSTAGES = ("sandbox",)
+SUBSTAGES = ("sandbox", "engine_start", "engine_swap")
 """Rows of a round's `timings` table that are parts of other stages' time, not added to it:
 "sandbox", the seconds the round waited on model-written programs (a workflow's `sandbox_seconds`:
-the code workflow's tests, in its rollouts and evaluation)."""
+the code workflow's tests, in its rollouts and evaluation); "engine_start", building engines, and
+"engine_swap", pointing live engines at new checkpoints (`EnginePool`), in rollouts and evaluation."""
 
 STAGE_NAMES = (*(TIMING_LABELS.get(s, s) for s in STAGES), "other", *SUBSTAGES)
 """The rows of a round's `timings` table, in round order ("other": the round's wall time the
@@ -249,22 +250,29 @@ def _stage(ctx: "RoundContext", round_: int, stage: str, compute, write=None):
     """A stage's I/O, in one place around its middle: `compute()`, then `write(result)` (its
     tables, atomically), then the seconds both took in the round's timings (and the seconds the
     workflow waited on its sandbox meanwhile, added to the round's "sandbox" row)."""
-    waited = _sandbox_seconds(ctx)
+    before = _substage_seconds(ctx)
     t0 = time.perf_counter()
     out = compute()
     if write is not None:
         write(out)
     record_timing(ctx.store, round_, stage, time.perf_counter() - t0)
-    if _sandbox_seconds(ctx) > waited:
-        path = st.table_path(ctx.store, round_, "timings")
-        before = pl.read_parquet(path).filter(pl.col("stage") == "sandbox")["seconds"].sum()
-        record_timing(ctx.store, round_, "sandbox", float(before) + _sandbox_seconds(ctx) - waited)
+    grown = {k: v - before[k] for k, v in _substage_seconds(ctx).items() if v > before[k]}
+    if grown:
+        recorded = dict(pl.read_parquet(st.table_path(ctx.store, round_, "timings")).select("stage", "seconds").iter_rows())
+        for name, seconds in grown.items():
+            record_timing(ctx.store, round_, name, recorded.get(name, 0.0) + seconds)
     return out
 
 
-def _sandbox_seconds(ctx) -> float:
-    """Seconds the context's workflow (if built yet: a new one has waited 0) waited on its sandbox."""
-    return float(getattr(getattr(ctx, "_workflow", None), "sandbox_seconds", 0.0) or 0.0)
+def _substage_seconds(ctx) -> dict[str, float]:
+    """The running totals behind `SUBSTAGES`: the seconds the context's workflow (if built yet: a
+    new one has waited 0) waited on its sandbox, and its engine pool's starts and swaps."""
+    engines = getattr(ctx, "engines", None)
+    return {
+        "sandbox": float(getattr(getattr(ctx, "_workflow", None), "sandbox_seconds", 0.0) or 0.0),
+        "engine_start": float(getattr(engines, "start_seconds", 0.0) or 0.0),
+        "engine_swap": float(getattr(engines, "swap_seconds", 0.0) or 0.0),
+    }
 
 
 def _write(ctx: "RoundContext", round_: int, table: str, schema):

@@ -369,3 +369,28 @@ def test_pool_builds_lora_engines_on_request_and_releases_only_what_training_wou
     assert s.options == {"max_lora_rank": 32, "enable_lora": True} and v.shared is s
     assert lora.release() == [] and s.llm is not None
     assert sorted(lora.release(keep_lora=False)) == ["solver", "verifier"] and s.llm is None
+
+
+def test_pool_counts_the_seconds_of_engine_starts_and_swaps(monkeypatch, tmp_path):
+    import time as _time
+
+    import pipeline.engines as engines
+    from pipeline.engines.pool import EnginePool
+
+    class Slow(_FakeEngine):
+        def __init__(self, model_dir, **options):
+            _time.sleep(0.05)
+            super().__init__(model_dir, **options)
+
+        def load_checkpoint(self, model_dir):
+            _time.sleep(0.02)
+            super().load_checkpoint(model_dir)
+
+    monkeypatch.setattr(engines, "make_sampler", lambda engine, model_dir, **options: Slow(model_dir, **options))
+    pool = EnginePool("vllm")
+    pool.get("solver", tmp_path / "a")
+    assert pool.start_seconds >= 0.05 and pool.swap_seconds == 0
+    pool.get("solver", tmp_path / "a")  # the same checkpoint: nothing to do
+    assert pool.swap_seconds == 0
+    pool.get("solver", tmp_path / "b")
+    assert 0.02 <= pool.swap_seconds < pool.start_seconds

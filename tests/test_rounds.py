@@ -133,7 +133,7 @@ def test_evaluation_config_is_the_runs_at_the_sampling_temperature():
 
 def test_one_name_per_stage_and_the_timings_keep_their_labels(tmp_path):
     assert STAGES == ("problems", "rollouts", "advantages", "training_view", "policy", "evaluation")
-    assert STAGE_NAMES == ("problems", "rollouts", "advantages", "view", "training", "evaluation", "other", "sandbox")
+    assert STAGE_NAMES == ("problems", "rollouts", "advantages", "view", "training", "evaluation", "other", "sandbox", "engine_start", "engine_swap")
     record_timing(tmp_path, 0, "training_view", 1.0)
     record_timing(tmp_path, 0, "view", 2.0)  # the label names the same row
     record_timing(tmp_path, 0, "policy", 3.0)
@@ -153,24 +153,27 @@ def test_a_stage_writes_its_table_and_records_its_seconds(tmp_path):
 
 
 def test_the_seconds_a_workflow_waits_on_its_sandbox_are_a_row_inside_the_stages(tmp_path):
-    """A workflow's `sandbox_seconds` grown during two stages adds up in the round's "sandbox"
-    row; `maxit run`'s "other" time does not count it beside the stages it is part of."""
+    """A workflow's `sandbox_seconds` (and the engine pool's start seconds) grown during two
+    stages add up in the round's "sandbox" (and "engine_start") row; `maxit run`'s "other" time
+    does not count them beside the stages they are part of."""
     from assets.launch import _record_other_time
 
     ctx = RoundContext(tmp_path, CONFIG)
     ctx._workflow = SimpleNamespace(sandbox_seconds=0.0)
 
-    def waits(seconds):
+    def waits(seconds, start=0.0):
         def compute():
             ctx._workflow.sandbox_seconds += seconds
+            ctx.engines.start_seconds += start
             return None
         return compute
 
-    _stage(ctx, 0, "rollouts", waits(2.0))
-    _stage(ctx, 0, "evaluation", waits(0.5))
+    _stage(ctx, 0, "rollouts", waits(2.0, start=1.5))
+    _stage(ctx, 0, "evaluation", waits(0.5, start=1.0))
     _stage(ctx, 0, "advantages", waits(0.0))
     t = dict(pl.read_parquet(table_path(tmp_path, 0, "timings")).select("stage", "seconds").rows())
-    assert set(t) == {"rollouts", "evaluation", "advantages", "sandbox"} and t["sandbox"] == pytest.approx(2.5)
+    assert set(t) == {"rollouts", "evaluation", "advantages", "sandbox", "engine_start"}
+    assert t["sandbox"] == pytest.approx(2.5) and t["engine_start"] == pytest.approx(2.5)
     _record_other_time(tmp_path, 0, wall_seconds=10.0, started=0.0)
     other = dict(pl.read_parquet(table_path(tmp_path, 0, "timings")).select("stage", "seconds").rows())["other"]
     assert other == pytest.approx(10.0 - t["rollouts"] - t["evaluation"] - t["advantages"])

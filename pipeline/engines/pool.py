@@ -3,6 +3,7 @@ rounds."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Mapping
 
@@ -29,6 +30,11 @@ class EnginePool:
         self.engine = engine
         self.options = dict(options or {})
         self._samplers: dict[str, Sampler] = {}
+        self.start_seconds = 0.0
+        """Seconds spent building new engines (the round's `engine_start` timing)."""
+        self.swap_seconds = 0.0
+        """Seconds spent pointing live engines at other checkpoints: a weight reload, a new adapter,
+        or a rebuild the engine does itself (the round's `engine_swap` timing)."""
 
     def get(self, policy_id: str, model_dir: str | Path, *, lora_rank: int | None = None) -> Sampler:
         """The sampler of `policy_id`, pointed at `model_dir`. `lora_rank`: the run trains LoRA
@@ -37,13 +43,13 @@ class EnginePool:
         sampler = self._samplers.get(policy_id)
         if sampler is not None and Path(sampler.model_dir).resolve() == model_dir.resolve():
             return sampler
-        if sampler is not None and not _is_view(sampler):
+        t0 = time.perf_counter()
+        if sampler is not None and (not _is_view(sampler) or sampler.can_serve(model_dir)):
             sampler.load_checkpoint(model_dir)
-            return sampler
-        if sampler is not None and sampler.can_serve(model_dir):
-            sampler.load_checkpoint(model_dir)
+            self.swap_seconds += time.perf_counter() - t0
             return sampler
         self._samplers[policy_id] = sampler = self._new(model_dir, lora_rank)
+        self.start_seconds += time.perf_counter() - t0
         return sampler
 
     def _new(self, model_dir: Path, lora_rank: int | None = None) -> Sampler:
