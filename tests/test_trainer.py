@@ -724,10 +724,12 @@ class _Grads(TrainerCallback):
         (LossConfig(kind="rs"), "reward"),  # below the threshold
     ],
 )
-def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, init_dir, tmp_path, loss, zero):
+def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, init_dir, tmp_path, monkeypatch, loss, zero):
     """Rows whose loss is exactly 0 are left out of the forward pass; the minibatch's denominator
     still counts them, so each step's gradients (and the reported loss) are those of the run
-    that forwards them; the skipped rows are counted, one micro-batch of zero rows included."""
+    that forwards them; the skipped rows are counted, micro-batches of zero rows included (those
+    run no forward pass at all)."""
+    from pipeline.training import trainer as tr
     from pipeline.training.trainer import trainable_rows
 
     rows = rows_for(tok, model, 12, seed=32)
@@ -753,10 +755,21 @@ def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, in
     columns = [[r[k] for r in items] for k in ("advantage", "sample_weight", "reward", "strategy")]
     assert sum(not t for t in trainable_rows(*columns, loss)) == len(zero_rows)
     runs = {}
+    skipped_micro_batches = []
+    original = tr.run_trainer
+
+    def counting(*args, **kwargs):
+        run = original(*args, **kwargs)
+        skipped_micro_batches.append(run.micro_batches_skipped)
+        return run
+
+    monkeypatch.setattr(tr, "run_trainer", counting)
     for skip in (False, True):
         grads = _Grads()
         cfg = TrainConfig(**{**FAST, "minibatch_size": 12, "micro_batch_size": 3, "epochs": 2, "loss": loss}, skip_zero_rows=skip)
         runs[skip] = (train_policy(view, "shared", init_dir, tmp_path / f"skip{skip}", cfg, callbacks=[grads]), grads.steps)
+    # the zero rows sorted last fill whole micro-batches, which then run no forward pass at all
+    assert skipped_micro_batches[0] == 0 and skipped_micro_batches[1] >= 2
     (plain, plain_grads), (skipped, skipped_grads) = runs[False], runs[True]
     assert plain.rows_skipped == 0 and skipped.rows_skipped == 2 * len(zero_rows)  # two epochs
     assert skipped.steps == plain.steps == 2 and skipped.mean_loss == pytest.approx(plain.mean_loss, rel=1e-5, abs=1e-7)

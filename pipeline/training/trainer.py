@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import time
+from types import SimpleNamespace
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -503,6 +504,7 @@ class MaxitTrainer(Trainer):
         self.completion_tokens = 0
         self.rows_seen: dict[str, int] = {}
         self.rows_skipped = 0
+        self.micro_batches_skipped = 0
         self.real_positions = 0
         self.padded_positions = 0
         self.loss_sum = 0.0
@@ -527,7 +529,8 @@ class MaxitTrainer(Trainer):
         return minibatch_count(batch_samples, self.loss_config)
 
     def _rows_to_train(self, inputs) -> tuple[Mapping[str, Any], bool]:
-        """(the micro-batch to forward, whether it is only a stand-in of rows whose loss is 0)."""
+        """(the micro-batch to forward, whether it is only a stand-in of rows whose loss is 0);
+        the micro-batch is None when none of its rows needs a forward pass (one process)."""
         keep = trainable_rows(inputs["advantages"].tolist(), inputs["sample_weight"].tolist(), inputs["reward"].tolist(), inputs["strategy"], self.loss_config)
         skipped = len(keep) - sum(keep)
         if not skipped:
@@ -536,8 +539,10 @@ class MaxitTrainer(Trainer):
         index = [i for i, k in enumerate(keep) if k]
         if index:
             return select_rows(inputs, index), False
-        # no row here can move the weights: the shortest one alone is forwarded (its gradient is
-        # exactly 0), so the backward pass and the gradients it fills exist as they did before
+        if self.args.world_size == 1:
+            return None, True  # nothing to forward: `compute_loss` returns a zero that reaches every weight
+        # several processes: the shortest row alone is forwarded (its gradient is exactly 0), so
+        # every process runs the forward and backward passes its gradient sync hooks into
         lengths = inputs["prompt_mask"].sum(1) + inputs["completion_mask"].sum(1)
         return select_rows(inputs, [int(lengths.argmin())]), True
 
@@ -546,10 +551,19 @@ class MaxitTrainer(Trainer):
         batch, stand_in = inputs, False
         if self.skip_zero_rows and model.training:
             batch, stand_in = self._rows_to_train(inputs)
-        out = batch_loss(
-            model, batch, self.loss_config, self.temperature, self.ref_model, denominator=denominator,
-            max_logit_elements=self.max_logit_elements, autocast_dtype=self.autocast_dtype,
-        )
+        if batch is None:
+            self.micro_batches_skipped += 1
+            # no row of this micro-batch can move the weights: a zero with a gradient (of zeros) for
+            # every trainable weight, so the optimizer step sees the same gradients as if the rows
+            # had been forwarded, without the forward and backward passes through the model
+            zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            out = SimpleNamespace(loss=zero)
+            batch = select_rows(inputs, [])
+        else:
+            out = batch_loss(
+                model, batch, self.loss_config, self.temperature, self.ref_model, denominator=denominator,
+                max_logit_elements=self.max_logit_elements, autocast_dtype=self.autocast_dtype,
+            )
         if model.training:
             if not stand_in:
                 if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
@@ -860,6 +874,8 @@ class TrainerRun:
     """Ratio diagnostics of the first optimizer step's micro-batches (see `TrainResult`)."""
     rows_skipped: int = 0
     """Row visits left out of the forward passes (`TrainResult.rows_skipped`)."""
+    micro_batches_skipped: int = 0
+    """Micro-batches with no row to forward, whose forward and backward passes did not run."""
     padding_fraction: float = 0.0
     """Share of the forward passes' token positions that were padding."""
     dtype: str = "float32"
@@ -929,6 +945,7 @@ def run_trainer(
         diagnostics=trainer.run_diagnostics,
         first_step_diagnostics=trainer.first_step_diagnostics,
         rows_skipped=trainer.rows_skipped,
+        micro_batches_skipped=trainer.micro_batches_skipped,
         padding_fraction=1.0 - trainer.real_positions / trainer.padded_positions if trainer.padded_positions else 0.0,
         dtype=dtype,
     )
