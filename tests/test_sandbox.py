@@ -542,3 +542,37 @@ def test_cli_sandbox_run(bwrap, tmp_path, capsys):
         assert main(argv) == 2
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1 and err.startswith("maxit sandbox: error: "), err
+
+
+HOSTILE_PROGRAMS = {
+    "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", "timeout"),
+    "infinite loop": ("while True:\n    pass\n", "timeout"),
+    "sleeping past the limit": ("import time\ntime.sleep(60)\n", "timeout"),
+    "memory hog": ("hog = []\nwhile True:\n    hog.append(bytearray(10**7))\n", "killed"),
+    "huge print": ("while True:\n    print('y' * 10000)\n", None),
+    "writing outside its folder": ("open('/tmp/maxit-sandbox-escape', 'w').write('x')\n", "failed"),
+    "reading the user's files": (f"print(open({str(REPO / 'README.md')!r}).read())\n", "failed"),
+    "opening a socket": ("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)\n", "failed"),
+    "killing its parent": ("import os\nos.kill(os.getppid(), 9)\nprint('still here')\n", None),
+    "os._exit before reporting": ("import os\nos._exit(0)\n", "ok"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_PROGRAMS))
+def test_cli_sandbox_run_names_the_status_of_each_hostile_program(bwrap, tmp_path, capsys, name):
+    """`maxit sandbox run` reports what the rewards see (`run_program` with the same limits): one
+    JSON line with the named status of each hostile case."""
+    from maxit.cli import main
+
+    source, status = HOSTILE_PROGRAMS[name]
+    prog = tmp_path / "prog.py"
+    prog.write_text(source)
+    assert main(["sandbox", "run", str(prog), "--timeout", "1.5", "--memory-mb", "128"]) == 0
+    out, err = capsys.readouterr()
+    record = json.loads(out)
+    assert record["status"] in ("ok", "failed", "timeout", "killed") and record["reason"], record
+    if status is not None:
+        assert record["status"] == status, record
+    direct = run_program(source, timeout=1.5, memory_mb=128)
+    assert direct.status == record["status"], (direct, record)
+    assert not Path("/tmp/maxit-sandbox-escape").exists()
