@@ -254,6 +254,14 @@ class Settings:
         group="training",
         choices=("mask", "truncate", "none", "drop"),
     )
+    zero_advantage_rows: str | None = _s(
+        None,
+        "rows of zero advantage (all of a group's samples got one reward): dropped from the training view, or kept, so that a "
+        "minibatch counts every sample as TRL's GRPOTrainer's does (their loss is 0: the trainer skips their forward pass; they "
+        "set how many rows make an optimizer step and the token-mean's denominator); None = the loss's (rs: kept if rewarded; others: dropped)",
+        group="training",
+        choices=("drop", "keep"),
+    )
     feedback_rows: str | None = _s(
         None,
         "the feedback strategy's second-attempt rows (trained without the feedback): their sequence ratio masked to [1/3, 3], truncated at 3, "
@@ -423,6 +431,8 @@ class Settings:
         "rs" only) with the view settings over it."""
         rs = self.loss == "rs"
         over = {} if self.balance_verdicts is None else {"balance_verdicts": self.balance_verdicts}
+        if self.zero_advantage_rows is not None:
+            over["drop_zero_advantage"] = self.zero_advantage_rows == "drop"
         return ViewConfig.for_loss(
             self.loss_config(),
             relabel_verdicts=self.relabel_verdicts and rs,

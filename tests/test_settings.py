@@ -283,3 +283,12 @@ def test_help_renders_and_lists_every_setting(capsys):
         if command == "run":
             missing = sorted(f for f in ("--" + f.name.replace("_", "-") for f in fields(Settings) if f.name != "shared_policy") if f not in out)
             assert not missing and "--separate-policies" in out and "30% more time" in out, missing
+
+
+def test_zero_advantage_rows_keep_or_drop_the_views_zero_advantage_rows():
+    from pipeline.settings import Settings
+
+    assert Settings(algorithm="grpo").view_config().drop_zero_advantage is True
+    assert Settings(algorithm="grpo", zero_advantage_rows="keep").view_config().drop_zero_advantage is False
+    assert Settings(zero_advantage_rows="drop").view_config().drop_zero_advantage is True
+    assert Settings().view_config().drop_zero_advantage is False  # rs keeps its rewarded rows as before
