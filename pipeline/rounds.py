@@ -227,10 +227,10 @@ STAGE_NAMES = (*(TIMING_LABELS.get(s, s) for s in STAGES), "other", *SUBSTAGES)
 stages do not account for, recorded by whoever runs the whole round, e.g. `maxit run`)."""
 
 
-def record_timing(store: str | Path, round_: int, stage: str, seconds: float) -> None:
-    """Set `stage`'s seconds (a stage of `STAGES`, its `timings` label, or "other") in
-    `<store>/round=<r>/timings.parquet`, replacing an earlier value: a re-run round records its
-    own times. The stages of a round run one after another."""
+def record_timing(store: str | Path, round_: int, stage: str, seconds: float, *, add: bool = False) -> None:
+    """Set `stage`'s seconds (a stage of `STAGES`, its `timings` label, "other" or a `SUBSTAGES`
+    row) in `<store>/round=<r>/timings.parquet`, replacing an earlier value (a re-run round
+    records its own times), or with `add` adding to it. The stages of a round run one after another."""
     stage = TIMING_LABELS.get(stage, stage)
     if stage not in STAGE_NAMES:
         raise ConfigError(f"record_timing: stage must be one of {STAGE_NAMES}, got {stage!r}")
@@ -240,6 +240,8 @@ def record_timing(store: str | Path, round_: int, stage: str, seconds: float) ->
     schema = polars_schema(TIMINGS)
     old = pl.read_parquet(path).select(*schema) if path.exists() else pl.DataFrame(schema=schema)
     row = pl.DataFrame({"round": [round_], "stage": [stage], "seconds": [float(seconds)]}, schema=schema)
+    if add:  # a row several stages contribute to (`SUBSTAGES`)
+        row = row.with_columns(pl.col("seconds") + old.filter(pl.col("stage") == stage)["seconds"].sum())
     table = pl.concat([old.filter(pl.col("stage") != stage), row])
     order = {name: i for i, name in enumerate(STAGE_NAMES)}
     table = table.sort(pl.col("stage").replace_strict(order, return_dtype=pl.Int32))
@@ -256,11 +258,9 @@ def _stage(ctx: "RoundContext", round_: int, stage: str, compute, write=None):
     if write is not None:
         write(out)
     record_timing(ctx.store, round_, stage, time.perf_counter() - t0)
-    grown = {k: v - before[k] for k, v in _substage_seconds(ctx).items() if v > before[k]}
-    if grown:
-        recorded = dict(pl.read_parquet(st.table_path(ctx.store, round_, "timings")).select("stage", "seconds").iter_rows())
-        for name, seconds in grown.items():
-            record_timing(ctx.store, round_, name, recorded.get(name, 0.0) + seconds)
+    for name, seconds in _substage_seconds(ctx).items():
+        if seconds > before[name]:
+            record_timing(ctx.store, round_, name, seconds - before[name], add=True)
     return out
 
 
