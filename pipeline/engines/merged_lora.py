@@ -162,27 +162,22 @@ class MergedAdapters:
         wanted: dict[str, list[str]] = {}  # vLLM layer -> HF module names of its rows, in order
         for module in sorted(new):
             parent, _, leaf = module.rpartition(".")
-            if module in names and leaf not in packed:
-                self._slots[module] = (module, 0, -1)
-                wanted.setdefault(module, [module])
-                continue
-            if leaf not in packed:
+            if leaf in packed:
+                fused, index = packed[leaf]
+                layer_name = f"{parent}.{fused}"
+                sizes = getattr(names.get(layer_name), "output_sizes", None)
+                if sizes is None:
+                    raise ConfigError(f"LoRA module {module!r}: no fused layer {layer_name!r} with output sizes in the vLLM model")
+                self._slots[module] = (layer_name, sum(sizes[:index]), sizes[index])
+                wanted.setdefault(layer_name, [f"{parent}.{p}" for p in model.packed_modules_mapping[fused]])
+            elif module in names:
+                wanted[module] = [module]  # a layer of its own: its slot is all its rows, known once read
+            else:
                 raise ConfigError(f"LoRA module {module!r} has no layer in the vLLM model of {self.base_dir}")
-            fused, index = packed[leaf]
-            layer_name = f"{parent}.{fused}"
-            layer = names.get(layer_name)
-            sizes = getattr(layer, "output_sizes", None)
-            if layer is None or sizes is None:
-                raise ConfigError(f"LoRA module {module!r}: no fused layer {layer_name!r} with output sizes in the vLLM model")
-            self._slots[module] = (layer_name, sum(sizes[:index]), sizes[index])
-            wanted.setdefault(layer_name, [f"{parent}.{p}" for p in getattr(model, "packed_modules_mapping")[fused]])
         hf = _base_tensors(self.base_dir, {f"{m}.weight" for ms in wanted.values() for m in ms})
         for layer_name, parts in wanted.items():
-            fused = torch.cat([hf[f"{m}.weight"] for m in parts], dim=0).to(self.dtype)
-            self._base[layer_name] = fused
-            for m in parts:
-                if m in self._slots and self._slots[m][2] == -1:
-                    self._slots[m] = (layer_name, 0, fused.shape[0])
+            self._base[layer_name] = torch.cat([hf[f"{m}.weight"] for m in parts], dim=0).to(self.dtype)
+            self._slots.setdefault(layer_name, (layer_name, 0, self._base[layer_name].shape[0]))
 
 
 def _mtime(adapter_dir: str) -> float:
