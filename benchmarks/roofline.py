@@ -20,7 +20,6 @@ The evaluation's calls are not stored, so it has no token count here.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -48,13 +47,10 @@ def store_rows(store: Path) -> list[dict]:
     import polars as pl
 
     from pipeline.engines.config import model_parameters, resolve_dtype
-    from pipeline.settings import Settings
+    from pipeline.report import read_experiment, stored_settings
     from pipeline.training.trainer import trainable_rows
-    from dataclasses import fields
 
-    record = json.loads((store / "experiment.json").read_text())
-    known = {f.name for f in fields(Settings)}
-    settings = Settings(**{k: v for k, v in record["settings"].items() if k in known})
+    settings = stored_settings(read_experiment(store))
     config = settings.run_config()
     model_dir = settings.model_dir
     if not model_dir:
@@ -63,8 +59,8 @@ def store_rows(store: Path) -> list[dict]:
         model_dir = default_model()
     model_dir = next((p for p in (Path(model_dir), store.parent.parent / model_dir) if (p / "config.json").is_file()), Path(model_dir))
     params = model_parameters(model_dir)
-    dtype = resolve_dtype(settings.dtype if getattr(settings, "dtype", None) else "auto", params)
-    lora = bool(getattr(settings, "lora", False))
+    dtype = resolve_dtype(settings.dtype, params)
+    lora = settings.lora
     rows = []
     for round_dir in sorted(store.glob("round=*"), key=lambda p: int(p.name.split("=")[1])):
         r = int(round_dir.name.split("=")[1])

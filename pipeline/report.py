@@ -34,6 +34,7 @@ __all__ = [
     "LOG_FILE",
     "record_experiment",
     "read_experiment",
+    "stored_settings",
     "is_store",
     "find_stores",
     "experiments_table",
@@ -121,6 +122,15 @@ def read_experiment(store: str | Path) -> dict | None:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
+
+
+def stored_settings(record: Mapping) -> "Settings":
+    """The `Settings` an experiment record (`read_experiment`) holds; settings this maxit does not
+    know (a record from another version) are left out."""
+    from pipeline.settings import Settings
+
+    known = {f.name for f in fields(Settings)}
+    return Settings(**{k: v for k, v in record["settings"].items() if k in known})
 
 
 def is_store(path: Path) -> bool:
@@ -433,11 +443,9 @@ def table_metrics_of(store: str | Path) -> tuple[tuple[tuple[str, str, str], ...
         reason = f"no {EXPERIMENT_FILE}"
     else:
         from pipeline.rounds import build_workflow
-        from pipeline.settings import Settings
 
-        known = {f.name for f in fields(Settings)}
         try:
-            workflow = build_workflow(Settings(**{k: v for k, v in record["settings"].items() if k in known}).run_config())
+            workflow = build_workflow(stored_settings(record).run_config())
             return tuple(workflow.table_metrics), None
         except (MaxitError, TypeError, ValueError, ImportError, OSError) as err:
             reason = f"its workflow cannot be rebuilt here: {one_line(err)}"
