@@ -543,6 +543,81 @@ def test_chunked_vocabulary_projection_gives_the_same_logprobs_and_gradients(ini
         TrainConfig(logits_chunk_mb=-1)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_shared_prompt_prefix_computed_once_gives_the_same_logprobs_and_gradients(init_dir, checkpointing, lora, chunked):
+    """Rows whose prompts begin with the same tokens (a task's system prompt and worked examples):
+    with `share_prefix` the prefix runs once and the rows run on top of its keys and values, under
+    gradient checkpointing or not, LoRA or all weights, one vocabulary projection or chunks; the
+    logprobs and every trainable weight's gradient equal the full rows'."""
+    from pipeline.training.trainer import add_lora, shared_prefix_length
+
+    model = AutoModelForCausalLM.from_pretrained(init_dir)
+    if lora:
+        model = add_lora(model, LoraSettings(r=4, alpha=8))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    rng = random.Random(11)
+    prefix = [rng.randint(3, 200) for _ in range(12)]
+    rows = [
+        dict(
+            step_id=f"s{i}", train_prompt_ids=prefix + [rng.randint(3, 200) for _ in range(p)], completion_ids=[rng.randint(3, 200) for _ in range(c)],
+            sampling_logprobs=[-1.0] * c, advantage=1.0, sample_weight=1.0, reward=1.0, strategy="iid", agent_id="solver",
+        )
+        for i, (p, c) in enumerate([(5, 4), (9, 2), (1, 6), (7, 5)])
+    ]
+    batch = collate(rows, 0)
+    assert shared_prefix_length(batch) == 12  # the shortest prompt (13 tokens) keeps its last token
+    c_len = batch["completion_ids"].size(1)
+    budget = 2 * c_len * model.config.vocab_size if chunked else None
+    results = []
+    for share in (0, 8):
+        model.zero_grad()
+        logp = completion_logps(model, batch, T, budget, share_prefix=share)
+        (logp * torch.arange(1.0, c_len + 1)).sum().backward()
+        results.append((logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+    (full, g_full), (shared, g_shared) = results
+    assert torch.allclose(full, shared, atol=1e-5, rtol=1e-5)
+    assert (shared[batch["completion_mask"] == 0] == 0).all()
+    for name in g_full:
+        assert torch.allclose(g_full[name], g_shared[name], atol=1e-5, rtol=1e-4), name
+    # the flags the shared pass sets on the layers are gone again
+    layers = [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
+    assert layers and all("_can_checkpoint_with_cache" not in vars(m) for m in layers)
+    assert all(m.gradient_checkpointing == checkpointing for m in layers)
+    with torch.no_grad():
+        assert torch.allclose(completion_logps(model, batch, T, budget, share_prefix=8), full, atol=1e-5, rtol=1e-5)
+        # below the threshold, or when a row does not begin with the prefix, the rows run whole
+        assert torch.allclose(completion_logps(model, batch, T, budget, share_prefix=13), full, atol=1e-6, rtol=1e-6)
+    rows[1]["train_prompt_ids"] = [7] + rows[1]["train_prompt_ids"][1:]
+    assert shared_prefix_length(collate(rows, 0)) == 0
+
+
+def test_a_prefix_all_rows_share_counts_once_in_the_micro_batch_budget():
+    """The micro-batch budgets count a prompt prefix common to every row once (it runs once per
+    micro-batch); below `share_prefix` tokens, or with sharing off, every row counts whole."""
+    from pipeline.training import trainer as tr
+
+    prefix = list(range(100, 180))  # 80 tokens every prompt begins with
+    table = pa.table({
+        "train_prompt_ids": [prefix + [n] * n for n in (10, 20, 5, 15)],
+        "completion_ids": [[6] * 10] * 4,
+    })
+    assert tr.common_prompt_prefix(table) == 80
+    assert tr.common_prompt_prefix(table.slice(0, 1)) == 0
+    longest = 80 + 20 + 10
+    model = torch.nn.Linear(1, 1)  # no config: only the token budget applies
+    cfg = TrainConfig(**{**FAST, "minibatch_size": 4, "micro_batch_size": 4}, micro_batch_tokens=2 * longest, activation_mb=0)
+    assert tr.sized_for(replace(cfg, share_prefix=0), table, model).micro_batch_size == 2  # 2 whole rows
+    # 220 tokens: the prefix once (80) + 4 rows of their own 30 tokens (120)
+    assert tr.sized_for(cfg, table, model).micro_batch_size == 4
+    assert tr.sized_for(replace(cfg, share_prefix=81), table, model).micro_batch_size == 2
+    with pytest.raises(ConfigError, match="share_prefix"):
+        TrainConfig(share_prefix=-1)
+
+
 def _view_rows(tok, spec, **overrides) -> pa.Table:
     """A training view of rows (step_id, policy_id, completion length) sampled at T."""
     msgs = [{"role": "user", "content": "1+2="}]

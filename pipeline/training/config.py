@@ -288,6 +288,13 @@ class TrainConfig:
     before they are cut into micro-batches, so a micro-batch pads its rows to similar lengths.
     The minibatch (its rows, its loss's denominator, its gradient) is the one the shuffle drew;
     only which of its rows share a forward pass changes."""
+    share_prefix: int = 32
+    """When the rows of a micro-batch all begin their training prompts with the same tokens (a task's
+    system prompt and worked examples), and at least this many, the prefix runs once as one row and
+    the rows run only their own tokens on top of its keys and values: the same logprobs and
+    gradients, the prefix's compute paid once per micro-batch instead of once per row
+    (`pipeline.training.trainer.completion_logps`). The activation budget (`activation_mb`) then
+    counts a prefix common to all the policy's rows once. 0 = every row runs whole."""
     skip_zero_rows: bool = True
     """Leave out of the forward and backward passes the rows whose loss is exactly 0 whatever the
     policy: under "ppo" / "is" / "exit" those whose weighted advantage A w (A after
@@ -328,6 +335,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.activation_mb must be a number >= 0, got {self.activation_mb!r}")
         if self.micro_batch_tokens is not None and (not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1):
             raise ConfigError(f"TrainConfig.micro_batch_tokens must be an integer >= 1 or None, got {self.micro_batch_tokens!r}")
+        if not isinstance(self.share_prefix, int) or isinstance(self.share_prefix, bool) or self.share_prefix < 0:
+            raise ConfigError(f"TrainConfig.share_prefix must be an integer >= 0 (tokens; 0 = off), got {self.share_prefix!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"TrainConfig.dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.bf16 is not None and not isinstance(self.bf16, bool):

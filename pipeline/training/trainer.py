@@ -51,6 +51,8 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import RandomSampler, Sampler
 from transformers import PrinterCallback, Trainer, TrainingArguments
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 from trl.trainer.utils import selective_log_softmax
 
 from pipeline.engines.config import resolve_dtype
@@ -368,30 +370,123 @@ def _plain_head(model) -> bool:
     return not any(getattr(cfg, name, None) for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
 
 
-def completion_logps(model, batch: Mapping[str, Any], temperature: float, max_logit_elements: int | None = None) -> torch.Tensor:
+def shared_prefix_length(batch: Mapping[str, Any]) -> int:
+    """How many tokens every row's training prompt in `batch` (a `collate`d batch) begins with, at
+    most the shortest prompt less one token: each row keeps its last prompt token, whose logit
+    predicts its first completion token."""
+    prompt_ids, lengths = batch["prompt_ids"], batch["prompt_mask"].sum(1).tolist()
+    if len(lengths) < 2:
+        return 0
+    width, p_len = int(min(lengths)) - 1, prompt_ids.shape[1]
+    if width <= 0:
+        return 0
+    starts = torch.stack([prompt_ids[i, p_len - int(n) : p_len - int(n) + width] for i, n in enumerate(lengths)])
+    same = (starts == starts[0]).all(0).long()
+    return int(same.cumprod(0).sum())
+
+
+class _PrefixLayer(DynamicLayer):
+    """One layer's keys and values of the shared prefix, the same for every row (an expanded
+    view, so the backward pass sums the rows' gradients into the one prefix pass). `update` never
+    stores: it returns the prefix's states followed by the new tokens', so a layer recomputed under
+    gradient checkpointing reads exactly what it read the first time."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys = keys.expand(rows, *keys.shape[1:])
+        self.values = values.expand(rows, *values.shape[1:])
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+
+def _checkpointed_layers(model) -> list:
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+@contextlib.contextmanager
+def _layers_flag(layers: Sequence[Any], name: str, value: bool):
+    """Set the attribute `name` on every layer of `layers` for the duration (instance attributes,
+    removed again, so the class's value is back afterwards)."""
+    had = [(layer, name in vars(layer), getattr(layer, name)) for layer in layers]
+    for layer in layers:
+        setattr(layer, name, value)
+    try:
+        yield
+    finally:
+        for layer, own, old in had:
+            if own:
+                setattr(layer, name, old)
+            else:
+                delattr(layer, name)
+
+
+def _model_inputs(model, batch: Mapping[str, Any], share_prefix: int) -> tuple[dict[str, Any], contextlib.AbstractContextManager]:
+    """The forward pass's inputs for `batch` (ids, attention mask, positions; with a shared prefix
+    the prefix's cache too) and the context the forward runs in. With `share_prefix` > 0 and at least
+    that many tokens common to every row's prompt (`shared_prefix_length`), the prefix runs once, as
+    one row, and the rows run only their own tokens on top of its keys and values: the same
+    logprobs and gradients as the full rows, with the prefix's tokens processed once instead of once
+    per row (rows of one task share its system prompt and worked examples)."""
+    prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
+    prompt_mask = batch["prompt_mask"]
+    attention_mask = torch.cat([prompt_mask, batch["completion_mask"].to(prompt_mask.dtype)], dim=1)
+    # positions count real tokens only, so a left-padded row sees the positions it had unpadded
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    prefix = shared_prefix_length(batch) if share_prefix > 0 else 0
+    if prefix < max(share_prefix, 1):
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False), contextlib.nullcontext()
+    b, p_len = prompt_ids.shape
+    first = p_len - int(prompt_mask[0].sum())
+    prefix_ids = prompt_ids[:1, first : first + prefix]
+    layers = _checkpointed_layers(model)
+    cache = DynamicCache(config=model.config)
+    # the prefix is one row: its activations are kept (no checkpointing, which would drop the cache)
+    with _layers_flag(layers, "gradient_checkpointing", False):
+        model.get_decoder()(
+            input_ids=prefix_ids, attention_mask=torch.ones_like(prefix_ids), position_ids=torch.arange(prefix, device=prefix_ids.device)[None],
+            past_key_values=cache, use_cache=True,
+        )
+    shared = Cache(layers=[_PrefixLayer(layer.keys, layer.values, b) for layer in cache.layers])
+    # each row without its first `prefix` prompt tokens: the prompt columns after them, masked
+    # where the row's own tokens had not begun; the prefix's columns stay in the mask and positions
+    rest_mask = prompt_mask[:, prefix:].clone()
+    for i, n in enumerate(prompt_mask.sum(1).tolist()):
+        rest_mask[i, : rest_mask.shape[1] - (int(n) - prefix)] = 0
+    full_mask = torch.cat([torch.ones(b, prefix, dtype=prompt_mask.dtype, device=prompt_mask.device), rest_mask, attention_mask[:, p_len:]], dim=1)
+    input_ids = torch.cat([torch.where(rest_mask.bool(), prompt_ids[:, prefix:], prompt_ids[:, :1]), completion_ids], dim=1)
+    inputs = dict(
+        input_ids=input_ids, attention_mask=full_mask, position_ids=position_ids[:, prefix:], past_key_values=shared, use_cache=False,
+    )
+    # the layers only read `shared`, so gradient checkpointing may keep it for the recompute
+    return inputs, _layers_flag(layers, "_can_checkpoint_with_cache", True)
+
+
+def completion_logps(
+    model, batch: Mapping[str, Any], temperature: float, max_logit_elements: int | None = None, share_prefix: int = 0
+) -> torch.Tensor:
     """(B, C) log p(completion token | training prompt, earlier completion tokens) at `temperature`
     (0 on padding). Only the C positions that predict completion tokens are projected to the
     vocabulary, and the log-softmax is taken at the completion tokens only (TRL's
     `selective_log_softmax`). When B x C x vocabulary exceeds `max_logit_elements`, the projection
     runs a few rows at a time, each chunk under activation checkpointing (its logits are
-    recomputed in the backward pass instead of kept), so peak memory holds one chunk's logits."""
-    prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"].to(batch["prompt_mask"].dtype)], dim=1)
-    # positions count real tokens only, so a left-padded row sees the positions it had unpadded
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    recomputed in the backward pass instead of kept), so peak memory holds one chunk's logits.
+    `share_prefix` > 0: a prompt prefix of at least that many tokens common to all rows is
+    computed once (`_model_inputs`)."""
+    completion_ids = batch["completion_ids"]
+    inputs, context = _model_inputs(model, batch, share_prefix)
     b, c = completion_ids.shape
     if max_logit_elements is None or not _plain_head(model) or b * c * int(model.config.vocab_size) <= max_logit_elements:
-        logits = model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=c + 1, use_cache=False
-        ).logits
+        with context:
+            logits = model(**inputs, logits_to_keep=c + 1).logits
         # position t predicts completion token t; TRL's selective_log_softmax divides by the
         # temperature and takes logit - logsumexp at the chosen token, one row at a time
         logps = selective_log_softmax(logits[:, :-1, :].float(), completion_ids, temperature)
         return logps * batch["completion_mask"]
-    hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state[:, -(c + 1) : -1, :]
+    with context:
+        hidden = model.get_decoder()(**inputs).last_hidden_state[:, -(c + 1) : -1, :]
     head = model.get_output_embeddings()
     rows = max(1, max_logit_elements // (c * int(model.config.vocab_size)))
     parts = []
@@ -413,20 +508,21 @@ def batch_loss(
     denominator: float | None = None,
     max_logit_elements: int | None = None,
     autocast_dtype: torch.dtype | None = None,
+    share_prefix: int = 0,
 ):
     """The loss.py loss of one collated batch under `model` (a `LossOutput`). `denominator`: the
     aggregation count of the whole minibatch the batch belongs to (`minibatch_count`);
-    `max_logit_elements`: see `completion_logps`; `autocast_dtype` torch.bfloat16: the forward
-    passes run under bf16 autocast, the logprobs and the loss stay float32."""
+    `max_logit_elements`, `share_prefix`: see `completion_logps`; `autocast_dtype` torch.bfloat16:
+    the forward passes run under bf16 autocast, the logprobs and the loss stay float32."""
     device = batch["prompt_ids"].device
     with _precision(autocast_dtype, device):
-        logp = completion_logps(model, batch, temperature, max_logit_elements)
+        logp = completion_logps(model, batch, temperature, max_logit_elements, share_prefix)
         ref_logp = None
         if loss_config.beta > 0:
             if ref_model is None:
                 raise ValueError("LossConfig.beta > 0 needs a reference model")
             with torch.no_grad():
-                ref_logp = completion_logps(ref_model, batch, temperature, max_logit_elements).float()
+                ref_logp = completion_logps(ref_model, batch, temperature, max_logit_elements, share_prefix).float()
     # the ratios, clip and aggregation in float32, whatever precision the forward ran in
     logp = logp.float()
     return compute_loss(
@@ -488,9 +584,11 @@ class MaxitTrainer(Trainer):
         autocast_dtype: torch.dtype | None = None,
         skip_zero_rows: bool = False,
         sort_keys: Sequence[Any] | None = None,
+        share_prefix: int = 0,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.share_prefix = share_prefix
         self.loss_config = loss_config
         self.max_logit_elements = max_logit_elements
         self.temperature = temperature
@@ -562,7 +660,7 @@ class MaxitTrainer(Trainer):
         else:
             out = batch_loss(
                 model, batch, self.loss_config, self.temperature, self.ref_model, denominator=denominator,
-                max_logit_elements=self.max_logit_elements, autocast_dtype=self.autocast_dtype,
+                max_logit_elements=self.max_logit_elements, autocast_dtype=self.autocast_dtype, share_prefix=self.share_prefix,
             )
         if model.training:
             if not stand_in:
@@ -692,10 +790,24 @@ def activation_bytes_per_token(model) -> int:
     return hidden * layers * ACTIVATION_VALUES_PER_TOKEN * 4
 
 
+def common_prompt_prefix(table: pa.Table) -> int:
+    """How many tokens every row of `table` begins its training prompt with, at most the shortest
+    prompt less one (as `shared_prefix_length` counts a micro-batch's)."""
+    prompts = table.column("train_prompt_ids").to_pylist()
+    if len(prompts) < 2:
+        return 0
+    first, width = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < width and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
+
+
 def sized_for(config: TrainConfig, table: pa.Table, model) -> TrainConfig:
     """`config` with its memory settings resolved for these rows and this model: the micro-batch
     size under `micro_batch_tokens` and `activation_mb` (the largest divisor of `minibatch_size`
-    whose rows x longest row fit both budgets) and automatic gradient checkpointing (None: on above
+    whose rows x longest row fit both budgets, a prompt prefix all rows share counted once under
+    `share_prefix`) and automatic gradient checkpointing (None: on above
     `CHECKPOINTING_PARAMETERS` parameters) and precision (`train_dtype`: "auto" decided for this
     model, `bf16` folded in). The checkpoint's meta records the resolved values."""
     changes: dict[str, Any] = {}
@@ -705,12 +817,19 @@ def sized_for(config: TrainConfig, table: pa.Table, model) -> TrainConfig:
     if table.num_rows:
         lengths = pc.add(pc.list_value_length(table.column("train_prompt_ids")), pc.list_value_length(table.column("completion_ids")))
         longest = max(1, pc.max(lengths).as_py())
+        # a prefix every row shares runs once per micro-batch (`share_prefix`): it counts once
+        common = common_prompt_prefix(table) if config.share_prefix else 0
+        common = common if common >= config.share_prefix else 0
+
+        def rows_within(tokens: int) -> int:
+            return max(1, (tokens - common) // max(1, longest - common))
+
         cap = config.micro_batch_size
         if config.micro_batch_tokens is not None:
-            cap = min(cap, max(1, config.micro_batch_tokens // longest))
+            cap = min(cap, rows_within(config.micro_batch_tokens))
         per_token = activation_bytes_per_token(model)
         if config.activation_mb > 0 and per_token:
-            cap = min(cap, max(1, int(config.activation_mb * 2**20) // (per_token * longest)))
+            cap = min(cap, rows_within(int(config.activation_mb * 2**20) // per_token))
         size = max(d for d in range(1, cap + 1) if config.minibatch_size % d == 0)
         if size != config.micro_batch_size:
             changes["micro_batch_size"] = size
@@ -805,7 +924,7 @@ def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) 
                 chunk = todo[i : i + config.micro_batch_size]
                 batch = collate([rows[j] for j in chunk], pad_id)
                 with _precision(autocast, batch["prompt_ids"].device):
-                    logp = completion_logps(model, batch, config.temperature, logit_elements(config.logits_chunk_mb))
+                    logp = completion_logps(model, batch, config.temperature, logit_elements(config.logits_chunk_mb), config.share_prefix)
                 logp = logp.float()
                 for k, j in enumerate(chunk):
                     out[j] = logp[k, : len(rows[j]["completion_ids"])].tolist()
@@ -897,12 +1016,13 @@ def run_trainer(
     dtype: str = "float32",
     skip_zero_rows: bool = False,
     sort_by_length: bool = False,
+    share_prefix: int = 0,
 ) -> TrainerRun:
     """Train `model` on the rows of `table` with a `MaxitTrainer` under `args`, the loss of
     `loss_config` at `temperature` (and `ref_model` for its KL term); `callbacks` are
     `transformers.TrainerCallback`s added to the run; `max_logit_elements`: see `completion_logps`;
-    `dtype` "bfloat16": forward passes under bf16 autocast; `skip_zero_rows`, `sort_by_length`:
-    see `TrainConfig`."""
+    `dtype` "bfloat16": forward passes under bf16 autocast; `skip_zero_rows`, `sort_by_length`,
+    `share_prefix`: see `TrainConfig`."""
     if ref_model is not None and not args.use_cpu:
         ref_model = ref_model.to(args.device)
     sort_keys = None
@@ -922,6 +1042,7 @@ def run_trainer(
         autocast_dtype=_autocast_dtype(dtype),
         skip_zero_rows=skip_zero_rows,
         sort_keys=sort_keys,
+        share_prefix=share_prefix,
     )
     trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
     # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
@@ -1064,7 +1185,7 @@ def train_policy(
             run = run_trainer(
                 model, tokenizer, table, args, config.loss, config.temperature, pad_id=pad_id, ref_model=ref_model, callbacks=callbacks,
                 max_logit_elements=logit_elements(config.logits_chunk_mb), dtype=config.dtype,
-                skip_zero_rows=config.skip_zero_rows, sort_by_length=config.sort_by_length,
+                skip_zero_rows=config.skip_zero_rows, sort_by_length=config.sort_by_length, share_prefix=config.share_prefix,
             )
             if run.rows_skipped:
                 log.info("policy %s: %d row visits skipped (loss exactly 0); padding %.1f%%", policy_id, run.rows_skipped, 100 * run.padding_fraction)
