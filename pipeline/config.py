@@ -298,6 +298,10 @@ class EvalConfig:
     """Seconds one call of the task's reward or verdict parser may take (as in the rollouts)."""
     greedy: bool = True
     """Also measure greedy decoding (one episode per problem at temperature 0)."""
+    reuse_base: bool = True
+    """Round -1 (the starting checkpoints' evaluation) is taken from the cache when a run with the
+    same model, task, evaluation, engine and code computed it before, and kept there when computed
+    (`pipeline.eval_cache`). False: always computed, the cache untouched."""
 
     def __post_init__(self) -> None:
         for name in ("problems", "samples", "max_tokens"):

@@ -492,11 +492,25 @@ def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
 
 
 def evaluate_base(ctx: RoundContext) -> pl.DataFrame:
-    """The baseline row set: the starting checkpoints evaluated as round -1 (once per store)."""
+    """The baseline row set: the starting checkpoints evaluated as round -1 (once per store), taken
+    from the cache when an earlier run computed the same rows (`pipeline.eval_cache`; off with
+    `EvalConfig.reuse_base` False) and kept there when computed."""
+    from pipeline import eval_cache
+
     path = st.table_path(ctx.store, BASE_ROUND, "evaluation")
     if path.exists():
         return pl.read_parquet(path)
-    return stage_evaluation(ctx, BASE_ROUND)
+    if not ctx.config.evaluation.reuse_base:
+        return stage_evaluation(ctx, BASE_ROUND)
+    engine_options = ctx.engines.options if ctx.engines is not None else {}
+    key = eval_cache.base_evaluation_key(ctx.config, ctx.trained_checkpoints(BASE_ROUND), evaluation_config(ctx.config), engine_options)
+    cached = eval_cache.load(key)
+    if cached is not None:
+        log.info("round -1: the starting checkpoints' evaluation reused from %s", eval_cache.cache_path(key))
+        return _stage(ctx, BASE_ROUND, "evaluation", lambda: cached, _write(ctx, BASE_ROUND, "evaluation", EVALUATION))
+    frame = stage_evaluation(ctx, BASE_ROUND)
+    eval_cache.save(key, frame)
+    return frame
 
 
 def round_complete(store: str | Path, round_: int) -> bool:

@@ -362,6 +362,12 @@ class Settings:
     eval_max_tokens: int | None = _s(
         _default(EvalConfig, "max_tokens"), "completion budget of the evaluation's Solver and Verifier calls; None = the task's default (arithmetic 16, task file 512)", group="evaluation"
     )
+    base_eval_cache: bool = _s(
+        _default(EvalConfig, "reuse_base"),
+        "reuse the starting model's evaluation (round -1) computed by an earlier run with the same model, task, evaluation, engine and code",
+        group="evaluation",
+        negative_flag=("--no-base-eval-cache", "evaluate the starting model afresh (round -1), not from the cache, and leave the cache alone"),
+    )
 
     report_to: tuple[str, ...] = _s(
         (),
@@ -479,7 +485,7 @@ class Settings:
         return LoraSettings(r=self.lora_rank, alpha=self.lora_alpha) if self.lora else None
 
     def eval_config(self) -> EvalConfig:
-        return EvalConfig(problems=self.eval_problems, samples=self.eval_samples, max_tokens=self.eval_max_tokens)
+        return EvalConfig(problems=self.eval_problems, samples=self.eval_samples, max_tokens=self.eval_max_tokens, reuse_base=self.base_eval_cache)
 
     def strategy_options(self) -> dict[str, dict[str, Any]]:
         return {"feedback": {"train_context": self.feedback_train_context, "first_attempt": self.feedback_first_attempt}}
