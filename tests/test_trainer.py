@@ -618,6 +618,26 @@ def test_a_prefix_all_rows_share_counts_once_in_the_micro_batch_budget():
         TrainConfig(share_prefix=-1)
 
 
+def test_rows_that_begin_alike_are_sorted_side_by_side():
+    """Under `share_prefix` the rows of a minibatch whose prompts begin with the same tokens are
+    put side by side (the largest group first), still trainable rows first and longest first
+    within a group, so a micro-batch holds rows that share their prefix."""
+    from pipeline.training.trainer import MinibatchSortedSampler, prefix_groups, row_sort_keys
+
+    solver, verifier = list(range(100, 140)), list(range(100, 110)) + list(range(300, 330))  # alike for 10 tokens only
+    prompts = [solver + [1] * 3, verifier + [2] * 9, solver + [3] * 7, verifier + [4], solver + [5] * 5, [9] * 5]
+    table = pa.table({"train_prompt_ids": prompts, "completion_ids": [[6] * 4] * 6})
+    groups = prefix_groups(table, 32)
+    assert groups == [0, 1, 0, 1, 0, 2]  # the Solver's three rows, the Verifier's two, a short prompt
+    assert prefix_groups(table, 8) == [0] * 5 + [1]  # all five begin with the same 8 tokens
+    lengths = [(len(p), 4) for p in prompts]
+    order = list(MinibatchSortedSampler(range(6), row_sort_keys(lengths, None, groups), 6))
+    assert order == [2, 4, 0, 1, 3, 5]
+    # trainable rows still come first, whatever their group
+    order = list(MinibatchSortedSampler(range(6), row_sort_keys(lengths, [True, True, False, True, True, True], groups), 6))
+    assert order == [4, 0, 1, 3, 5, 2]
+
+
 def _view_rows(tok, spec, **overrides) -> pa.Table:
     """A training view of rows (step_id, policy_id, completion length) sampled at T."""
     msgs = [{"role": "user", "content": "1+2="}]

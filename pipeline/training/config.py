@@ -294,7 +294,9 @@ class TrainConfig:
     the rows run only their own tokens on top of its keys and values: the same logprobs and
     gradients, the prefix's compute paid once per micro-batch instead of once per row
     (`pipeline.training.trainer.completion_logps`). The activation budget (`activation_mb`) then
-    counts a prefix common to all the policy's rows once. 0 = every row runs whole."""
+    counts a prefix common to all the policy's rows once, and `sort_by_length` puts the rows of a
+    minibatch that begin with the same `share_prefix` tokens side by side (one agent's rows apart
+    from another's under a shared policy). 0 = every row runs whole."""
     skip_zero_rows: bool = True
     """Leave out of the forward and backward passes the rows whose loss is exactly 0 whatever the
     policy: under "ppo" / "is" / "exit" those whose weighted advantage A w (A after

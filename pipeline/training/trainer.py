@@ -327,12 +327,30 @@ class MinibatchSortedSampler(Sampler[int]):
             self.inner.set_epoch(epoch)
 
 
-def row_sort_keys(lengths: Sequence[tuple[int, int]], trainable: Sequence[bool] | None = None) -> list[tuple]:
+def row_sort_keys(
+    lengths: Sequence[tuple[int, int]], trainable: Sequence[bool] | None = None, groups: Sequence[int] | None = None
+) -> list[tuple]:
     """The `MinibatchSortedSampler` key of each row: the rows to train first (those
-    `trainable_rows` leaves out gather in the last micro-batches), then the longest (prompt +
-    completion) first, ties by completion length."""
+    `trainable_rows` leaves out gather in the last micro-batches), then by `groups` (rows whose
+    prompts begin alike side by side, so a micro-batch shares their prefix: `prefix_groups`), then
+    the longest (prompt + completion) first, ties by completion length."""
     trainable = [True] * len(lengths) if trainable is None else trainable
-    return [(not t, -(p + c), -c) for (p, c), t in zip(lengths, trainable)]
+    groups = [0] * len(lengths) if groups is None else groups
+    return [(not t, g, -(p + c), -c) for (p, c), t, g in zip(lengths, trainable, groups)]
+
+
+def prefix_groups(table: pa.Table, tokens: int) -> list[int]:
+    """A group id per row of `table`: rows whose training prompts begin with the same `tokens`
+    tokens share one (the largest group first), so sorting by it puts a task's rows that share a
+    system prompt and worked examples into the same micro-batches (an agent's rows apart from
+    another agent's). Prompts of `tokens` tokens or fewer, which can share no such prefix, are one
+    group."""
+    heads = [tuple(p[:tokens]) if len(p) > tokens else () for p in table.column("train_prompt_ids").to_pylist()]
+    sizes: dict[tuple, int] = {}
+    for h in heads:
+        sizes[h] = sizes.get(h, 0) + 1
+    rank = {h: i for i, h in enumerate(sorted(sizes, key=lambda h: (-sizes[h], h)))}
+    return [rank[h] for h in heads]
 
 
 def padding_fraction(lengths: Sequence[tuple[int, int]], order: Sequence[int], micro_batch_size: int) -> float:
@@ -1027,7 +1045,10 @@ def run_trainer(
         ref_model = ref_model.to(args.device)
     sort_keys = None
     if sort_by_length:
-        sort_keys = row_sort_keys(_table_lengths(table), _table_trainable(table, loss_config) if skip_zero_rows else None)
+        sort_keys = row_sort_keys(
+            _table_lengths(table), _table_trainable(table, loss_config) if skip_zero_rows else None,
+            prefix_groups(table, share_prefix) if share_prefix else None,
+        )
     trainer = MaxitTrainer(
         model=model,
         args=args,
