@@ -453,14 +453,15 @@ def _model_inputs(model, batch: Mapping[str, Any], share_prefix: int) -> tuple[d
     # positions count real tokens only, so a left-padded row sees the positions it had unpadded
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
     prefix = shared_prefix_length(batch) if share_prefix > 0 else 0
-    if prefix < max(share_prefix, 1):
+    cache = DynamicCache(config=model.config) if prefix >= max(share_prefix, 1) else None
+    # only plain attention layers share: a sliding window or a recurrent state keeps other states
+    if cache is None or not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False), contextlib.nullcontext()
     b, p_len = prompt_ids.shape
     first = p_len - int(prompt_mask[0].sum())
     prefix_ids = prompt_ids[:1, first : first + prefix]
     layers = _checkpointed_layers(model)
-    cache = DynamicCache(config=model.config)
     # the prefix is one row: its activations are kept (no checkpointing, which would drop the cache)
     with _layers_flag(layers, "gradient_checkpointing", False):
         model.get_decoder()(
