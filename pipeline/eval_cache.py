@@ -126,7 +126,13 @@ def load(key: str, cache_dir: str | Path | None = None) -> pl.DataFrame | None:
         return None
 
 
-def save(key: str, frame: pl.DataFrame, cache_dir: str | Path | None = None) -> Path:
+def save(key: str, frame: pl.DataFrame, cache_dir: str | Path | None = None) -> Path | None:
+    """Keep `frame` as `key`'s rows (atomically); a cache that cannot be written (read-only, full)
+    is named in the log and the run goes on: the rows are in the run's store either way."""
     path = cache_path(key, cache_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return st.write_table(frame, path, EVALUATION)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return st.write_table(frame, path, EVALUATION)
+    except OSError as exc:
+        log.warning("round -1 evaluation not kept in the cache %s: %s", path, exc)
+        return None

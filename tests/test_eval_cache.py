@@ -88,3 +88,11 @@ def test_a_damaged_entry_is_evaluated_afresh_and_replaced(tmp_path, tiny_model_d
     assert sampler.budgets and "does not read" in caplog.text and str(entry) in caplog.text
     assert_frame_equal(again, first)
     assert_frame_equal(pl.read_parquet(entry), first)
+
+
+def test_a_cache_that_cannot_be_written_does_not_stop_the_run(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("MAXIT_CACHE_DIR", str(blocked))
+    first, sampler, ctx = _base(tmp_path, "a", tiny_model_dir)
+    assert sampler.budgets and "not kept in the cache" in caplog.text
