@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, is_dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -68,18 +67,6 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _plain(value: Any) -> Any:
-    if is_dataclass(value):
-        return _plain(asdict(value))
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def base_evaluation_key(config, checkpoints: Mapping[str, Path], evaluation, engine_options: Mapping[str, Any]) -> str:
     """The cache key of a run's round -1 evaluation: `config` (a `RunConfig`), the starting
     `checkpoints` (policy_id -> directory), the `EvalConfig` it runs with and its engine pool's
@@ -91,14 +78,14 @@ def base_evaluation_key(config, checkpoints: Mapping[str, Path], evaluation, eng
     parts = {
         "checkpoints": {pid: directory_digest(path) for pid, path in sorted(checkpoints.items())},
         "workflow": config.workflow,
-        "workflow_options": _plain(dict(config.workflow_options)),
+        "workflow_options": st.jsonable(dict(config.workflow_options)),
         "task": config.task,
         "files": {name: directory_digest(path) if path else None for name, path in files.items()},
         "max_loop_num": config.max_loop_num,
         "shared_policy": config.shared_policy,
-        "evaluation": _plain(evaluation),
+        "evaluation": st.jsonable(evaluation),
         "engine": config.engine,
-        "engine_options": _plain(dict(engine_options)),
+        "engine_options": st.jsonable(dict(engine_options)),
         "lora_rank": int(lora.r) if lora is not None else None,
         "cpu_bf16": cpu_has_bf16(),
         "versions": {name: _version(name) for name in ("torch", "transformers", "vllm")},

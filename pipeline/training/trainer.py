@@ -35,6 +35,7 @@ previous `out_dir` (or none) as it was.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import gc
 import json
 import logging
@@ -346,9 +347,7 @@ def prefix_groups(table: pa.Table, tokens: int) -> list[int]:
     another agent's). Prompts of `tokens` tokens or fewer, which can share no such prefix, are one
     group."""
     heads = [tuple(p[:tokens]) if len(p) > tokens else () for p in table.column("train_prompt_ids").to_pylist()]
-    sizes: dict[tuple, int] = {}
-    for h in heads:
-        sizes[h] = sizes.get(h, 0) + 1
+    sizes = Counter(heads)
     rank = {h: i for i, h in enumerate(sorted(sizes, key=lambda h: (-sizes[h], h)))}
     return [rank[h] for h in heads]
 
@@ -388,19 +387,22 @@ def _plain_head(model) -> bool:
     return not any(getattr(cfg, name, None) for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
 
 
+def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """How many tokens all of `prompts` (two or more) begin with, at most the shortest less one
+    token: each row keeps its last prompt token, whose logit predicts its first completion token."""
+    if len(prompts) < 2:
+        return 0
+    first, width = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < width and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
+
+
 def shared_prefix_length(batch: Mapping[str, Any]) -> int:
-    """How many tokens every row's training prompt in `batch` (a `collate`d batch) begins with, at
-    most the shortest prompt less one token: each row keeps its last prompt token, whose logit
-    predicts its first completion token."""
-    prompt_ids, lengths = batch["prompt_ids"], batch["prompt_mask"].sum(1).tolist()
-    if len(lengths) < 2:
-        return 0
-    width, p_len = int(min(lengths)) - 1, prompt_ids.shape[1]
-    if width <= 0:
-        return 0
-    starts = torch.stack([prompt_ids[i, p_len - int(n) : p_len - int(n) + width] for i, n in enumerate(lengths)])
-    same = (starts == starts[0]).all(0).long()
-    return int(same.cumprod(0).sum())
+    """`common_prefix` of the training prompts of a `collate`d batch (left-padded)."""
+    prompt_ids, p_len = batch["prompt_ids"], batch["prompt_ids"].shape[1]
+    return common_prefix([prompt_ids[i, p_len - int(n) :].tolist() for i, n in enumerate(batch["prompt_mask"].sum(1).tolist())])
 
 
 class _PrefixLayer(DynamicLayer):
@@ -810,16 +812,8 @@ def activation_bytes_per_token(model) -> int:
 
 
 def common_prompt_prefix(table: pa.Table) -> int:
-    """How many tokens every row of `table` begins its training prompt with, at most the shortest
-    prompt less one (as `shared_prefix_length` counts a micro-batch's)."""
-    prompts = table.column("train_prompt_ids").to_pylist()
-    if len(prompts) < 2:
-        return 0
-    first, width = prompts[0], min(len(p) for p in prompts) - 1
-    n = 0
-    while n < width and all(p[n] == first[n] for p in prompts):
-        n += 1
-    return n
+    """`common_prefix` of the training prompts of every row of a view table."""
+    return common_prefix(table.column("train_prompt_ids").to_pylist())
 
 
 def sized_for(config: TrainConfig, table: pa.Table, model) -> TrainConfig:
