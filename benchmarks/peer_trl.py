@@ -28,10 +28,14 @@ What is the same for both (per seed):
   batch x gradient accumulation; generation_batch_size = problems x samples; maxit may cut its
   micro-batches under its activation budget, the same update); gradient checkpointing as
   maxit's "auto" (on above 50M parameters);
-- evaluation: one function, `pipeline.workflows.math.evaluate_team`, on one engine (--engine; the
-  starting model, then each system's final adapter merged into the base), greedy on
-  --eval-problems held-out problems (plus --eval-samples sampled answers at --temperature), with
-  maxit's held-out draw (`EvalConfig.seed`), --eval-max-tokens and --dtype.
+- evaluation: one engine (--engine; the starting model, then each system's final adapter merged
+  into the base), maxit's held-out draw (`EvalConfig.seed`), --eval-max-tokens and --dtype: the
+  sampled accuracy (--eval-samples answers per problem at --temperature) from
+  `pipeline.workflows.math.evaluate_team`, the greedy answers per problem from the helpers that
+  function uses, so that each gain gets a paired standard error (the same problems before and
+  after) and so does the difference between the two systems' final accuracies. --eval-problems
+  defaults to 400, the whole held-out split of the word problems (358): on 60 problems a gain's
+  standard error was ~6 points, as large as the differences being measured.
 
 What differs, by design: the algorithm (maxit's preset, e.g. rejection sampling on right answers,
 against TRL's GRPO loss: group-normalised advantages, PPO clip, "dapo" token aggregation) and the
@@ -43,7 +47,7 @@ training, saving); maxit's includes its in-run held-out evaluation, cut to 1 pro
 JSON line per run's settings, per (seed, system), for the ratios of each seed and, with several seeds, the
 means (appended).
 
-    .venv/bin/python benchmarks/peer_trl.py                      # 3 rounds x 16 problems x 4 samples, 60 held-out
+    .venv/bin/python benchmarks/peer_trl.py                      # 3 rounds x 16 problems x 4 samples, every held-out problem
     .venv/bin/python benchmarks/peer_trl.py --seeds 0 1 2 --algorithm grpo --out runs/peer_trl/grpo.jsonl
     .venv/bin/python benchmarks/peer_trl.py --smoke              # 1 round x 2 problems x 2 samples, 8 tokens, 4 held-out
 """
@@ -69,7 +73,7 @@ for _key, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("H
 
 DEFAULT_MODEL = ROOT / "models" / "smollm2-135m-instruct"
 ALGORITHMS = ("maxit", "drmas", "atgrpo", "exit", "grpo")
-FULL = {"rounds": 3, "problems": 16, "samples": 4, "max_tokens": 64, "eval_problems": 60}
+FULL = {"rounds": 3, "problems": 16, "samples": 4, "max_tokens": 64, "eval_problems": 400}
 SMOKE = {"rounds": 1, "problems": 2, "samples": 2, "max_tokens": 8, "eval_problems": 4}
 POLICY = "shared"  # the single workflow's one policy (pipeline.agents.agent.SHARED_POLICY)
 
@@ -364,12 +368,16 @@ class Evaluator:
         self.current = model_dir
         self.tokenizer = load_tokenizer(model_dir)
         self.agents = (Agent(SOLVER, SOLVER, SHARED_POLICY),)
-        self.config = EvalConfig(problems=problems, samples=samples, temperature=temperature, max_tokens=max_tokens, greedy=True, hint=False)
+        # the greedy answers are scored here, per problem (`__call__`); evaluate_team gives the sampled accuracy
+        self.config = EvalConfig(problems=problems, samples=samples, temperature=temperature, max_tokens=max_tokens, greedy=False, hint=False)
         self.tmp = tempfile.TemporaryDirectory(prefix="peer-trl-eval-")
 
     def __call__(self, checkpoint: Path) -> dict:
+        from dataclasses import replace
+
         from pipeline.models import adapter_base, load_model
-        from pipeline.workflows.math import evaluate_team
+        from pipeline.tasks.base import budget_of
+        from pipeline.workflows.math import _correct, _sample_texts, evaluate_team
 
         path = Path(checkpoint)
         merged = None
@@ -385,11 +393,17 @@ class Evaluator:
         t0 = time.perf_counter()
         df = evaluate_team(self.task, self.agents, {POLICY: self.sampler}, {POLICY: self.tokenizer}, self.config, 0)
         values = {m: (v, n) for m, v, n in df.select("metric", "value", "n").iter_rows()}
+        # evaluate_team's greedy figure, kept per problem: its problems, prompts, budget and scoring
+        config = replace(self.config, max_tokens=budget_of(self.task, self.config.max_tokens, "eval"))
+        problems = self.task.problems("heldout", config.problems, config.seed)
+        plain = [self.task.solver_messages(p) for p in problems]
+        texts = _sample_texts(self.sampler, self.tokenizer, plain, 1, 0.0, config.max_tokens, config.seed)
+        right = [bool(per[0]) for per in _correct(self.task, problems, texts, config.reward_timeout)]
         if merged is not None:
             self.current = None  # the folder is reused for the next adapter
         return {
-            "greedy": values["accuracy_greedy"][0], "sampled": values["accuracy"][0],
-            "problems": values["accuracy_greedy"][1], "sampled_n": values["accuracy"][1], "seconds": time.perf_counter() - t0,
+            "greedy": sum(right) / len(right), "greedy_right": right, "sampled": values["accuracy"][0],
+            "problems": len(right), "sampled_n": values["accuracy"][1], "seconds": time.perf_counter() - t0,
         }
 
     def close(self) -> None:
@@ -412,16 +426,31 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def paired_se(after: list[bool], before: list[bool]) -> float:
+    """Standard error of mean(after) - mean(before) over the same problems: the sample standard
+    deviation of the per-problem differences (-1, 0 or 1) over sqrt(n). Only the problems whose
+    answer changed carry it, so it is smaller than an unpaired one."""
+    n = len(after)
+    if n != len(before):
+        raise ValueError(f"paired_se: {n} answers after, {len(before)} before")
+    if n < 2:
+        return float("nan")
+    d = [int(a) - int(b) for a, b in zip(after, before)]
+    mean = sum(d) / n
+    return math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n)
+
+
 def system_line(seed, name: str, before: dict, after: dict, run: dict, temperature: float) -> dict:
     gain = after["greedy"] - before["greedy"]
+    se = paired_se(after["greedy_right"], before["greedy_right"])
     sps = run["wall_seconds"] / max(run["samples"], 1)
     print(
-        f"seed {seed}  {name:5s}: held-out greedy {pct(before['greedy'])} -> {pct(after['greedy'])} (gain {100 * gain:+.1f} points; "
+        f"seed {seed}  {name:5s}: held-out greedy {pct(before['greedy'])} -> {pct(after['greedy'])} (gain {100 * gain:+.1f} ± {100 * se:.1f} points; "
         f"T={temperature:g} sampled {pct(before['sampled'])} -> {pct(after['sampled'])}), wall {run['wall_seconds']:.1f} s, "
         f"{run['samples']} samples, {sps:.3f} s/sample, {run['optimizer_steps']} optimizer steps, train reward {run['train_reward_mean']:.3f}",
         flush=True,
     )
-    return {"gain": gain, "seconds_per_sample": sps}
+    return {"gain": gain, "gain_se": se, "seconds_per_sample": sps}
 
 
 def parse_args(argv=None):
@@ -528,26 +557,35 @@ def main(argv=None) -> int:
         m = system_line(seed, "maxit", before, mx_after, mx, args.temperature)
         t = system_line(seed, "TRL", before, tr_after, tr, args.temperature)
         g, s = ratio(m["gain"], t["gain"]), ratio(m["seconds_per_sample"], t["seconds_per_sample"])
-        print(f"seed {seed}  maxit/TRL: gain {fmt_ratio(g)}, seconds per sample {fmt_ratio(s)}; TRL prompts identical to maxit's: {tr['prompts_identical']}", flush=True)
+        diff, diff_se = m["gain"] - t["gain"], paired_se(mx_after["greedy_right"], tr_after["greedy_right"])
+        print(
+            f"seed {seed}  maxit/TRL: gain {fmt_ratio(g)} (maxit - TRL {100 * diff:+.1f} ± {100 * diff_se:.1f} points, paired), "
+            f"seconds per sample {fmt_ratio(s)}; TRL prompts identical to maxit's: {tr['prompts_identical']}",
+            flush=True,
+        )
         for name, run, after, x in (("maxit", mx, mx_after, m), ("trl", tr, tr_after, t)):
             keep = {k: v for k, v in run.items() if k not in ("problems_by_round", "prompt_ids")}
             records.append({
                 "kind": "system", "seed": seed, "system": name, "algorithm": args.algorithm if name == "maxit" else "trl-grpo",
-                "before_greedy": before["greedy"], "after_greedy": after["greedy"], "gain_greedy": x["gain"],
+                "before_greedy": before["greedy"], "after_greedy": after["greedy"], "gain_greedy": x["gain"], "gain_greedy_se": x["gain_se"],
                 "before_sampled": before["sampled"], "after_sampled": after["sampled"], "gain_sampled": after["sampled"] - before["sampled"],
                 "eval_problems": after["problems"], "seconds_per_sample": x["seconds_per_sample"], **keep,
             })
             sums[name].append(x)
-        records.append({"kind": "ratio", "seed": seed, "gain_maxit_over_trl": g, "seconds_per_sample_maxit_over_trl": s, "prompts_identical": tr["prompts_identical"]})
+        records.append({"kind": "ratio", "seed": seed, "gain_maxit_over_trl": g, "gain_maxit_minus_trl": diff, "gain_maxit_minus_trl_se": diff_se,
+                        "seconds_per_sample_maxit_over_trl": s, "prompts_identical": tr["prompts_identical"]})
     if len(runs) > 1:
         mean = {k: {f: sum(x[f] for x in v) / len(v) for f in ("gain", "seconds_per_sample")} for k, v in sums.items()}
+        spread = {k: (min(x["gain"] for x in v), max(x["gain"] for x in v)) for k, v in sums.items()}
         g, s = ratio(mean["maxit"]["gain"], mean["trl"]["gain"]), ratio(mean["maxit"]["seconds_per_sample"], mean["trl"]["seconds_per_sample"])
         print(
-            f"mean over {len(runs)} seeds: gain maxit {100 * mean['maxit']['gain']:+.1f} / TRL {100 * mean['trl']['gain']:+.1f} points ({fmt_ratio(g)}), "
+            f"mean over {len(runs)} seeds: gain maxit {100 * mean['maxit']['gain']:+.1f} ({100 * spread['maxit'][0]:+.1f}..{100 * spread['maxit'][1]:+.1f}) / "
+            f"TRL {100 * mean['trl']['gain']:+.1f} ({100 * spread['trl'][0]:+.1f}..{100 * spread['trl'][1]:+.1f}) points ({fmt_ratio(g)}), "
             f"seconds per sample maxit {mean['maxit']['seconds_per_sample']:.3f} / TRL {mean['trl']['seconds_per_sample']:.3f} ({fmt_ratio(s)})",
             flush=True,
         )
         records.append({"kind": "mean", "seeds": list(runs), "gain_maxit": mean["maxit"]["gain"], "gain_trl": mean["trl"]["gain"], "gain_maxit_over_trl": g,
+                        "gain_maxit_range": list(spread["maxit"]), "gain_trl_range": list(spread["trl"]),
                         "seconds_per_sample_maxit": mean["maxit"]["seconds_per_sample"], "seconds_per_sample_trl": mean["trl"]["seconds_per_sample"],
                         "seconds_per_sample_maxit_over_trl": s})
     with out_file.open("a") as fh:

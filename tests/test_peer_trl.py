@@ -35,6 +35,22 @@ def test_budgets_and_strategies():
     assert peer_trl.maxit_strategies(peer_trl.parse_args([])) == ["iid"]
     assert peer_trl.maxit_strategies(peer_trl.parse_args(["--algorithm", "atgrpo"])) is None  # the preset's (tree)
     assert peer_trl.maxit_strategies(peer_trl.parse_args(["--strategies", "preset"])) is None
+    assert full["eval_problems"] == 400  # more than the word file's held-out split: all of it is evaluated
+
+
+def test_paired_standard_error():
+    # 10 problems: 3 turned right, 1 turned wrong, 6 unchanged -> d = (1,1,1,-1,0,...,0), mean 0.2
+    before = [False, False, False, True] + [True] * 3 + [False] * 3
+    after = [True, True, True, False] + [True] * 3 + [False] * 3
+    d = [1, 1, 1, -1] + [0] * 6
+    var = sum((x - 0.2) ** 2 for x in d) / 9
+    assert peer_trl.paired_se(after, before) == pytest.approx(math.sqrt(var / 10))
+    assert peer_trl.paired_se(before, before) == 0.0  # nothing changed: no error on the gain
+    # unchanged problems shrink it: the same 4 changes among 100 problems
+    assert peer_trl.paired_se(after + [True] * 90, before + [True] * 90) < peer_trl.paired_se(after, before)
+    assert math.isnan(peer_trl.paired_se([True], [False]))
+    with pytest.raises(ValueError, match="3 answers after, 2 before"):
+        peer_trl.paired_se([True] * 3, [True] * 2)
 
 
 def _tiny_long_model(path: Path) -> Path:
@@ -71,6 +87,7 @@ def test_smoke_run_reports_both_systems(tmp_path):
     for r in systems.values():
         for key in ("before_greedy", "after_greedy", "gain_greedy", "before_sampled", "after_sampled", "wall_seconds", "seconds_per_sample"):
             assert isinstance(r[key], (int, float)) and math.isfinite(r[key]), (r["system"], key, r[key])
+        assert r["gain_greedy_se"] >= 0 or math.isnan(r["gain_greedy_se"])
         assert 0 <= r["after_greedy"] <= 1 and r["wall_seconds"] > 0
         assert r["eval_problems"] == 4
         assert r["samples"] == 1 * 2 * 2  # the same sample budget: rounds x problems x samples
@@ -79,3 +96,4 @@ def test_smoke_run_reports_both_systems(tmp_path):
     ratio = next(r for r in records if r["kind"] == "ratio")
     assert math.isfinite(ratio["seconds_per_sample_maxit_over_trl"]) and ratio["seconds_per_sample_maxit_over_trl"] > 0
     assert ratio["gain_maxit_over_trl"] is None or math.isfinite(ratio["gain_maxit_over_trl"])
+    assert ratio["gain_maxit_minus_trl"] == pytest.approx(systems["maxit"]["after_greedy"] - systems["trl"]["after_greedy"])
