@@ -328,6 +328,18 @@ class Settings:
         group="training",
         choices=("auto", "on", "off"),
     )
+    group_minibatches: bool = _s(
+        _default(TrainConfig, "group_minibatches"),
+        "keep the samples of one prompt (a GRPO group) in one minibatch, the groups shuffled each epoch; off: every row shuffled on its own",
+        group="training",
+    )
+    optimizer_state: str = _s(
+        _default(TrainConfig, "optimizer_state"),
+        "fresh: a new AdamW every round; carry: its moments and step count continue from the parent checkpoint's "
+        "(optimizer.pt in each checkpoint), one optimizer over the run as in TRL and verl",
+        group="training",
+        choices=("fresh", "carry"),
+    )
     micro_batch_tokens: int | None = _s(
         _default(TrainConfig, "micro_batch_tokens"),
         "token budget of a micro-batch (rows x longest row): long rows get fewer rows per forward pass, same optimizer step; None = always micro_batch_size rows",
@@ -477,6 +489,8 @@ class Settings:
             lora=self.lora_settings(),
             gradient_checkpointing=_CHECKPOINTING[self.gradient_checkpointing],
             micro_batch_tokens=self.micro_batch_tokens,
+            optimizer_state=self.optimizer_state,
+            group_minibatches=self.group_minibatches,
             dtype=self.dtype,
             report_to="none",
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,7 @@ from pipeline.strategies import IID, PromptAug, Strategy
 from pipeline.training.config import LoraSettings, LossConfig, RatioConfig, TrainConfig
 from pipeline.training.trainer import (
     CHECKPOINT_META,
+    OPTIMIZER_STATE,
     PolicyRows,
     TrainerRun,
     batch_loss,
@@ -300,6 +302,56 @@ def test_lora_checkpoints_are_adapters_that_rounds_continue(tok, model, init_dir
     assert adapter_base(r1) == init_dir.resolve()  # the same base, not round 0's folder
     again = params(load_model(r1))
     assert any(not torch.equal(after[k], again[k]) for k in after)
+
+
+def test_a_carried_optimizer_continues_as_one_run_and_a_fresh_one_does_not(tok, model, init_dir, tmp_path):
+    """`optimizer_state="carry"`: two rounds of one step each on the same rows give the weights of
+    one run of two steps (Adam's moments and step count go on: the second step is not a first
+    step again); "fresh" gives other weights. Each minibatch is all the rows, so the two paths see
+    the same rows in every step."""
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 8, seed=11)), {"iid": IID()}, tok)
+    cfg = TrainConfig(loss=LossConfig(kind="ppo"), **{**FAST, "lr": 1e-2, "minibatch_size": 8, "micro_batch_size": 8})
+    carry = replace(cfg, optimizer_state="carry")
+    train_policy(view, "shared", init_dir, tmp_path / "once", replace(carry, epochs=2))
+    for mode, c in (("carry", carry), ("fresh", cfg)):
+        train_policy(view, "shared", init_dir, tmp_path / f"{mode}0", c)
+        train_policy(view, "shared", tmp_path / f"{mode}0", tmp_path / f"{mode}1", c)
+    assert (tmp_path / "carry0" / OPTIMIZER_STATE).is_file() and not (tmp_path / "fresh0" / OPTIMIZER_STATE).exists()
+    state = torch.load(tmp_path / "carry1" / OPTIMIZER_STATE, weights_only=True)
+    assert {int(v["step"]) for v in state["state"].values()} == {2}
+    once, carried, fresh = (params(AutoModelForCausalLM.from_pretrained(tmp_path / d)) for d in ("once", "carry1", "fresh1"))
+    start = params(model)
+    moved = max((once[k] - start[k]).abs().max().item() for k in once)
+    assert moved > 1e-3
+    assert max((once[k] - carried[k]).abs().max().item() for k in once) < 1e-3 * moved
+    assert max((once[k] - fresh[k]).abs().max().item() for k in once) > 0.05 * moved
+
+    # a policy without rows passes its parent's state on
+    train_policy(view, "nobody", tmp_path / "carry1", tmp_path / "empty", carry)
+    assert (tmp_path / "empty" / OPTIMIZER_STATE).read_bytes() == (tmp_path / "carry1" / OPTIMIZER_STATE).read_bytes()
+
+
+def test_a_carried_optimizer_state_that_does_not_fit_is_a_named_error(tok, model, init_dir, tmp_path):
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 8, seed=12)), {"iid": IID()}, tok)
+    cfg = TrainConfig(loss=LossConfig(kind="ppo"), **FAST, lora=LoraSettings(r=4, alpha=8), optimizer_state="carry")
+    train_policy(view, "shared", init_dir, tmp_path / "r4", cfg)
+    state = tmp_path / "r4" / OPTIMIZER_STATE
+    assert state.is_file()
+    # all weights trained from the adapter's checkpoint: other parameters than the adapter's
+    with pytest.raises(ConfigError, match=r"r4/optimizer.pt: the optimizer state does not fit this model's trainable parameters"):
+        train_policy(view, "shared", tmp_path / "r4", tmp_path / "full", replace(cfg, lora=None))
+    assert not (tmp_path / "full").exists()  # nothing half-written
+    # as many tensors of other shapes: a rank-8 adapter given the rank-4 adapter's state
+    train_policy(view, "shared", init_dir, tmp_path / "r8", replace(cfg, lora=LoraSettings(r=8, alpha=16)))
+    (tmp_path / "r8" / OPTIMIZER_STATE).write_bytes(state.read_bytes())
+    with pytest.raises(ConfigError, match=r"r8/optimizer.pt: .*a moment of shape \(4, \d+\) for a parameter of shape \(8, \d+\)"):
+        train_policy(view, "shared", tmp_path / "r8", tmp_path / "r8b", cfg)
+    state.write_bytes(b"not a torch file")
+    with pytest.raises(DataError, match=r"r4/optimizer.pt: not a readable optimizer state"):
+        train_policy(view, "shared", tmp_path / "r4", tmp_path / "again", cfg)
+    assert not (tmp_path / "again").exists()
+    with pytest.raises(ConfigError, match="optimizer_state must be 'fresh' or 'carry'"):
+        replace(cfg, optimizer_state="keep")
 
 
 def test_lora_checkpoint_with_a_missing_base_is_a_clear_error(init_dir, tmp_path):
@@ -885,6 +937,62 @@ def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, in
     # the weights after two Adam steps: Adam divides by |g|, so float noise in a near-zero gradient
     # element moves it by ~1e-6, far below one step (lr 5e-4)
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_group_shuffle_sampler_keeps_groups_together_and_reshuffles_per_epoch():
+    from pipeline.training.trainer import GroupShuffleSampler
+
+    groups = [g for g in "abcdef" for _ in range(4)][::-1]  # 6 groups of 4, rows in any order
+    sampler = GroupShuffleSampler(groups, seed=3)
+    orders = [list(sampler) for _ in range(3)]
+    for order in orders:
+        assert sorted(order) == list(range(24)) and len(sampler) == 24
+        runs = [groups[i] for i in order]
+        assert all(len(set(runs[k : k + 4])) == 1 for k in range(0, 24, 4))  # each group's rows side by side
+    assert len({tuple(o) for o in orders}) == 3  # every epoch another order
+    again = GroupShuffleSampler(groups, seed=3)
+    again.set_epoch(1)
+    assert list(again) == orders[1]  # seeded: epoch 1 of the same seed
+
+
+def test_grouped_minibatches_train_whole_groups_per_step(tok, model, init_dir, tmp_path, monkeypatch):
+    """`group_minibatches`: with groups of 4 rows (4 samples of each of 4 prompts) and minibatches
+    of 8, every optimizer step trains two whole groups; without it the steps mix rows of the groups."""
+    from pipeline.training import trainer as tr
+
+    base = rows_for(tok, model, 4, seed=50)
+    rows = []
+    for g, proto in enumerate(base):  # 4 samples of each prompt, other completions
+        for k in range(4):
+            completion = [20 + g, 30 + k, 40 + (g * k) % 7, 1]
+            rows.append(advantage_row(f"iid-g{g}-s{k}", **{
+                **{c: proto[c] for c in ("sampling_messages", "prompt_ids", "temperature")}, "uid": f"p{g}", "sample_idx": k,
+                "completion_ids": completion, "completion_logprobs": unpadded_logps(model, proto["prompt_ids"], completion, T),
+                "advantage": 1.5 if k == 0 else -0.5, "reward": float(k == 0),
+            }))
+    view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok)
+    group_of = {r["step_id"]: r["uid"] for r in rows}
+    seen: list[list[str]] = []
+    original = tr.MaxitTrainer._get_num_items_in_batch
+
+    def record(self, batch_samples, device):
+        seen.append([s for b in batch_samples for s in b["step_id"]])
+        return original(self, batch_samples, device)
+
+    monkeypatch.setattr(tr.MaxitTrainer, "_get_num_items_in_batch", record)
+    mixed = 0
+    for grouped in (True, False):
+        seen.clear()
+        cfg = TrainConfig(loss=LossConfig(kind="ppo"), **{**FAST, "minibatch_size": 8, "micro_batch_size": 4, "epochs": 3}, group_minibatches=grouped)
+        train_policy(view, "shared", init_dir, tmp_path / f"g{grouped}", cfg)
+        assert len(seen) == 6
+        counts = [sorted(Counter(group_of[s] for s in step).values()) for step in seen]
+        if grouped:
+            assert all(c == [4, 4] for c in counts), counts
+            assert len({tuple(sorted(step)) for step in seen}) > 2  # the pairs of groups change between epochs
+        else:
+            mixed = sum(c != [4, 4] for c in counts)
+    assert mixed > 0  # row-shuffled steps split groups (seeded: not by chance here)
 
 
 def test_minibatches_keep_their_rows_when_sorted_by_length(tok, model, init_dir, tmp_path, monkeypatch):

@@ -297,6 +297,21 @@ class TrainConfig:
     counts a prefix common to all the policy's rows once, and `sort_by_length` puts the rows of a
     minibatch that begin with the same `share_prefix` tokens side by side (one agent's rows apart
     from another's under a shared policy). 0 = every row runs whole."""
+    group_minibatches: bool = False
+    """Keep the rows of one group in one minibatch: rows with the same turn and training prompt
+    (the samples of one problem, the siblings of one tree node) side by side in each epoch's
+    order, the groups shuffled (`pipeline.training.trainer.GroupShuffleSampler`), so a group's
+    positive and negative advantages meet in one optimizer step. False: every row shuffled on its
+    own, as TRL's GRPOTrainer shuffles a generation batch (several processes always are)."""
+    optimizer_state: Literal["fresh", "carry"] = "fresh"
+    """"fresh": a new AdamW every round (its moments and step count start at zero). "carry": the
+    moments and step count continue from the parent checkpoint's (`OPTIMIZER_STATE`, written into
+    each checkpoint under "carry"), as TRL's and verl's trainers keep one optimizer across
+    generation batches; the learning rate, betas and weight decay are this run's. A parent
+    without that file (the starting model) starts fresh; one whose state does not fit the
+    trainable parameters (another LoRA rank, full weights against an adapter) is an error that
+    names the file. The file holds two float32 values per trainable parameter (~40 MB for a
+    rank-16 adapter on a 135M model, 1 GB for all its weights)."""
     skip_zero_rows: bool = True
     """Leave out of the forward and backward passes the rows whose loss is exactly 0 whatever the
     policy: under "ppo" / "is" / "exit" those whose weighted advantage A w (A after
@@ -339,6 +354,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.micro_batch_tokens must be an integer >= 1 or None, got {self.micro_batch_tokens!r}")
         if not isinstance(self.share_prefix, int) or isinstance(self.share_prefix, bool) or self.share_prefix < 0:
             raise ConfigError(f"TrainConfig.share_prefix must be an integer >= 0 (tokens; 0 = off), got {self.share_prefix!r}")
+        if self.optimizer_state not in ("fresh", "carry"):
+            raise ConfigError(f"TrainConfig.optimizer_state must be 'fresh' or 'carry', got {self.optimizer_state!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"TrainConfig.dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.bf16 is not None and not isinstance(self.bf16, bool):

@@ -41,6 +41,8 @@ import json
 import logging
 import math
 import os
+import random
+import shutil
 import time
 from types import SimpleNamespace
 from dataclasses import dataclass, field, replace
@@ -104,6 +106,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHECKPOINT_META = "maxit_checkpoint.json"
+OPTIMIZER_STATE = "optimizer.pt"
+"""The AdamW state a checkpoint carries to the next round under `TrainConfig.optimizer_state` "carry"."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +330,46 @@ class MinibatchSortedSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.inner, "set_epoch"):
             self.inner.set_epoch(epoch)
+
+
+class GroupShuffleSampler(Sampler[int]):
+    """Every epoch, the groups of rows (`groups[row]`, one id per group) in a seeded random order,
+    the rows of each group side by side (shuffled among themselves), so that minibatches cut from
+    the order hold whole groups where the sizes allow (a group of 4 rows, minibatches of 8: two
+    groups each). Each epoch (`set_epoch`, or each new iteration) draws another order from `seed`."""
+
+    def __init__(self, groups: Sequence[Any], seed: int):
+        self.members: dict[Any, list[int]] = {}
+        for row, g in enumerate(groups):
+            self.members.setdefault(g, []).append(row)
+        self.n = len(groups)
+        self.seed = seed
+        self.epoch = 0
+
+    def __iter__(self):
+        rng = random.Random(f"{self.seed}:{self.epoch}")
+        self.epoch += 1
+        keys = list(self.members)
+        rng.shuffle(keys)
+        for key in keys:
+            rows = list(self.members[key])
+            rng.shuffle(rows)
+            yield from rows
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+def prompt_groups(table: pa.Table) -> list[int]:
+    """A group id per row of `table`: rows with the same turn and the same training prompt (the
+    samples of one problem, tree siblings of one node) share one. Rows whose prompts differ (later
+    turns of different trajectories, each Verifier call) are groups of one."""
+    keys = [(t, tuple(p)) for t, p in zip(table.column("turn").to_pylist(), table.column("train_prompt_ids").to_pylist())]
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault(k, len(ids)) for k in keys]
 
 
 def row_sort_keys(
@@ -606,9 +650,13 @@ class MaxitTrainer(Trainer):
         skip_zero_rows: bool = False,
         sort_keys: Sequence[Any] | None = None,
         share_prefix: int = 0,
+        optimizer_state: tuple[Mapping[str, Any], str] | None = None,
+        groups: Sequence[Any] | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.optimizer_state = optimizer_state
+        self.groups = groups
         self.share_prefix = share_prefix
         self.loss_config = loss_config
         self.max_logit_elements = max_logit_elements
@@ -631,7 +679,13 @@ class MaxitTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None):
         sampler = super()._get_train_sampler(train_dataset)
-        if self.sort_keys is None or type(sampler) is not RandomSampler or self.args.world_size > 1:
+        if type(sampler) is not RandomSampler or self.args.world_size > 1:
+            return sampler
+        minibatch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        if self.groups is not None:
+            grouped = GroupShuffleSampler(self.groups, self.args.data_seed if self.args.data_seed is not None else self.args.seed)
+            return grouped if self.sort_keys is None else MinibatchSortedSampler(grouped, self.sort_keys, minibatch)
+        if self.sort_keys is None:
             return sampler
         if self.args.accelerator_config.use_seedable_sampler:
             # the shuffle accelerate would have put in its place (`prepare_data_loader`), so the
@@ -642,7 +696,30 @@ class MaxitTrainer(Trainer):
                 data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
                 generator=sampler.generator, data_seed=self.args.data_seed,
             )
-        return MinibatchSortedSampler(sampler, self.sort_keys, self.args.train_batch_size * self.args.gradient_accumulation_steps)
+        return MinibatchSortedSampler(sampler, self.sort_keys, minibatch)
+
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer; with `optimizer_state` (a state dict and the file it came from)
+        its moments and step counts continue from that state, under this run's hyperparameters."""
+        optimizer = super().create_optimizer(model)
+        if self.optimizer_state is not None:
+            state, source = self.optimizer_state
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+            try:
+                optimizer.load_state_dict(state)
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise ConfigError(f"{source}: the optimizer state does not fit this model's trainable parameters ({e})") from None
+            for group in optimizer.param_groups:  # load_state_dict counts the tensors, not their shapes
+                for param in group["params"]:
+                    moment = optimizer.state.get(param, {}).get("exp_avg")
+                    if moment is not None and moment.shape != param.shape:
+                        raise ConfigError(
+                            f"{source}: the optimizer state does not fit this model's trainable parameters "
+                            f"(a moment of shape {tuple(moment.shape)} for a parameter of shape {tuple(param.shape)})"
+                        )
+            for group, own in zip(optimizer.param_groups, groups):
+                group.update(own)  # the parent's state, this run's learning rate, betas, decay
+        return optimizer
 
     def _get_num_items_in_batch(self, batch_samples, device):
         return minibatch_count(batch_samples, self.loss_config)
@@ -1012,6 +1089,8 @@ class TrainerRun:
     """Share of the forward passes' token positions that were padding."""
     dtype: str = "float32"
     """Precision of the run (`train_dtype`)."""
+    optimizer_state: Mapping[str, Any] | None = None
+    """The optimizer's state dict at the end of the run, when `run_trainer` was asked to keep it."""
 
 
 def run_trainer(
@@ -1030,12 +1109,17 @@ def run_trainer(
     skip_zero_rows: bool = False,
     sort_by_length: bool = False,
     share_prefix: int = 0,
+    optimizer_state: tuple[Mapping[str, Any], str] | None = None,
+    keep_optimizer_state: bool = False,
+    group_minibatches: bool = False,
 ) -> TrainerRun:
     """Train `model` on the rows of `table` with a `MaxitTrainer` under `args`, the loss of
     `loss_config` at `temperature` (and `ref_model` for its KL term); `callbacks` are
     `transformers.TrainerCallback`s added to the run; `max_logit_elements`: see `completion_logps`;
     `dtype` "bfloat16": forward passes under bf16 autocast; `skip_zero_rows`, `sort_by_length`,
-    `share_prefix`: see `TrainConfig`."""
+    `share_prefix`: see `TrainConfig`; `optimizer_state`: (state dict, its file) the optimizer
+    starts from; `keep_optimizer_state`: return the optimizer's final state dict;
+    `group_minibatches`: see `TrainConfig`."""
     if ref_model is not None and not args.use_cpu:
         ref_model = ref_model.to(args.device)
     sort_keys = None
@@ -1059,6 +1143,8 @@ def run_trainer(
         skip_zero_rows=skip_zero_rows,
         sort_keys=sort_keys,
         share_prefix=share_prefix,
+        optimizer_state=optimizer_state,
+        groups=prompt_groups(table) if group_minibatches else None,
     )
     trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
     # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
@@ -1085,6 +1171,7 @@ def run_trainer(
         micro_batches_skipped=trainer.micro_batches_skipped,
         padding_fraction=1.0 - trainer.real_positions / trainer.padded_positions if trainer.padded_positions else 0.0,
         dtype=dtype,
+        optimizer_state=trainer.optimizer.state_dict() if keep_optimizer_state and trainer.optimizer is not None else None,
     )
 
 
@@ -1123,6 +1210,15 @@ def checkpoint_meta(policy_id: str, init_dir: Path, rows: PolicyRows, config: Tr
         config=jsonable(config),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+
+
+def load_optimizer_state(path: Path) -> Mapping[str, Any]:
+    """The optimizer state dict in `path` (`OPTIMIZER_STATE`); a file torch cannot read is a
+    `DataError` naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds on a damaged file
+        raise DataError(f"{path}: not a readable optimizer state ({type(e).__name__}: {e})") from None
 
 
 def save_checkpoint(directory: Path, model, tokenizer, meta: CheckpointMeta, *, lora_base: Path | None = None) -> None:
@@ -1193,6 +1289,8 @@ def train_policy(
     table = rows.table
     if config.loss.anchor == "proximal" and config.loss.kind != "rs" and table.num_rows:
         table = with_old_logprobs(model, table, config, pad_id)
+    carry = config.optimizer_state == "carry"
+    parent_state = init_dir / OPTIMIZER_STATE if carry and (init_dir / OPTIMIZER_STATE).is_file() else None
     with atomic_dir(out_dir) as tmp:
         run = TrainerRun(model=model, dtype=config.dtype)
         if table.num_rows:
@@ -1202,6 +1300,8 @@ def train_policy(
                 model, tokenizer, table, args, config.loss, config.temperature, pad_id=pad_id, ref_model=ref_model, callbacks=callbacks,
                 max_logit_elements=logit_elements(config.logits_chunk_mb), dtype=config.dtype,
                 skip_zero_rows=config.skip_zero_rows, sort_by_length=config.sort_by_length, share_prefix=config.share_prefix,
+                optimizer_state=(load_optimizer_state(parent_state), str(parent_state)) if parent_state else None, keep_optimizer_state=carry,
+                group_minibatches=config.group_minibatches,
             )
             if run.rows_skipped:
                 log.info("policy %s: %d row visits skipped (loss exactly 0); padding %.1f%%", policy_id, run.rows_skipped, 100 * run.padding_fraction)
@@ -1211,6 +1311,10 @@ def train_policy(
         meta = checkpoint_meta(policy_id, init_dir, rows, config, checkpoint_metrics(run, rows.n_dropped_too_long))
         lora_base = (adapter_base(init_dir) or init_dir) if config.lora is not None else None
         save_checkpoint(tmp, run.model, tokenizer, meta, lora_base=lora_base)
+        if run.optimizer_state is not None:
+            torch.save(run.optimizer_state, tmp / OPTIMIZER_STATE)
+        elif parent_state is not None:  # nothing trained: the parent's state goes on unchanged
+            shutil.copyfile(parent_state, tmp / OPTIMIZER_STATE)
     return train_result(policy_id, init_dir, out_dir, rows, run, visits)
 
 
