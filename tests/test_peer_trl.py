@@ -97,3 +97,9 @@ def test_smoke_run_reports_both_systems(tmp_path):
     assert math.isfinite(ratio["seconds_per_sample_maxit_over_trl"]) and ratio["seconds_per_sample_maxit_over_trl"] > 0
     assert ratio["gain_maxit_over_trl"] is None or math.isfinite(ratio["gain_maxit_over_trl"])
     assert ratio["gain_maxit_minus_trl"] == pytest.approx(systems["maxit"]["after_greedy"] - systems["trl"]["after_greedy"])
+
+
+def test_evaluate_names_a_missing_folder_before_loading_anything(tmp_path):
+    with pytest.raises(SystemExit, match=f"--evaluate: no such folder: {tmp_path / 'nope'}"):
+        peer_trl.main(["--evaluate", str(tmp_path / "nope"), "--work", str(tmp_path / "work")])
+    assert not (tmp_path / "work").exists()  # nothing written
