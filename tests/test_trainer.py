@@ -326,6 +326,11 @@ def test_a_carried_optimizer_continues_as_one_run_and_a_fresh_one_does_not(tok, 
     assert max((once[k] - carried[k]).abs().max().item() for k in once) < 1e-3 * moved
     assert max((once[k] - fresh[k]).abs().max().item() for k in once) > 0.05 * moved
 
+    # the next round's learning rate is its own, not the carried scheduler's
+    train_policy(view, "shared", tmp_path / "carry0", tmp_path / "still", replace(carry, lr=1e-12))
+    r0, still = (params(AutoModelForCausalLM.from_pretrained(tmp_path / d)) for d in ("carry0", "still"))
+    assert max((r0[k] - still[k]).abs().max().item() for k in r0) < 1e-6 * moved
+
     # a policy without rows passes its parent's state on
     train_policy(view, "nobody", tmp_path / "carry1", tmp_path / "empty", carry)
     assert (tmp_path / "empty" / OPTIMIZER_STATE).read_bytes() == (tmp_path / "carry1" / OPTIMIZER_STATE).read_bytes()

@@ -718,7 +718,11 @@ class MaxitTrainer(Trainer):
                             f"(a moment of shape {tuple(moment.shape)} for a parameter of shape {tuple(param.shape)})"
                         )
             for group, own in zip(optimizer.param_groups, groups):
-                group.update(own)  # the parent's state, this run's learning rate, betas, decay
+                # the parent's moments, this run's learning rate, betas and decay; no "initial_lr"
+                # of the parent's scheduler either, which this run's scheduler would keep
+                for key in [k for k in group if k != "params" and k not in own]:
+                    del group[key]
+                group.update(own)
         return optimizer
 
     def _get_num_items_in_batch(self, batch_samples, device):
