@@ -363,6 +363,7 @@ class Evaluator:
         from pipeline.engines import make_sampler
         from pipeline.evaluation import EvalConfig
         from pipeline.models import load_tokenizer
+        from pipeline.tasks.base import budget_of
 
         self.model_dir, self.task = model_dir, task
         self.sampler = make_sampler(engine, model_dir, dtype=dtype)
@@ -372,12 +373,13 @@ class Evaluator:
         # the greedy answers are scored here, per problem (`__call__`); evaluate_team gives the sampled accuracy
         self.config = EvalConfig(problems=problems, samples=samples, temperature=temperature, max_tokens=max_tokens, greedy=False, hint=False)
         self.tmp = tempfile.TemporaryDirectory(prefix="peer-trl-eval-")
+        # evaluate_team's greedy figure, kept per problem (`__call__`): its problems, prompts and budget
+        self.problems = task.problems("heldout", self.config.problems, self.config.seed)
+        self.prompts = [task.solver_messages(p) for p in self.problems]
+        self.greedy_tokens = budget_of(task, self.config.max_tokens, "eval")
 
     def __call__(self, checkpoint: Path) -> dict:
-        from dataclasses import replace
-
         from pipeline.models import adapter_base, load_model
-        from pipeline.tasks.base import budget_of
         from pipeline.workflows.math import _correct, _sample_texts, evaluate_team
 
         path = Path(checkpoint)
@@ -394,12 +396,8 @@ class Evaluator:
         t0 = time.perf_counter()
         df = evaluate_team(self.task, self.agents, {POLICY: self.sampler}, {POLICY: self.tokenizer}, self.config, 0)
         values = {m: (v, n) for m, v, n in df.select("metric", "value", "n").iter_rows()}
-        # evaluate_team's greedy figure, kept per problem: its problems, prompts, budget and scoring
-        config = replace(self.config, max_tokens=budget_of(self.task, self.config.max_tokens, "eval"))
-        problems = self.task.problems("heldout", config.problems, config.seed)
-        plain = [self.task.solver_messages(p) for p in problems]
-        texts = _sample_texts(self.sampler, self.tokenizer, plain, 1, 0.0, config.max_tokens, config.seed)
-        right = [bool(per[0]) for per in _correct(self.task, problems, texts, config.reward_timeout)]
+        texts = _sample_texts(self.sampler, self.tokenizer, self.prompts, 1, 0.0, self.greedy_tokens, self.config.seed)
+        right = [bool(per[0]) for per in _correct(self.task, self.problems, texts, self.config.reward_timeout)]
         if merged is not None:
             self.current = None  # the folder is reused for the next adapter
         return {
