@@ -55,7 +55,10 @@ variants measured against it name it as their base, so their runs stay what docs
   grid-agent   grid-atgrpo with DrMAS's groups (uid, agent); grid-uid: one group per problem (uid)
   grid-iid     grid-atgrpo with independent samples instead of the tree
   grid-local   grid-atgrpo with each call's local reward only (alpha 0)
-  grid-maxit   the grid game under the default algorithm
+  grid-maxit   the grid game under the default algorithm (iid + prompt_aug + tree, 4 samples each: 12 per problem)
+  grid-atgrpo12, grid-drmas, grid-grpo, grid-exit
+               the presets on the grid game at grid-maxit's budget of 12 samples per problem and
+               round (exit: iid + prompt_aug, 6 each; the game has no feedback)
 """
 
 from __future__ import annotations
@@ -130,6 +133,11 @@ VARIANTS = {
     "grid-iid": [*GRID, "--algorithm", "atgrpo", "--strategies", "iid"],
     "grid-local": [*GRID, "--algorithm", "atgrpo", "--alpha", "0"],
     "grid-maxit": [*GRID],
+    # the presets on the game at the default's budget (12 samples per problem and round)
+    "grid-atgrpo12": [*GRID, "--algorithm", "atgrpo", "--samples", "12"],
+    "grid-drmas": [*GRID, "--algorithm", "drmas", "--samples", "12"],
+    "grid-grpo": [*GRID, "--algorithm", "grpo", "--samples", "12"],
+    "grid-exit": [*GRID, "--algorithm", "exit", "--strategies", "iid", "prompt_aug", "--samples", "6"],
 }
 
 
