@@ -5,6 +5,8 @@ weight swaps, the argument check both engines share. One vLLM engine serves the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -394,3 +396,20 @@ def test_pool_counts_the_seconds_of_engine_starts_and_swaps(monkeypatch, tmp_pat
     assert pool.swap_seconds == 0
     pool.get("solver", tmp_path / "b")
     assert 0.02 <= pool.swap_seconds < pool.start_seconds
+
+
+def test_vllm_cpu_benchmark_names_a_bad_variant_or_a_missing_folder(tmp_path):
+    """benchmarks/vllm_cpu.py refuses what it cannot run before starting any engine: exit 2 and
+    the flag's value in one line, no traceback."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_cpu.py"
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"question": "1+1?", "answer": "2"}\n')
+    bad = subprocess.run([sys.executable, str(script), "--model-dir", str(tmp_path), "--task-file", str(task), "--variants", "bf16 eager glibc"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--variants 'bf16 eager glibc'" in bad.stderr and "Traceback" not in bad.stderr
+    missing = subprocess.run([sys.executable, str(script), "--model-dir", str(tmp_path / "nope"), "--task-file", str(task)],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and f"--model-dir {tmp_path / 'nope'} does not exist" in missing.stderr
