@@ -17,7 +17,8 @@ What is the same for both (per seed):
   maxit's `add_lora` builds them (those the model has);
 - sample budget: rounds x problems x samples, completions of --max-tokens tokens at
   --temperature (top-k/top-p off in both); maxit `--workflow single --max-loop-num 1` and
-  `--strategies iid` for the maxit preset (the preset's own mix draws more samples per problem);
+  `--strategies iid` for the maxit preset (the preset's own mix draws more samples per problem;
+  `--strategies mix` runs it at TRL's budget: iid, prompt_aug and feedback at --samples/4 each);
   for the other presets (`--algorithm drmas|atgrpo|exit|grpo`) the preset's strategies, and the
   samples each system drew are counted and printed (maxit: its `steps` rows; TRL: the
   completions its reward function scored);
@@ -115,12 +116,33 @@ def ensure_task_file(task_file: str | None, work: Path) -> Path:
 # -- maxit -----------------------------------------------------------------------------------
 
 
+MIX = ("iid", "prompt_aug", "feedback")
+"""`--strategies mix`: the default algorithm's strategies at TRL's budget. Its tree is left out: for
+a team of one with one turn, a tree at the budget's one candidate per state is iid sampling."""
+MIX_CALLS = 4
+"""Agent calls per problem of MIX at one sample per strategy (feedback's two attempts)."""
+
+
 def maxit_strategies(args) -> list[str] | None:
-    """The strategies given to `maxit run`: --strategies, else iid for the maxit preset (its mix
-    draws more samples per problem than iid), else None: the preset's own."""
+    """The strategies given to `maxit run`: --strategies ("mix": `MIX`), else iid for the maxit
+    preset (its own mix at --samples each draws more samples per problem than iid), else None:
+    the preset's own."""
+    if args.strategies == ["mix"]:
+        return list(MIX)
     if args.strategies:
         return None if args.strategies == ["preset"] else args.strategies
     return ["iid"] if args.algorithm == "maxit" else None
+
+
+def maxit_samples(args, b: dict) -> int:
+    """maxit's samples per problem and strategy: the budget's, or with `--strategies mix` the
+    budget's samples spread over the mix's calls (`MIX_CALLS` per sample), so that both systems
+    make the same number of agent calls per problem."""
+    if args.strategies != ["mix"]:
+        return b["samples"]
+    if b["samples"] % MIX_CALLS:
+        raise SystemExit(f"--strategies mix makes {MIX_CALLS} calls per problem per sample (iid, prompt_aug, feedback's two attempts): --samples must be a multiple of {MIX_CALLS}, got {b['samples']}")
+    return b["samples"] // MIX_CALLS
 
 
 def maxit_has_dtype() -> bool:
@@ -140,10 +162,11 @@ def run_maxit(args, b: dict, seed: int, model_dir: Path, task_file: Path, store:
     shutil.rmtree(store, ignore_errors=True)
     store.parent.mkdir(parents=True, exist_ok=True)
     strategies = maxit_strategies(args)
+    samples = maxit_samples(args, b)
     cmd = [
         *maxit_command(), "run", "--store", str(store), "--rounds", str(b["rounds"]), "--workflow", "single", "--algorithm", args.algorithm,
         "--model-dir", str(model_dir), "--task-file", str(task_file), "--engine", args.engine, "--seed", str(seed),
-        "--problems", str(b["problems"]), "--samples", str(b["samples"]), "--max-loop-num", "1",
+        "--problems", str(b["problems"]), "--samples", str(samples), "--max-loop-num", "1",
         "--max-tokens", str(b["max_tokens"]), "--temperature", str(args.temperature), "--lr", str(args.lr), "--epochs", str(args.epochs),
         "--minibatch-size", str(b["minibatch"]), "--micro-batch-size", str(b["micro"]),
         "--lora", "--lora-rank", str(args.lora_rank), "--lora-alpha", str(args.lora_alpha),
@@ -461,7 +484,11 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, help="JSON lines of the results (default: WORK/results.jsonl)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--algorithm", choices=ALGORITHMS, default="maxit", help="maxit's preset (default maxit)")
-    ap.add_argument("--strategies", nargs="+", help="maxit's strategies (default: iid for the maxit preset, the preset's own for the others; 'preset': the preset's)")
+    ap.add_argument(
+        "--strategies", nargs="+",
+        help="maxit's strategies (default: iid for the maxit preset, the preset's own for the others; 'preset': the preset's; "
+        "'mix': the default algorithm's iid, prompt_aug and feedback at --samples/4 samples each, TRL's calls per problem)",
+    )
     ap.add_argument("--smoke", action="store_true", help=f"tiny budget: {SMOKE}")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--problems", type=int, help="training problems per round")
@@ -510,6 +537,7 @@ def budget(args) -> dict:
         raise SystemExit(f"problems x samples ({per_round}) must be a multiple of --minibatch-size ({b['minibatch']}), and that of --micro-batch-size ({b['micro']})")
     if b["samples"] < 2:
         raise SystemExit("--samples must be at least 2 (GRPO's groups)")
+    maxit_samples(args, b)  # --strategies mix needs samples it can spread: refused here, before anything runs
     b["eval_max_tokens"] = args.eval_max_tokens or b["max_tokens"]
     return b
 

@@ -35,6 +35,12 @@ def test_budgets_and_strategies():
     assert peer_trl.maxit_strategies(peer_trl.parse_args([])) == ["iid"]
     assert peer_trl.maxit_strategies(peer_trl.parse_args(["--algorithm", "atgrpo"])) is None  # the preset's (tree)
     assert peer_trl.maxit_strategies(peer_trl.parse_args(["--strategies", "preset"])) is None
+    mix = peer_trl.parse_args(["--strategies", "mix"])
+    assert peer_trl.maxit_strategies(mix) == ["iid", "prompt_aug", "feedback"]
+    assert peer_trl.maxit_samples(mix, peer_trl.budget(mix)) == 1  # 1 x (iid + prompt_aug + 2 feedback attempts) = TRL's 4
+    assert peer_trl.maxit_samples(peer_trl.parse_args([]), full) == 4
+    with pytest.raises(SystemExit, match="--samples must be a multiple of 4, got 6"):
+        peer_trl.budget(peer_trl.parse_args(["--strategies", "mix", "--samples", "6", "--problems", "4"]))
     assert full["eval_problems"] == 400  # more than the word file's held-out split: all of it is evaluated
 
 
