@@ -70,7 +70,7 @@ from pipeline.rewards import Outcome, row_reward, safe_map
 from pipeline.store import table_path, write_table
 from pipeline.strategies import Feedback, Strategy
 from pipeline.workflows.contract import StepResult, check_messages, check_workflow, finite_reward
-from pipeline.types import Message, Problem, Sample, Sampler
+from pipeline.types import GenerateCall, Message, Problem, Sample, Sampler, generate_calls
 from schemas import STEPS, validate
 
 __all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "write_steps", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
@@ -164,7 +164,8 @@ def _sample_requests(eng, live, prompts, config: "RolloutConfig", step: int, age
     request of count c (the sum of their widths) with one seed (`request_seed` of the first
     one's traj_uid) and handed out in episode order. Requests are sent in one engine call per
     distinct count (n = c), each with its own seed: what a request draws depends only on the
-    request, not on which other problems share the call (sharding cannot change a row)."""
+    request, not on which other problems share the call (sharding cannot change a row). An engine
+    that batches several calls (`generate_calls`) runs a step's counts as one batch."""
     r = config.round
     groups: dict[tuple[str, tuple[int, ...]], int] = {}
     group_prompt: list[list[int]] = []
@@ -185,8 +186,9 @@ def _sample_requests(eng, live, prompts, config: "RolloutConfig", step: int, age
     by_count: dict[int, list[int]] = {}
     for g, c in enumerate(group_count):
         by_count.setdefault(c, []).append(g)
-    for n, gs in sorted(by_count.items()):
-        out = eng.generate([group_prompt[g] for g in gs], n, float(config.temperature), config.max_tokens_for(agent_id), [group_seed[g] for g in gs])
+    counts = sorted(by_count.items())
+    calls = [GenerateCall([group_prompt[g] for g in gs], n, float(config.temperature), config.max_tokens_for(agent_id), [group_seed[g] for g in gs]) for n, gs in counts]
+    for (n, gs), out in zip(counts, generate_calls(eng, calls)):
         if len(out) != len(gs) or any(len(o) != n for o in out):
             raise DataError(
                 f"engine {eng.engine!r} returned {[len(o) for o in out][:8]}... samples for {len(gs)} prompts "

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence, TypedDict, runtime_checkable
+from typing import NamedTuple, Protocol, Sequence, TypedDict, runtime_checkable
 
-__all__ = ["Message", "Problem", "Sample", "Sampler"]
+__all__ = ["Message", "Problem", "Sample", "Sampler", "GenerateCall", "generate_calls"]
 
 
 class Message(TypedDict):
@@ -86,3 +86,31 @@ class Sampler(Protocol):
 
     def close(self) -> None:
         ...
+
+
+class GenerateCall(NamedTuple):
+    """The arguments of one `Sampler.generate` call."""
+
+    prompt_ids: Sequence[Sequence[int]]
+    n: int
+    temperature: float
+    max_tokens: int
+    seed: int | Sequence[int]
+
+
+def generate_calls(sampler: Sampler, calls: Sequence[GenerateCall]) -> list[list[list[Sample]]]:
+    """The results of several independent `generate` calls, in call order, each exactly what
+    `sampler.generate(*call)` returns.
+
+    A sampler with its own `generate_calls(calls)` (vLLM) runs them as one batch: decoding a few
+    sequences at a time leaves most of a CPU's matmul rate unused, so calls that do not wait for
+    each other (a step's requests of different counts; the evaluation's sampled, greedy and hinted
+    passes) are cheaper together. Any other sampler runs them one after the other."""
+    calls = [GenerateCall(*c) for c in calls]
+    together = getattr(sampler, "generate_calls", None)
+    if callable(together) and len(calls) > 1:
+        out = together(calls)
+        if len(out) != len(calls):
+            raise RuntimeError(f"{type(sampler).__name__}.generate_calls returned {len(out)} results for {len(calls)} calls")
+        return out
+    return [sampler.generate(c.prompt_ids, c.n, c.temperature, c.max_tokens, c.seed) for c in calls]

@@ -218,6 +218,40 @@ def test_vllm_samples_ids_logprobs_and_finish_reasons(vllm_sampler, prompts, tin
 
 
 @pytest.mark.vllm
+def test_vllm_runs_several_calls_as_one_batch_with_each_calls_own_samples(vllm_sampler, prompts):
+    """`generate_calls` (one vLLM batch) gives every call exactly the samples it draws alone:
+    each sample is its own request with its own seed. The tiny model runs in float32, where a
+    request's tokens do not depend on the batch it shares."""
+    from pipeline.types import GenerateCall, generate_calls
+
+    calls = [
+        GenerateCall(prompts[:3], 2, 1.0, 12, 5),
+        GenerateCall(prompts[1:], 1, 0.0, 12, 5),  # greedy next to sampled
+        GenerateCall(prompts[:2], 3, 0.7, 8, [11, 12]),  # per-prompt seeds
+    ]
+    alone = [vllm_sampler.generate(*c) for c in calls]
+    assert vllm_sampler.generate_calls(calls) == alone
+    assert generate_calls(vllm_sampler, calls) == alone
+    with pytest.raises(ConfigError, match="n and max_tokens"):  # checked before anything runs
+        vllm_sampler.generate_calls([calls[0], GenerateCall(prompts, 0, 1.0, 12, 5)])
+
+
+def test_generate_calls_runs_a_sampler_without_it_one_call_at_a_time(hf_sampler, prompts):
+    from pipeline.types import GenerateCall, generate_calls
+
+    calls = [GenerateCall(prompts[:2], 2, 1.0, 6, 3), GenerateCall(prompts[2:], 1, 0.0, 6, 3)]
+    assert not hasattr(hf_sampler, "generate_calls")
+    assert generate_calls(hf_sampler, calls) == [hf_sampler.generate(*c) for c in calls]
+
+    class Short:  # a batching engine that loses a call is an error, not a silent gap
+        def generate_calls(self, calls):
+            return [[]]
+
+    with pytest.raises(RuntimeError, match="returned 1 results for 2 calls"):
+        generate_calls(Short(), calls)
+
+
+@pytest.mark.vllm
 def test_vllm_seeds_and_verbatim_ids(vllm_sampler, prompts):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt

@@ -110,3 +110,18 @@ def test_accuracy_hint_is_measured_only_when_problems_have_hints():
     assert {"accuracy", "accuracy_greedy", "verdict_accuracy"} <= set(plain)
     # the hint's engine call (2 samples per problem at the sampling temperature) is the one skipped
     assert len(plain_sampler.calls) == len(hinted_sampler.calls) - 1
+
+
+def test_a_batching_engine_evaluates_in_two_batches_with_the_same_metrics():
+    """The Solver's sampled, greedy and hinted passes go to a batching engine as one batch, the
+    Verifier's sampled and greedy verdicts as another; the metrics are those of one call at a time."""
+
+    class Batching(FakeSampler):
+        def generate_calls(self, calls):
+            self.batches = getattr(self, "batches", []) + [[(c.n, c.temperature) for c in calls]]
+            return [self.generate(*c) for c in calls]
+
+    plain_sampler, batching = FakeSampler(solver_accuracy=0.5), Batching(solver_accuracy=0.5)
+    assert evaluate(FakeTask(), batching) == evaluate(FakeTask(), plain_sampler)
+    assert batching.batches == [[(2, 1.0), (1, 0.0), (2, 1.0)], [(1, 1.0), (1, 0.0)]]
+    assert len(plain_sampler.calls) == 5

@@ -92,6 +92,26 @@ def test_engine_calls_per_agent_step_carry_request_seeds():
         assert row["seed"] == request_seed(0, 0, 0, row["traj_uid"])
 
 
+def test_a_batching_engine_gets_each_agent_step_as_one_batch_and_the_same_rows():
+    """An engine with `generate_calls` receives an agent step's requests of every count together,
+    and the rows are those of the same requests sent one count at a time."""
+
+    class Batching(RecordingSampler):
+        def generate_calls(self, calls):
+            self.batches = getattr(self, "batches", []) + [[c.n for c in calls]]
+            return [self.generate(*c) for c in calls]
+
+    _, plain, one_at_a_time = run(n_problems=5)
+    _, batched, sampler = run(n_problems=5, sampler=Batching())
+    assert batched.equals(plain)
+    mixed = [b for b in sampler.batches if len(b) > 1]
+    assert mixed and all(sorted(b) == b and len(set(b)) == len(b) for b in mixed)  # counts, each once
+    steps = batched["step"].n_unique()
+    assert len(one_at_a_time.calls) > steps  # the plain engine got more than one call in some step
+    # every step reaches the batching engine in one call (a single count needs no batching)
+    assert len(sampler.batches) + sum(1 for c in sampler.calls) - sum(len(b) for b in sampler.batches) == steps
+
+
 def test_request_seeds_do_not_depend_on_the_other_problems():
     """The rows of a problem are the same whether it is sampled alone or with others (shards)."""
     class PositionFree(FakeSampler):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.errors import ConfigError
-from pipeline.types import Sample
+from pipeline.types import GenerateCall, Sample
 
 from .config import EngineConfig, check_generate_args, model_parameters, sample_seeds
 from .env import configure_vllm_env
@@ -188,29 +188,37 @@ class VLLMSampler:
     ) -> list[list[Sample]]:
         """`Sampler.generate`; `lora_request`: the adapter to sample with (None: the base model),
         by default this sampler's own checkpoint's."""
+        return self.generate_calls([GenerateCall(prompt_ids, n, temperature, max_tokens, seed)], lora_request=lora_request)[0]
+
+    def generate_calls(self, calls: Sequence[GenerateCall], *, lora_request=_OWN) -> list[list[list[Sample]]]:
+        """Several `generate` calls as one vLLM batch (`pipeline.types.generate_calls`): each
+        sample is its own request with its own seed, so a call's samples are the ones it would
+        draw alone."""
         if lora_request is _OWN:
             lora_request = self._request
-        requests, params = [], []
-        prompts = check_generate_args(prompt_ids, n, temperature, max_tokens)
-        seeds = sample_seeds(seed, len(prompts), n)
-        for i, ids in enumerate(prompts):
-            for j in range(n):
-                requests.append(TokensPrompt(prompt_token_ids=ids))
-                params.append(
-                    SamplingParams(
-                        n=1,
-                        temperature=float(temperature),
-                        top_p=1.0,
-                        top_k=0,
-                        min_p=0.0,
-                        max_tokens=max_tokens,
-                        seed=seeds[i][j],
-                        logprobs=0,
-                        stop_token_ids=sorted(self.eos_ids),
-                        detokenize=False,
-                        skip_special_tokens=True,
+        requests, params, shapes = [], [], []
+        for call in calls:
+            prompts = check_generate_args(call.prompt_ids, call.n, call.temperature, call.max_tokens)
+            seeds = sample_seeds(call.seed, len(prompts), call.n)
+            shapes.append((len(prompts), call.n))
+            for i, ids in enumerate(prompts):
+                for j in range(call.n):
+                    requests.append(TokensPrompt(prompt_token_ids=ids))
+                    params.append(
+                        SamplingParams(
+                            n=1,
+                            temperature=float(call.temperature),
+                            top_p=1.0,
+                            top_k=0,
+                            min_p=0.0,
+                            max_tokens=call.max_tokens,
+                            seed=seeds[i][j],
+                            logprobs=0,
+                            stop_token_ids=sorted(self.eos_ids),
+                            detokenize=False,
+                            skip_special_tokens=True,
+                        )
                     )
-                )
         if self.merged is not None:
             self.merged.use(lora_request)  # the asked-for adapter's merged weights (None: the base)
             lora_request = None
@@ -226,7 +234,11 @@ class VLLMSampler:
             flat.append((toks, lps, finish))
         texts = self.tokenizer.batch_decode([t for t, _, _ in flat], skip_special_tokens=True)
         samples = [Sample(token_ids=t, logprobs=lp, text=x, finish_reason=f) for (t, lp, f), x in zip(flat, texts)]
-        return [samples[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
+        result, at = [], 0
+        for n_prompts, n in shapes:
+            result.append([samples[at + i * n : at + (i + 1) * n] for i in range(n_prompts)])
+            at += n_prompts * n
+        return result
 
     def close(self) -> None:
         self.merged = None
@@ -313,7 +325,12 @@ class AdapterView:
     def generate(self, prompt_ids, n, temperature, max_tokens, seed):
         if not self.shared.can_serve(self.model_dir):
             raise RuntimeError(f"the shared engine now runs {self.shared.base_dir}, which is not the base of {self.model_dir}")
-        return self.shared.generate(prompt_ids, n, temperature, max_tokens, seed, lora_request=self._request)
+        return self.generate_calls([GenerateCall(prompt_ids, n, temperature, max_tokens, seed)])[0]
+
+    def generate_calls(self, calls):
+        if not self.shared.can_serve(self.model_dir):
+            raise RuntimeError(f"the shared engine now runs {self.shared.base_dir}, which is not the base of {self.model_dir}")
+        return self.shared.generate_calls(calls, lora_request=self._request)
 
     def close(self) -> None:
         """The shared engine is closed by its owner."""

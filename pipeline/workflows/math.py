@@ -41,7 +41,7 @@ from pipeline.models.chat import encode_prompt
 from pipeline.rewards import Outcome, is_correct, parse_verdicts, score_attempts, verifier_local_reward
 from pipeline.tasks.base import budget_of
 from pipeline.strategies import Feedback
-from pipeline.types import Problem, Sampler
+from pipeline.types import GenerateCall, Problem, Sampler, generate_calls
 from schemas import EVALUATION, validate
 from pipeline.workflows.base import Env, StepResult, Workflow, finite_reward
 
@@ -246,10 +246,11 @@ def _correct(task, problems: Sequence[Problem], texts: Sequence[Sequence[str]], 
     return [[next(flat) for _ in per] for per in texts]
 
 
-def _sample_texts(sampler: Sampler, tokenizer, messages: Sequence, n: int, temperature: float, max_tokens: int, seed: int) -> list[list[str]]:
-    prompts = [encode_prompt(tokenizer, m) for m in messages]
-    out = sampler.generate(prompts, n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-    return [[s.text for s in per_prompt] for per_prompt in out]
+def _sample_texts(sampler: Sampler, tokenizer, passes: Sequence[tuple[Sequence, int, float, int, int]]) -> list[list[list[str]]]:
+    """The texts of independent sampling passes (messages, n, temperature, max_tokens, seed), in
+    order, run together where the engine batches calls (`generate_calls`)."""
+    calls = [GenerateCall([encode_prompt(tokenizer, m) for m in messages], n, temperature, max_tokens, seed) for messages, n, temperature, max_tokens, seed in passes]
+    return [[[s.text for s in per_prompt] for per_prompt in out] for out in generate_calls(sampler, calls)]
 
 
 def evaluate_team(
@@ -280,19 +281,24 @@ def evaluate_team(
 
     s_sampler, s_tok = samplers[solver.policy_id], tokenizers[solver.policy_id]
     plain = [task.solver_messages(p) for p in problems]
-    texts = _sample_texts(s_sampler, s_tok, plain, config.samples, config.temperature, config.max_tokens, config.seed)
+    hint = config.hint and any(p.hint for p in problems)  # without hints the prompts are the plain ones
+    passes = [(plain, config.samples, config.temperature, config.max_tokens, config.seed)]
+    if config.greedy:
+        passes.append((plain, 1, 0.0, config.max_tokens, config.seed))
+    if hint:
+        aug = PromptAug()
+        hinted = [aug.augment(m, p) for m, p in zip(plain, problems)]
+        passes.append((hinted, config.samples, config.temperature, config.max_tokens, config.seed + 1))
+    outs = iter(_sample_texts(s_sampler, s_tok, passes))
+    texts = next(outs)
     correct = _correct(task, problems, texts, config.reward_timeout)
     flat = [c for per in correct for c in per]
     add(solver, "accuracy", sum(flat) / len(flat), len(flat))
     if config.greedy:
-        greedy = _sample_texts(s_sampler, s_tok, plain, 1, 0.0, config.max_tokens, config.seed)
-        ok = [per[0] for per in _correct(task, problems, greedy, config.reward_timeout)]
+        ok = [per[0] for per in _correct(task, problems, next(outs), config.reward_timeout)]
         add(solver, "accuracy_greedy", sum(ok) / len(ok), len(ok))
-    if config.hint and any(p.hint for p in problems):  # without hints the prompts are the plain ones
-        aug = PromptAug()
-        hinted = [aug.augment(m, p) for m, p in zip(plain, problems)]
-        htexts = _sample_texts(s_sampler, s_tok, hinted, config.samples, config.temperature, config.max_tokens, config.seed + 1)
-        hflat = [c for per in _correct(task, problems, htexts, config.reward_timeout) for c in per]
+    if hint:
+        hflat = [c for per in _correct(task, problems, next(outs), config.reward_timeout) for c in per]
         add(solver, "accuracy_hint", sum(hflat) / len(hflat), len(hflat))
 
     if verifier is not None:
@@ -301,9 +307,8 @@ def evaluate_team(
         vmsgs = [verifier_view(task, p, t) for p, t, _ in pairs]
         truth = [c for _, _, c in pairs]
 
-        def judge(temperature: float, seed: int) -> tuple[list[bool | None], list[bool], float | None]:
+        def judge(verdicts: Sequence[Sequence[str]]) -> tuple[list[bool | None], list[bool], float | None]:
             """The Verifier's parsed verdicts on every pair, which were right, and the balanced accuracy."""
-            verdicts = _sample_texts(v_sampler, v_tok, vmsgs, 1, temperature, config.max_tokens, seed)
             parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], config.reward_timeout, [t for _, t, _ in pairs])]
             right = [v is not None and v == c for v, c in zip(parsed, truth)]
             on_right = [r for r, c in zip(right, truth) if c]
@@ -311,14 +316,19 @@ def evaluate_team(
             balanced = (sum(on_right) / len(on_right) + sum(on_wrong) / len(on_wrong)) / 2 if on_right and on_wrong else None
             return parsed, right, balanced
 
-        parsed, right, balanced = judge(config.temperature, config.seed + 2)
+        # sampled verdicts, and with `greedy` the same answers judged with the likelier verdict (how
+        # well it discriminates, without sampling noise)
+        vpasses = [(vmsgs, 1, config.temperature, config.max_tokens, config.seed + 2)]
+        if config.greedy:
+            vpasses.append((vmsgs, 1, 0.0, config.max_tokens, config.seed + 2))
+        vouts = _sample_texts(v_sampler, v_tok, vpasses)
+        parsed, right, balanced = judge(vouts[0])
         approved = [v is True for v in parsed]
         add(verifier, "verdict_accuracy", sum(right) / len(right), len(right))
         if balanced is not None:
             add(verifier, "verdict_balanced_accuracy", balanced, len(right))
         if config.greedy:
-            # the same answers judged with the likelier verdict: how well it discriminates, without sampling noise
-            _, _, balanced_greedy = judge(0.0, config.seed + 2)
+            _, _, balanced_greedy = judge(vouts[1])
             if balanced_greedy is not None:
                 add(verifier, "verdict_balanced_accuracy_greedy", balanced_greedy, len(right))
         add(verifier, "approve_rate", sum(approved) / len(approved), len(approved))
