@@ -63,25 +63,38 @@ def rollout_shard(
 ) -> dict:
     """Sample one shard's problems (every strategy, every agent step) with this process's engine."""
     from pipeline.rollouts import shard_of
-    from pipeline.rounds import stage_rollouts
+    from pipeline.rounds import evaluate_base, stage_rollouts, substage_seconds
 
     r = round_of(context)
     shards = int(settings.shards)
-    started = time.time()
     store.pull()
+    run_ctx = settings.context(store, engine, policy_registry)
+    if shards == 1:
+        # The starting checkpoints' evaluation (round -1, once per store) runs here, on the engine
+        # the rollouts are about to use, and not after training, which closes the engines on a
+        # CPU: one engine start and one weight swap fewer. With several shards each process has
+        # its own engine, and the evaluation asset evaluates round -1 once.
+        evaluate_base(run_ctx)
+    started = time.time()
     problems = read_table(table_path(store.root(), r, "problems"))
     mine = problems.filter(pl.col("uid").map_elements(lambda u: shard_of(u, shards), return_dtype=pl.Int64) == shard)
     out = shard_store(store.root(), r, shard)
     rows = 0
+    substages = {}
     if mine.height:
-        ctx = replace(settings.context(store, engine, policy_registry), store=out)
+        ctx = replace(run_ctx, store=out)
+        before = substage_seconds(ctx)
         rows = stage_rollouts(ctx, r, mine).num_rows
+        # the shard's own timings go to its folder, removed after the merge: its engine starts and
+        # swaps travel with its result to the round's timings
+        substages = {k: v - before[k] for k, v in substage_seconds(ctx).items() if v > before[k]}
         store.publish(r)  # a URL store: the shard's table goes up for the merge (maybe on another machine)
     finished = time.time()
     context.log.info(f"shard {shard}/{shards}: {mine.height} problems, {rows} rows in {finished - started:.1f}s (pid {os.getpid()})")
     return {
         "shard": shard, "problems": mine.height, "rows": rows, "pid": os.getpid(), "host": socket.gethostname(),
         "started": started, "finished": finished, "path": table_path(out, r, "steps").relative_to(store.root()).as_posix() if rows else None,
+        "substages": substages,
     }
 
 
@@ -99,10 +112,12 @@ def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[dict], set
     tables = [read_table(store.root() / s["path"], STEPS).to_arrow() for s in shards if s["path"]]
     steps_table = rollouts_mod.merge_shards(tables, problems["uid"].to_list(), list(settings.run_config().strategies))
     rollouts_mod.write_steps(steps_table, store.root(), r)
-    shard_df = pl.DataFrame(shards).drop("path").with_columns(pl.lit(r, pl.Int32).alias("round"))
+    shard_df = pl.DataFrame([{k: v for k, v in s.items() if k != "substages"} for s in shards]).drop("path").with_columns(pl.lit(r, pl.Int32).alias("round"))
     write_table(shard_df, table_path(store.root(), r, SHARD_TABLE))
     wall = max(s["finished"] for s in shards) - min(s["started"] for s in shards)
     record_timing(store.root(), r, "rollouts", wall)
+    for name in sorted({k for s in shards for k in s.get("substages", {})}):  # summed over the shards' processes
+        record_timing(store.root(), r, name, sum(s.get("substages", {}).get(name, 0.0) for s in shards), add=True)
     store.remove(f"round={r}/shards")
     store.publish(r)
     steps = pl.from_arrow(steps_table)

@@ -252,19 +252,19 @@ def _stage(ctx: "RoundContext", round_: int, stage: str, compute, write=None):
     """A stage's I/O, in one place around its middle: `compute()`, then `write(result)` (its
     tables, atomically), then the seconds both took in the round's timings (and the seconds the
     workflow waited on its sandbox meanwhile, added to the round's "sandbox" row)."""
-    before = _substage_seconds(ctx)
+    before = substage_seconds(ctx)
     t0 = time.perf_counter()
     out = compute()
     if write is not None:
         write(out)
     record_timing(ctx.store, round_, stage, time.perf_counter() - t0)
-    for name, seconds in _substage_seconds(ctx).items():
+    for name, seconds in substage_seconds(ctx).items():
         if seconds > before[name]:
             record_timing(ctx.store, round_, name, seconds - before[name], add=True)
     return out
 
 
-def _substage_seconds(ctx) -> dict[str, float]:
+def substage_seconds(ctx) -> dict[str, float]:
     """The running totals behind `SUBSTAGES`: the seconds the context's workflow (if built yet: a
     new one has waited 0) waited on its sandbox, and its engine pool's starts and swaps."""
     engines = getattr(ctx, "engines", None)

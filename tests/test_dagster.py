@@ -61,7 +61,9 @@ def test_definitions_load():
 def one_round(tmp_path_factory, default_model_dir):
     store = tmp_path_factory.mktemp("store")
     instance = dg.DagsterInstance.ephemeral()
-    settings = small_settings(default_model_dir)
+    # round -1 computed, not taken from the cache an earlier run of the suite left: its engine and
+    # timings are part of what is tested
+    settings = small_settings(default_model_dir, base_eval_cache=False)
     result = materialize_round(instance, store, settings, 0)
     yield instance, store, settings, result
     close_engines()
@@ -98,6 +100,40 @@ def test_one_round_materializes_in_process(one_round):
     assert [s for s in timings["stage"] if s not in SUBSTAGES] == ["problems", "rollouts", "advantages", "view", "training", "evaluation"]
     base = pl.read_parquet(table_path(store, -1, "timings"))["stage"].to_list()
     assert base == ["evaluation", "engine_start"]  # the engine the baseline's evaluation built, inside it
+    # round -1 is evaluated on the engine the rollouts then sample with (before training closes
+    # it): round 0 builds one engine more, for its evaluation, on the trained weights (no swap)
+    assert [s for s in timings["stage"] if s in SUBSTAGES] == ["engine_start"]
+
+
+def test_the_rollouts_engine_start_is_a_timings_row_of_the_round(one_round, tmp_path, monkeypatch):
+    """With round -1 already evaluated, the rollouts build the round's first engine; its seconds
+    reach the round's `engine_start` row (a shard's own timings are in its folder, removed after
+    the merge), added to the evaluation's."""
+    import shutil
+    import time
+
+    from pipeline.engines.pool import EnginePool
+
+    instance, done, settings, _ = one_round
+    close_engines()
+    store = tmp_path / "store"
+    shutil.copytree(done / "round=-1", store / "round=-1")  # round -1's evaluation, as if computed
+    builds = []
+    new = EnginePool._new
+
+    def slow_new(self, *args, **kwargs):
+        builds.append(time.perf_counter())
+        time.sleep(1.0)
+        return new(self, *args, **kwargs)
+
+    monkeypatch.setattr(EnginePool, "_new", slow_new)
+    try:
+        result = materialize_round(dg.DagsterInstance.ephemeral(), store, settings, 0)
+    finally:
+        close_engines()
+    assert result.success and len(builds) == 2  # the rollouts' engine, the evaluation's
+    timings = pl.read_parquet(table_path(store, 0, "timings"))
+    assert timings.filter(pl.col("stage") == "engine_start")["seconds"].item() >= 2.0
 
 
 def test_evaluation_metadata_plots_accuracy_by_round(one_round):
