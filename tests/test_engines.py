@@ -447,3 +447,19 @@ def test_vllm_cpu_benchmark_names_a_bad_variant_or_a_missing_folder(tmp_path):
     missing = subprocess.run([sys.executable, str(script), "--model-dir", str(tmp_path / "nope"), "--task-file", str(task)],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and f"--model-dir {tmp_path / 'nope'} does not exist" in missing.stderr
+
+
+def test_batched_calls_benchmark_names_a_missing_folder_or_a_bad_count(tmp_path):
+    """benchmarks/batched_calls.py refuses what it cannot run before starting an engine."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "batched_calls.py"
+    task = tmp_path / "t.jsonl"
+    task.write_text('{"question": "1+1?", "answer": "2"}\n')
+    missing = subprocess.run([sys.executable, str(script), "--model-dir", str(tmp_path / "nope"), "--task-file", str(task)],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and f"--model-dir '{tmp_path / 'nope'}' does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    bad = subprocess.run([sys.executable, str(script), "--model-dir", str(tmp_path), "--task-file", str(task), "--repeats", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--repeats must be >= 1, got 0" in bad.stderr and "Traceback" not in bad.stderr

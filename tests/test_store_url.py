@@ -50,12 +50,19 @@ def cache(tmp_path, monkeypatch):
 
 
 def results(store, rounds) -> dict:
+    """The tables of `rounds`, without what records the machine and the clock. The timings keep
+    their stages, not the engine starts and swaps, which depend on what the process had before
+    (a resumed run on a fresh machine builds an engine a one-process run already has; round -1
+    taken from the evaluation cache builds none)."""
+    from pipeline.rounds import SUBSTAGES
+
     out = {}
     for r in rounds:
         for t in TABLES:
             path = st.table_path(store, r, t)
             if st.exists(path):
-                out[(r, t)] = st.read_table(path).drop(VARYING.get(t, ()))
+                table = st.read_table(path).drop(VARYING.get(t, ()))
+                out[(r, t)] = table.filter(~pl.col("stage").is_in(SUBSTAGES)) if t == "timings" else table
     return out
 
 
