@@ -126,10 +126,10 @@ def main(argv=None) -> int:
                     best[mode] = (seconds, sampler.tokens)
         base = best["one at a time"][0]
         rows += [(job, mode, s, tok, base / s) for mode, (s, tok) in best.items()]
-    print(f"\n| job | calls | seconds (best of {args.repeats}) | completion tokens | speed vs one at a time |")
-    print("|---|---|---:|---:|---:|")
+    print(f"\n| job | calls | seconds (best of {args.repeats}) | completion tokens | tokens/s | speed vs one at a time (wall) |")
+    print("|---|---|---:|---:|---:|---:|")
     for job, mode, s, tok, ratio in rows:
-        print(f"| {job} | {mode} | {s:.1f} | {tok:,} | {ratio:.2f}x |")
+        print(f"| {job} | {mode} | {s:.1f} | {tok:,} | {tok / s:.0f} | {ratio:.2f}x |")
     engine.close()
     return 0
 
