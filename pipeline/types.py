@@ -55,7 +55,8 @@ class Sample:
 @runtime_checkable
 class Sampler(Protocol):
     """A rollout engine. Implementations: `pipeline.engines.vllm.VLLMSampler`,
-    `pipeline.engines.hf.HFSampler`; make one with `pipeline.engines.make_sampler`."""
+    `pipeline.engines.hf.HFSampler`; make one with `pipeline.engines.make_sampler`. An engine may
+    also have `generate_calls(calls)`, several calls as one batch (see `generate_calls` below)."""
 
     engine: str
     """"vllm" or "hf"; written to the `engine` column."""
