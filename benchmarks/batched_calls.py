@@ -9,8 +9,8 @@ ways on the same engine, alternating, best of `--repeats`:
               by a problem's samples, the hinted ones alone) are separate calls one at a time
   evaluation  the math evaluation of the starting model (`--eval-problems` held-out problems;
               the Solver's sampled and greedy passes, the Verifier's sampled and greedy verdicts)
-"One at a time" is the same engine behind a wrapper that has only `generate`, which is how any
-sampler without `generate_calls` is run. Each sample has its own seed either way, so the two
+"One at a time" is the same engine behind a wrapper without `generate_calls`, which is how any
+such sampler is run. Each sample has its own seed either way, so the two
 draw the same requests (in bfloat16 a batch's shape can still change a logit's last bits, and
 with it a sampled token now and then: the tokens column shows how far the work differs).
 
@@ -29,28 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-class OneAtATime:
-    """The engine without `generate_calls`: every call on its own."""
-
-    def __init__(self, sampler):
-        self._s = sampler
-        self.engine, self.model_dir, self.tokenizer = sampler.engine, sampler.model_dir, sampler.tokenizer
-
-    @property
-    def model_version(self) -> str:
-        return self._s.model_version
-
-    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
-        return self._s.generate(prompt_ids, n, temperature, max_tokens, seed)
-
-
 class Counting:
-    """Counts the completion tokens of every call of either kind."""
+    """The engine, counting the completion tokens of every call; with `batched` False it has no
+    `generate_calls`, so every call runs on its own (how any such sampler is run)."""
 
-    def __init__(self, sampler):
+    def __init__(self, sampler, batched: bool):
         self._s, self.tokens = sampler, 0
         self.engine, self.model_dir, self.tokenizer = sampler.engine, sampler.model_dir, sampler.tokenizer
-        if hasattr(sampler, "generate_calls"):
+        if batched:
             self.generate_calls = self._calls
 
     @property
@@ -65,10 +51,7 @@ class Counting:
         return self._count(self._s.generate(*args))
 
     def _calls(self, calls):
-        out = self._s.generate_calls(calls)
-        for groups in out:
-            self._count(groups)
-        return out
+        return [self._count(groups) for groups in self._s.generate_calls(calls)]
 
 
 def main(argv=None) -> int:
@@ -118,7 +101,7 @@ def main(argv=None) -> int:
         best: dict[str, tuple[float, int]] = {}
         for _ in range(args.repeats):
             for mode in ("one at a time", "batched"):
-                sampler = Counting(OneAtATime(engine) if mode == "one at a time" else engine)
+                sampler = Counting(engine, batched=mode == "batched")
                 t = time.perf_counter()
                 fn(sampler)
                 seconds = time.perf_counter() - t
