@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.errors import DataError, MaxitError, SchemaError, one_line
+from pipeline.errors import DataError, MaxitError, RunInterrupted, SchemaError, one_line
 from pipeline.settings import LOSS_KINDS, add_setting_flags, parse_weights, setting_default
 
 __all__ = ["main", "build_parser"]
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (MaxitError, SchemaError, FileNotFoundError) as err:
         print(f"maxit {args.command}: error: {one_line(err)}", file=sys.stderr)
-        return 2
+        return 130 if isinstance(err, RunInterrupted) else 2
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schemas import SchemaError
 
-__all__ = ["MaxitError", "ConfigError", "DataError", "SchemaError", "one_line"]
+__all__ = ["MaxitError", "ConfigError", "DataError", "RunInterrupted", "SchemaError", "one_line"]
 
 
 class MaxitError(Exception):
@@ -17,6 +17,11 @@ class ConfigError(MaxitError, ValueError):
 
 class DataError(MaxitError, ValueError):
     """Table contents are unusable (NaN rewards, empty groups...); the message names the rows."""
+
+
+class RunInterrupted(MaxitError):
+    """A run was stopped from outside (Ctrl-C, SIGTERM) while a round was running; the command
+    line exits with 130, as a shell does for Ctrl-C."""
 
 
 def one_line(err: BaseException) -> str:

@@ -323,3 +323,69 @@ def test_run_refuses_yes_no_verifier_training_for_a_verifier_that_solves_again(t
     err = failed(["run", "--rounds", "1", "--store", str(tmp_path / "run"), *flag], capsys)
     assert flag[0] in err and "compare" in err
     assert not (tmp_path / "run").exists()
+
+
+def _dagster_failure(step_key: str, chain: list[tuple[str, str]]):
+    """A step-failure event as Dagster reports it: `chain` is (class name, message) from the
+    outer error to the exception the stage raised (module-qualified, as Dagster formats it)."""
+    from types import SimpleNamespace
+
+    from dagster._utils.error import SerializableErrorInfo
+
+    error = None
+    for cls_name, message in reversed(chain):
+        error = SerializableErrorInfo(message=message + "\n", stack=["  File \"x.py\", line 1\n"], cls_name=cls_name, cause=error)
+    return SimpleNamespace(is_failure=True, step_key=step_key, message=f'Execution of step "{step_key}" failed.',
+                           event_specific_data=SimpleNamespace(error=error))
+
+
+def test_a_failed_round_names_each_step_and_the_error_it_raised_not_dagsters_stack(capsys):
+    from assets.launch import round_failure
+    from pipeline.errors import RunInterrupted
+
+    events = [
+        _dagster_failure("rollouts.rollout_shard", [
+            ("DagsterExecutionStepExecutionError", 'dagster._core.errors.DagsterExecutionStepExecutionError: Error occurred while executing op "rollout_shard":'),
+            ("VLLMValidationError", "vllm.exceptions.VLLMValidationError: This model's maximum context length is 256 tokens. However, your prompt contains 918 input tokens."),
+        ]),
+        _dagster_failure("training", [
+            ("DagsterExecutionStepExecutionError", "dagster._core.errors.DagsterExecutionStepExecutionError: Error occurred"),
+            ("ConfigError", "pipeline.errors.ConfigError: --lr must be > 0"),
+        ]),
+    ]
+    err = round_failure(0, "abc", events, ["evaluation_complete: {}"])
+    assert not isinstance(err, RunInterrupted)
+    assert one_line(err) == (
+        "round 0 failed (run abc): rollouts.rollout_shard: VLLMValidationError: This model's maximum context length is 256 tokens. "
+        "However, your prompt contains 918 input tokens.; training: --lr must be > 0; check evaluation_complete: {}"
+    )
+    assert 'File "x.py"' in capsys.readouterr().err  # the whole traces go to stderr: a run's maxit.log
+
+    stopped = round_failure(1, "def", [_dagster_failure("training", [
+        ("DagsterExecutionInterruptedError", "dagster._core.errors.DagsterExecutionInterruptedError: Execution was interrupted"),
+    ])])
+    assert isinstance(stopped, RunInterrupted) and one_line(stopped).startswith("round 1 interrupted (run def)")
+    assert "round 1 is run again from its start" in str(stopped)
+
+
+def test_a_workflow_whose_default_model_raises_stops_the_round_with_one_line(tmp_path):
+    """The round's stages run inside Dagster; what a stage raised is what the user reads, one
+    line naming the step and the error, and the stack trace is in STORE/maxit.log."""
+    relay = (Path(__file__).resolve().parents[1] / "examples" / "relay.py").read_text()
+    workflow = tmp_path / "broken.py"
+    workflow.write_text(relay + "\n\nclass Broken(Relay):\n    def default_model(self):\n        return pipeline.models.default_model()\n")
+    store_dir = tmp_path / "store"
+    import subprocess
+    import sys
+
+    # a process of its own, as a user runs it: the run sends what Dagster logs to STORE/maxit.log at the file descriptors
+    done = subprocess.run([sys.executable, "-m", "maxit.cli", "run", "--rounds", "1", "--workflow", f"{workflow}:Broken", "--store", str(store_dir),
+                           "--problems", "2", "--samples", "2", "--engine", "hf"], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    err = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and err.startswith("maxit run: error: round 0 failed (run "), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "Stack Trace" not in done.stderr
+    assert "rollouts.rollout_shards: NameError: name 'pipeline' is not defined; (engine and library output: " in err
+    assert len(err) < 600
+    log = (store_dir / "maxit.log").read_text()
+    assert "NameError" in log and "default_model" in log  # the trace, for whoever debugs it
