@@ -470,8 +470,11 @@ def test_a_task_file_that_is_not_utf8_names_the_line(tmp_path):
 
 def test_a_malformed_json_line_is_named(tmp_path):
     path = tmp_path / "broken.jsonl"
-    path.write_text('{"question": "1+1?", "answer": "2"}\n{"question": \n')
-    with pytest.raises(DataError, match="broken.jsonl cannot be read as JSON lines"):
+    path.write_text('{"question": "1+1?", "answer": "2"}\n\n{"question": \n')
+    with pytest.raises(DataError, match=r"broken.jsonl cannot be read as JSON lines: line 3: Expecting value at column 14$"):
+        load_task_file(path)
+    path.write_text('{"question": "1+1?", "answer": "2"}\n["1+2?", "3"]\n')
+    with pytest.raises(DataError, match=r"cannot be read as JSON lines: line 2: a JSON list, not an object"):
         load_task_file(path)
 
 

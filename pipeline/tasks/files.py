@@ -200,6 +200,25 @@ def check_task_file_text(path: str | Path) -> None:
         raise DataError(f"task file {p} is not UTF-8 text: line {line} (byte {exc.start}): {exc.reason}") from None
 
 
+def bad_json_line(path: str | Path) -> str | None:
+    """"line N: <what is wrong>" for the first non-blank line of a JSON-lines file that is not a
+    JSON object, or None when every line is one (the file may then be a JSON document spanning
+    lines, whose error the reader names)."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as exc:
+                return f"line {n}: {exc.msg} at column {exc.colno}"
+            if not isinstance(value, dict):
+                return f"line {n}: a JSON {type(value).__name__}, not an object with the question and answer columns"
+    return None
+
+
 def check_parquet_file(path: str | Path) -> None:
     """A Parquet task file must be non-empty, readable as Parquet and hold rows (a `DataError`
     naming the file otherwise); its footer alone is read."""
@@ -237,9 +256,14 @@ class FileTask(MathTask):
         else:
             check_parquet_file(config.path)
         try:
+            datasets.disable_progress_bars()  # a task file's "Generating train split" bars are not the run's progress
             ds = datasets.load_dataset(fmt, data_files=str(config.path), split="train")
         except Exception as exc:  # noqa: BLE001 - arrow and datasets fail in many ways on a bad file
-            raise DataError(f"task file {config.path} cannot be read as {'JSON lines' if fmt == 'json' else 'Parquet'}: {type(exc).__name__}: {exc}") from None
+            where = bad_json_line(config.path) if fmt == "json" else None
+            raise DataError(
+                f"task file {config.path} cannot be read as {'JSON lines' if fmt == 'json' else 'Parquet'}: "
+                + (where or f"{type(exc).__name__}: {exc}")
+            ) from None
         if ds.num_rows == 0:
             raise DataError(f"task file {config.path} has no rows")
         for setting in ("question_col", "answer_col", "hint_col", "split_col"):
