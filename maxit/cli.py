@@ -159,6 +159,18 @@ def run_strategies_of(settings, workflow) -> list[str]:
     return list(run_strategies(settings.run_config(), workflow))
 
 
+def small_splits(settings, workflow) -> list[str]:
+    """A line for each split that holds fewer problems than a round asks of it (a small task
+    file), so that a run does not quietly train or evaluate on fewer problems than its flags say."""
+    notes = []
+    for split, flag, n, use in (("train", "--problems", settings.problems, "each round draws from all"),
+                                ("heldout", "--eval-problems", settings.eval_problems, "every evaluation uses")):
+        have = len(workflow.problems(split, n, settings.seed))
+        if have < n:
+            notes.append(f"maxit run: note: {flag} {n}, but the task's {split} split holds {have} problems: {use} {have}")
+    return notes
+
+
 def cmd_run(args) -> int:
     import resource
 
@@ -177,6 +189,8 @@ def cmd_run(args) -> int:
         f"strategies {' '.join(run_strategies_of(settings, workflow))}",
         flush=True,
     )
+    for note in small_splits(settings, workflow):
+        print(note, flush=True)
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024

@@ -121,3 +121,25 @@ def test_advantages_demo_and_bad_input(tmp_path, capsys):
     assert "group_by: unknown column(s) ['agent']" in capsys.readouterr().err
     assert not target.exists() and not list(tmp_path.glob(".*tmp*"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adv.parquet", "bad.parquet", "nan.parquet"]
+
+
+def test_a_task_smaller_than_the_flags_ask_is_said_before_the_run(tmp_path):
+    """A 20-row task file with --problems 100 and the default --eval-problems: `maxit run`
+    says how many problems each split really has, instead of quietly using fewer."""
+    import json
+
+    from maxit.cli import small_splits
+    from pipeline.rounds import build_workflow
+    from pipeline.settings import Settings
+
+    task = tmp_path / "small.jsonl"
+    task.write_text("".join(json.dumps({"question": f"What is {i}+{i + 3}?", "answer": str(2 * i + 3)}) + "\n" for i in range(20)))
+    settings = Settings(task_file=str(task), problems=100)
+    workflow = build_workflow(settings.run_config())
+    train, heldout = (len(workflow.problems(s, 1000, 0)) for s in ("train", "heldout"))
+    assert train + heldout == 20 and train < 100 and heldout < settings.eval_problems
+    assert small_splits(settings, workflow) == [
+        f"maxit run: note: --problems 100, but the task's train split holds {train} problems: each round draws from all {train}",
+        f"maxit run: note: --eval-problems {settings.eval_problems}, but the task's heldout split holds {heldout} problems: every evaluation uses {heldout}",
+    ]
+    assert small_splits(Settings(task_file=str(task), problems=train, eval_problems=heldout), workflow) == []
