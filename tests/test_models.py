@@ -233,3 +233,17 @@ def test_verifier_right_share_sets_the_share_of_right_proposals():
         assert low < verdicts.count("yes") / len(verdicts) < high, share
     with pytest.raises(ConfigError, match="verifier_right_share"):
         WarmStartConfig(verifier_right_share=1.5)
+
+
+def test_the_warm_start_reports_its_progress_before_its_first_accuracy_probe(tiny_model_dir):
+    """A line every `probe_every` steps before `min_steps` (loss and time, no probe), then the
+    probed lines: a slow machine shows it is alive long before the first probe."""
+    from pipeline.models.warmstart import warm_start
+
+    lines: list[str] = []
+    config = WarmStartConfig(max_steps=6, min_steps=4, probe_every=2, probe_size=2, batch_size=4, warmup_steps=1)
+    warm_start(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), config, log=lines.append)
+    steps = [int(re.search(r"step\s+(\d+)/6", line).group(1)) for line in lines]
+    assert steps == [2, 4, 6]
+    assert "(accuracy probes from step 4)" in lines[0] and "acc (train probe)" not in lines[0]
+    assert all("acc (train probe)" in line for line in lines[1:])
