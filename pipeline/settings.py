@@ -520,8 +520,31 @@ class Settings:
             )
 
     def run_config(self) -> RunConfig:
-        """The `RunConfig` of these settings (validated: a bad value raises `ConfigError` naming it)."""
+        """The `RunConfig` of these settings (validated: a bad value raises `ConfigError` naming
+        it: by its setting's flag where the config field is a setting, e.g. `--eval-problems` for
+        `EvalConfig.problems`)."""
         self.check()
+        try:
+            return self._run_config()
+        except ConfigError as err:
+            raise ConfigError(self.flag_named(str(err))) from None
+
+    def flag_named(self, message: str) -> str:
+        """`message` with its leading "<Config>.<field>" replaced by the flag of the setting that
+        field is made from (the same name, or `eval_<name>` for `EvalConfig`); unchanged otherwise."""
+        import re
+
+        found = re.match(r"(RunConfig|EvalConfig|TrainConfig|LossConfig|AdvantageConfig|ViewConfig)\.([a-z_]+)\b", message)
+        if found is None:
+            return message
+        cls, name = found.groups()
+        names = {f.name for f in fields(self)}
+        for candidate in ((f"eval_{name}", name) if cls == "EvalConfig" else (name,)):
+            if candidate in names:
+                return "--" + candidate.replace("_", "-") + message[found.end():]
+        return message
+
+    def _run_config(self) -> RunConfig:
         return RunConfig(
             workflow=self.workflow,
             workflow_options=parse_options(self.workflow_options),

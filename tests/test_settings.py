@@ -220,9 +220,9 @@ def test_budgets_are_the_tasks_unless_set():
     assert (budget_of(arithmetic, None), budget_of(arithmetic, None, "eval")) == (16, 16)
     assert (budget_of(gsm8k, None), budget_of(gsm8k, None, "eval")) == (512, 512)
     assert budget_of(gsm8k, 40) == budget_of(arithmetic, 40, "eval") == 40
-    with pytest.raises(ConfigError, match="max_tokens"):
+    with pytest.raises(ConfigError, match="^--max-tokens must"):
         Settings(max_tokens=0).run_config()
-    with pytest.raises(ConfigError, match="max_tokens"):
+    with pytest.raises(ConfigError, match="^--eval-max-tokens must"):
         Settings(eval_max_tokens=0).run_config()
 
 
@@ -294,3 +294,14 @@ def test_zero_advantage_rows_keep_or_drop_the_views_zero_advantage_rows():
     assert Settings(algorithm="grpo", zero_advantage_rows="keep").view_config().drop_zero_advantage is False
     assert Settings(zero_advantage_rows="drop").view_config().drop_zero_advantage is True
     assert Settings().view_config().drop_zero_advantage is False  # rs keeps its rewarded rows as before
+
+
+def test_a_bad_value_is_named_by_its_flag_where_the_config_field_is_a_setting():
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--problems must be an integer >= 1, got -3$"):
+        Settings(problems=-3).run_config()
+    with pytest.raises(ConfigError, match=r"^--eval-problems must be an integer >= 1, got 0$"):
+        Settings(eval_problems=0).run_config()
+    assert Settings().flag_named("RolloutConfig.max_tokens must be >= 1") == "RolloutConfig.max_tokens must be >= 1"
+    assert Settings().flag_named("RunConfig.no_such_field is wrong") == "RunConfig.no_such_field is wrong"
