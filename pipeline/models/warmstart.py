@@ -355,16 +355,17 @@ def warm_start(model, tokenizer, config: WarmStartConfig = WarmStartConfig(), ta
         opt.step()
         sched.step()
         loss_avg = loss.item() if math.isnan(loss_avg) else 0.9 * loss_avg + 0.1 * loss.item()
-        if step < config.min_steps and step % config.probe_every == 0:  # a line now and then, so a slow machine shows it is alive
-            log(f"warm start: step {step:4d}/{config.max_steps}  loss {loss_avg:.3f}  (accuracy probes from step {config.min_steps})  "
-                f"{time.perf_counter() - t0:5.1f}s")
-        if step >= config.min_steps and step % config.probe_every == 0:
-            acc = solver_accuracy(model, tokenizer, probe, task, temperature=1.0, seed=config.seed * 7919 + step)
-            history.append((step, acc))
-            log(f"warm start: step {step:4d}/{config.max_steps}  loss {loss_avg:.3f}  "
-                f"solver T=1 acc (train probe) {acc:6.1%}  {time.perf_counter() - t0:5.1f}s")
-            if step >= config.min_steps and acc >= config.target_accuracy:
-                stopped = True
-                break
+        if step % config.probe_every:
+            continue
+        line = f"warm start: step {step:4d}/{config.max_steps}  loss {loss_avg:.3f}  "
+        if step < config.min_steps:  # no probe yet, but a line, so a slow machine shows it is alive
+            log(f"{line}(accuracy probes from step {config.min_steps})  {time.perf_counter() - t0:5.1f}s")
+            continue
+        acc = solver_accuracy(model, tokenizer, probe, task, temperature=1.0, seed=config.seed * 7919 + step)
+        history.append((step, acc))
+        log(f"{line}solver T=1 acc (train probe) {acc:6.1%}  {time.perf_counter() - t0:5.1f}s")
+        if acc >= config.target_accuracy:
+            stopped = True
+            break
     model.eval()
     return WarmStartResult(step, time.perf_counter() - t0, acc, stopped, history)
