@@ -6,7 +6,11 @@ Each policy of the round is retrained from its parent checkpoint with the config
 checkpoint records (the micro-batch size re-derived from the budgets, as a run would), once per
 mode, each in its own process (wall seconds of the training and peak resident memory).
 
-    .venv/bin/python benchmarks/prefix.py --store runs/words-ppo --round 2 [--policy solver]
+With `--profile` each policy is trained once more in the default mode under torch's profiler,
+which prints where the operators' time went: matmuls, attention, casts (autocast's), other
+(`benchmarks/opsplit.py`); the seconds in the table stay the unprofiled runs'.
+
+    .venv/bin/python benchmarks/prefix.py --store runs/words-ppo --round 2 [--policy solver] [--profile]
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(store: str, round_: int, policy: str, share_prefix: int | None) -> dict:
+def measure(store: str, round_: int, policy: str, share_prefix: int | None, profile: bool = False) -> dict:
     """In a child process: train `policy` on round `round_`'s view of `store` from its parent
-    checkpoint; `share_prefix` None keeps the default."""
+    checkpoint; `share_prefix` None keeps the default. `profile`: train again under torch's
+    profiler and add its operator seconds per kind as "split"."""
     import resource
     import time
     from dataclasses import fields, replace
@@ -56,17 +61,31 @@ def measure(store: str, round_: int, policy: str, share_prefix: int | None) -> d
         result = train_policy(view, policy, Path(meta.parent), Path(out) / "ckpt", config, round_=round_)
         seconds = time.perf_counter() - t0
         used = read_checkpoint_meta(result.checkpoint).config
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the profiler's own memory
+        split = None
+        if profile:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            from opsplit import TRAIN_KINDS, split_seconds
+
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                train_policy(view, policy, Path(meta.parent), Path(out) / "profiled", config, round_=round_)
+            split = split_seconds(prof.key_averages(), TRAIN_KINDS)
     return {
+        "split": split,
         "share_prefix": config.share_prefix, "seconds": seconds, "train_seconds": result.train_seconds, "rows": meta.n_rows,
         "steps": result.steps, "micro_batch_size": used["micro_batch_size"], "mean_loss": result.mean_loss,
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mb": peak_mb,
     }
 
 
-def child(args: argparse.Namespace, policy: str, share_prefix: int | None) -> dict:
+def child(args: argparse.Namespace, policy: str, share_prefix: int | None, profile: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--child", "--store", args.store, "--round", str(args.round), "--policy", policy]
     if share_prefix is not None:
         cmd += ["--share-prefix", str(share_prefix)]
+    if profile:
+        cmd += ["--profile"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -76,11 +95,12 @@ def main() -> None:
     ap.add_argument("--store", required=True)
     ap.add_argument("--round", type=int, required=True)
     ap.add_argument("--policy", action="append", help="policy id (repeatable; default: every policy the round trained)")
+    ap.add_argument("--profile", action="store_true", help="train each policy once more under torch's profiler and print its operator time per kind")
     ap.add_argument("--share-prefix", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(measure(args.store, args.round, args.policy[0], args.share_prefix)))
+        print(json.dumps(measure(args.store, args.round, args.policy[0], args.share_prefix, args.profile)))
         return
     round_dir = Path(args.store) / "checkpoints" / f"round={args.round}"
     if not round_dir.is_dir():
@@ -88,12 +108,20 @@ def main() -> None:
     policies = args.policy or sorted(p.name for p in round_dir.iterdir() if (p / "maxit_checkpoint.json").is_file())
     print("| policy | rows | mode | micro-batch | training s | peak MB | mean loss |")
     print("|---|---:|---|---:|---:|---:|---:|")
+    splits = {}
     for policy in policies:
         whole = child(args, policy, 0)
-        shared = child(args, policy, None)
+        shared = child(args, policy, None, args.profile)
+        splits[policy] = shared["split"]
         for name, r in (("every row whole", whole), (f"shared prefix (>= {shared['share_prefix']} tokens)", shared)):
             print(f"| {policy} | {r['rows']} | {name} | {r['micro_batch_size']} | {r['train_seconds']:.1f} | {r['peak_mb']:.0f} | {r['mean_loss']:.5g} |")
         print(f"{policy}: whole / shared = {whole['train_seconds'] / max(shared['train_seconds'], 1e-9):.2f}x the training seconds")
+    if args.profile:
+        from opsplit import shares_line
+
+        print("\noperator self time of a profiled training in the default mode, per kind:")
+        for policy, split in splits.items():
+            print(f"- {policy}: {shares_line(split)}")
 
 
 if __name__ == "__main__":

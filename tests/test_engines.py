@@ -444,6 +444,9 @@ def test_vllm_cpu_benchmark_names_a_bad_variant_or_a_missing_folder(tmp_path):
     bad = subprocess.run([sys.executable, str(script), "--model-dir", str(tmp_path), "--task-file", str(task), "--variants", "bf16 eager glibc"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--variants 'bf16 eager glibc'" in bad.stderr and "Traceback" not in bad.stderr
+    word = subprocess.run([sys.executable, str(script), "--model-dir", str(tmp_path), "--task-file", str(task), "--variants", "bfloat16 eager glibc nocache"],
+                          capture_output=True, text=True, timeout=120)
+    assert word.returncode == 2 and "--variants 'bfloat16 eager glibc nocache' is not" in word.stderr and "[noprefix]" in word.stderr
     missing = subprocess.run([sys.executable, str(script), "--model-dir", str(tmp_path / "nope"), "--task-file", str(task)],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and f"--model-dir {tmp_path / 'nope'} does not exist" in missing.stderr

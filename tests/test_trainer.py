@@ -1035,3 +1035,31 @@ def test_minibatches_keep_their_rows_when_sorted_by_length(tok, model, init_dir,
     assert {tuple(sorted(sum(s, []))) for s in steps[True][:2]} != {tuple(sorted(sum(s, []))) for s in steps[True][2:]}  # epochs reshuffle
     assert results[True].padding_fraction < results[False].padding_fraction
     assert results[True].mean_loss == pytest.approx(results[False].mean_loss, rel=1e-4)
+
+
+def test_opsplit_sums_a_profile_into_kinds_without_counting_twice():
+    """benchmarks/opsplit.py (the --profile of prefix.py and vllm_cpu.py): a matmul, an attention
+    call and a cast each land in their kind, and the kinds add up to the operators' self time."""
+    import sys
+
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from opsplit import TRAIN_KINDS, kind_of, shares_line, split_seconds
+
+    a = torch.randn(64, 64)
+    q = torch.randn(1, 2, 8, 16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        a @ a
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        a.to(torch.bfloat16)
+        torch.relu(a)
+    events = prof.key_averages()
+    split = split_seconds(events, TRAIN_KINDS)
+    assert set(split) == {"matmul", "attention", "casts", "other"}
+    assert split["matmul"] > 0 and split["attention"] > 0 and split["casts"] > 0 and split["other"] > 0
+    assert sum(split.values()) == pytest.approx(sum(e.self_cpu_time_total for e in events) / 1e6)
+    assert kind_of("aten::_scaled_dot_product_flash_attention_for_cpu_backward", TRAIN_KINDS) == "attention"
+    assert kind_of("aten::relu", TRAIN_KINDS) == "other"
+    assert shares_line({"matmul": 3.0, "other": 1.0}) == "matmul 3.00 s (75%), other 1.00 s (25%)"
