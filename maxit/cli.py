@@ -191,6 +191,13 @@ def cmd_run(args) -> int:
     )
     for note in small_splits(settings, workflow):
         print(note, flush=True)
+    from pipeline.report import settings_changes
+    from pipeline.store import is_url
+
+    changes = [] if args.restart or is_url(args.store) else settings_changes(args.store, settings)
+    if changes:
+        print(f"maxit run: note: {args.store} holds rounds made with other settings; the rounds this run adds use "
+              f"{', '.join(changes)} (experiment.json keeps the earlier ones as previous_settings; --restart redoes every round)", flush=True)
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024

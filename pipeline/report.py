@@ -33,6 +33,7 @@ __all__ = [
     "EXPERIMENT_FILE",
     "LOG_FILE",
     "record_experiment",
+    "settings_changes",
     "read_experiment",
     "stored_settings",
     "is_store",
@@ -131,6 +132,24 @@ def stored_settings(record: Mapping) -> "Settings":
 
     known = {f.name for f in fields(Settings)}
     return Settings(**{k: v for k, v in record["settings"].items() if k in known})
+
+
+def settings_changes(store: str | Path, settings) -> list[str]:
+    """What a run of `settings` (a `pipeline.settings.Settings`) would change in a store that
+    already holds complete rounds, as `--flag new (was old)`, one per setting that differs from
+    the store's experiment record; empty for a new store, a store without a record, or the same
+    settings. Settings this maxit does not know (a record from another version) are left out."""
+    root = Path(store)
+    record = read_experiment(root) if root.is_dir() else None
+    if not record or "settings" not in record or not _complete_rounds(root):
+        return []
+    old, new = record["settings"], st.jsonable(settings)
+
+    def shown(value) -> str:  # None: left to the preset or the default
+        return "unset" if value is None else str(value)
+
+    return [f"--{f.name.replace('_', '-')} {shown(new[f.name])} (was {shown(old[f.name])})"
+            for f in fields(type(settings)) if f.name in old and f.name in new and old[f.name] != new[f.name]]
 
 
 def is_store(path: Path) -> bool:

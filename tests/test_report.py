@@ -285,3 +285,22 @@ def test_report_markdown_bad_input(stores, tmp_path):
         assert proc.returncode == 2 and proc.stderr.strip() == message and proc.stdout == ""
     neither = subprocess.run([MAXIT, "report", "--store", str(stores[0])], capture_output=True, text=True, timeout=300)
     assert neither.returncode == 2 and "needs --out FILE.html (the HTML report) or --markdown" in neither.stderr
+
+
+def test_settings_changes_names_what_a_continued_store_changes(tmp_path):
+    """`maxit run` on a store with complete rounds and other settings says which (the note of
+    maxit.cli.cmd_run): each differing setting by flag with its old value; nothing for a new
+    store, the same settings, or a store whose rounds never completed."""
+    from pipeline.report import settings_changes
+    from pipeline.settings import Settings
+
+    store = tmp_path / "s"
+    first = Settings(lr=1e-5, problems=16)
+    record_experiment(store, first, "hf")
+    assert settings_changes(store, Settings(lr=2e-5, problems=16)) == []  # no complete round yet
+    (store / "round=0").mkdir()
+    (store / "round=0" / "evaluation.parquet").write_bytes(b"")
+    assert settings_changes(store, first) == []
+    assert settings_changes(store, Settings(lr=2e-5, problems=32, seed=first.seed)) == ["--problems 32 (was 16)", "--lr 2e-05 (was 1e-05)"]
+    assert settings_changes(store, Settings(problems=16, seed=first.seed)) == ["--lr unset (was 1e-05)"]
+    assert settings_changes(tmp_path / "new", Settings(lr=2e-5)) == []
