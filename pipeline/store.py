@@ -18,9 +18,11 @@ through a local cache copy (`local_copy`), since the engines and the trainer loa
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
@@ -315,20 +317,54 @@ def _mode(base: int) -> int:
     return base & ~umask
 
 
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def _owner_tag() -> str:
+    """`<host>-<pid>`: which process of which machine made a temporary folder."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def clear_dead_builds(path: str | Path) -> list[Path]:
+    """Remove the temporary siblings `atomic_dir(path)` leaves when its process is killed before
+    it can clean up (SIGKILL, the OOM killer: a model build, a checkpoint): those made by a
+    process of this machine that no longer runs. A folder another machine made (a shared
+    filesystem) or a live process is building is left alone. Returns what was removed."""
+    path = Path(path)
+    removed = []
+    for kind in ("tmp", "old"):
+        head = f".{path.name}.{kind}-{socket.gethostname()}-"
+        for p in path.parent.glob(f".{glob.escape(path.name)}.{kind}-*"):
+            pid = p.name[len(head):].split("-", 1)[0] if p.name.startswith(head) else ""
+            if pid.isdigit() and int(pid) != os.getpid() and _process_gone(int(pid)):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
     """Build a directory atomically: yields a temporary sibling to fill; on success it replaces
     `path` (an existing `path` is moved aside first and removed after), on error it is deleted
-    and `path` is untouched."""
+    and `path` is untouched. The sibling's name holds this process's host and pid, so a later
+    `atomic_dir` of the same path removes what a killed one left (`clear_dead_builds`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    clear_dead_builds(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{_owner_tag()}-", dir=path.parent))
     try:
         os.chmod(tmp, _mode(0o777))  # mkdtemp makes it owner-only
         yield tmp
         old = None
         if path.exists():
-            old = path.parent / f".{path.name}.old-{os.getpid()}"
+            old = path.parent / f".{path.name}.old-{_owner_tag()}"
             os.replace(path, old)
         try:
             os.replace(tmp, path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
@@ -128,6 +129,34 @@ def test_atomic_dir_replaces_or_keeps(tmp_path):
         (d / "w").write_text("three")
     assert (target / "w").read_text() == "three"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_atomic_dir_clears_what_a_killed_build_of_this_machine_left(tmp_path):
+    """A build killed mid-way (SIGKILL) leaves its temporary folder; the next atomic_dir of the
+    same path removes it, but not one a live process or another machine is building."""
+    import socket
+    import subprocess
+    import sys
+
+    target = tmp_path / "model"
+    host = socket.gethostname()
+    child = subprocess.run(
+        [sys.executable, "-c", "import os, sys; sys.path.insert(0, sys.argv[1]); from pipeline import store\n"
+         "with store.atomic_dir(sys.argv[2]) as d:\n    (d / 'w').write_text('half')\n    os.kill(os.getpid(), 9)",
+         str(Path(__file__).resolve().parents[1]), str(target)],
+        capture_output=True, text=True, timeout=120)
+    assert child.returncode == -9
+    dead = [p.name for p in tmp_path.iterdir()]
+    assert len(dead) == 1 and dead[0].startswith(f".model.tmp-{host}-")  # the killed build's folder
+    live = tmp_path / f".model.tmp-{host}-{os.getpid()}-abc"
+    foreign = tmp_path / ".model.tmp-another-host-1-abc"
+    other = tmp_path / f".models.tmp-{host}-999999999-abc"  # another target's
+    for p in (live, foreign, other):
+        p.mkdir()
+    with store.atomic_dir(target) as d:
+        (d / "w").write_text("whole")
+    assert (target / "w").read_text() == "whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model", live.name, foreign.name, other.name])
 
 
 def test_atomic_writes_get_ordinary_permissions(tmp_path, steps):
