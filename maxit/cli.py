@@ -460,8 +460,18 @@ def cmd_sandbox_run(args) -> int:
     return 1 if result.status == "error" else 0
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """Bad flags are reported in one line naming the flag, with a pointer to `--help`, not after
+    argparse's whole usage (forty lines for `maxit run`, which push the error off a small
+    terminal). Subcommands' parsers are of this class too (`add_subparsers` uses the parent's)."""
+
+    def error(self, message: str):
+        what = "commands" if self._subparsers is not None else "flags"
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the {what})\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="maxit", description="Multi-Agent eXpert ITeration: train teams of LLM agents by expert iteration.")
+    parser = OneLineErrors(prog="maxit", description="Multi-Agent eXpert ITeration: train teams of LLM agents by expert iteration.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("advantages", help="recompute group advantages of stored rollouts (no generation)")

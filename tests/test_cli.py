@@ -143,3 +143,16 @@ def test_a_task_smaller_than_the_flags_ask_is_said_before_the_run(tmp_path):
         f"maxit run: note: --eval-problems {settings.eval_problems}, but the task's heldout split holds {heldout} problems: every evaluation uses {heldout}",
     ]
     assert small_splits(Settings(task_file=str(task), problems=train, eval_problems=heldout), workflow) == []
+
+
+def test_a_bad_flag_is_one_line_naming_it(capsys):
+    """argparse's errors come in one line naming the flag and pointing at --help, without the
+    forty lines of `maxit run`'s usage before them; exit 2."""
+    for argv, said in ((["run", "--loss", "nope"], "maxit run: error: argument --loss: invalid choice: 'nope'"),
+                       (["run", "--problems", "x"], "maxit run: error: argument --problems: invalid int value: 'x'"),
+                       (["bogus"], "maxit: error: argument command: invalid choice: 'bogus'")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith(said) and "usage:" not in err, err
+        assert err.rstrip().endswith("--help` lists the flags)" if argv[0] == "run" else "--help` lists the commands)")
