@@ -21,7 +21,7 @@ DECODE_KINDS: Mapping[str, Sequence[str]] = {
 TRAIN_KINDS: Mapping[str, Sequence[str]] = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "onednn_mm"),
     "attention": ("scaled_dot_product", "flash_attention"),
-    "casts": ("aten::copy_", "aten::_to_copy"),
+    "casts": ("aten::copy_", "aten::_to_copy"),  # every copy, autocast's casts among them
 }
 
 

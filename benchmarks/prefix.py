@@ -7,7 +7,8 @@ checkpoint records (the micro-batch size re-derived from the budgets, as a run w
 mode, each in its own process (wall seconds of the training and peak resident memory).
 
 With `--profile` each policy is trained once more in the default mode under torch's profiler,
-which prints where the operators' time went: matmuls, attention, casts (autocast's), other
+which prints where the operators' time went: matmuls, attention, copies and casts (autocast's
+among them), other
 (`benchmarks/opsplit.py`); the seconds in the table stay the unprofiled runs'.
 
     .venv/bin/python benchmarks/prefix.py --store runs/words-ppo --round 2 [--policy solver] [--profile]

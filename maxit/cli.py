@@ -196,7 +196,7 @@ def cmd_run(args) -> int:
 
     changes = [] if args.restart or is_url(args.store) else settings_changes(args.store, settings)
     if changes:
-        print(f"maxit run: note: {args.store} holds rounds made with other settings; the rounds this run adds use "
+        print(f"maxit run: note: {args.store} last ran with other settings and holds complete rounds; this run uses "
               f"{', '.join(changes)} (experiment.json keeps the earlier ones as previous_settings; --restart redoes every round)", flush=True)
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
@@ -473,6 +473,7 @@ class OneLineErrors(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="maxit", description="Multi-Agent eXpert ITeration: train teams of LLM agents by expert iteration.")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(command_parsers=sub.choices)  # for `main`: an unknown flag is its command's error
 
     p = sub.add_parser("advantages", help="recompute group advantages of stored rollouts (no generation)")
     p.add_argument("--steps", help="steps table(s): a Parquet file or a glob such as 'runs/x/round=*/steps.parquet'")
@@ -575,7 +576,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # an unknown flag is reported by its command's parser (pointing at `maxit run --help`), not by
+    # the top-level one, where argparse's parse_args would report it
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.command_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     raw = list(sys.argv[1:] if argv is None else argv)
     args.argv = raw[raw.index(args.command) + 1 :] if args.command in raw else raw
     try:

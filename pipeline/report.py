@@ -135,10 +135,15 @@ def stored_settings(record: Mapping) -> "Settings":
 
 
 def settings_changes(store: str | Path, settings) -> list[str]:
-    """What a run of `settings` (a `pipeline.settings.Settings`) would change in a store that
-    already holds complete rounds, as `--flag new (was old)`, one per setting that differs from
-    the store's experiment record; empty for a new store, a store without a record, or the same
-    settings. Settings this maxit does not know (a record from another version) are left out."""
+    """What a run of `settings` (a `pipeline.settings.Settings`) changes against the settings the
+    store last ran with (its experiment record), when it holds complete rounds: `--flag new (was
+    old)` per setting that differs (a boolean by the flag that sets it: `--separate-policies`,
+    `--no-x`), then one line per value the presets give differently (`effective`). Empty for a
+    new store, a store without a record, or the same settings. A setting a record of another
+    version does not hold, or this version does not know, is left out; so is the cache of the
+    starting model's evaluation, which changes no round's rows."""
+    from pipeline.settings import Settings
+
     root = Path(store)
     record = read_experiment(root) if root.is_dir() else None
     if not record or "settings" not in record or not _complete_rounds(root):
@@ -146,10 +151,27 @@ def settings_changes(store: str | Path, settings) -> list[str]:
     old, new = record["settings"], st.jsonable(settings)
 
     def shown(value) -> str:  # None: left to the preset or the default
-        return "unset" if value is None else str(value)
+        if value is None:
+            return "unset"
+        return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
-    return [f"--{f.name.replace('_', '-')} {shown(new[f.name])} (was {shown(old[f.name])})"
-            for f in fields(type(settings)) if f.name in old and f.name in new and old[f.name] != new[f.name]]
+    out = []
+    for f in fields(Settings):
+        if f.name == "base_eval_cache" or f.name not in old or f.name not in new or old[f.name] == new[f.name]:
+            continue
+        negative = f.metadata.get("negative_flag")
+        if isinstance(new[f.name], bool) and negative:  # e.g. shared_policy False is --separate-policies
+            out.append(f"{negative[0]} {'off' if new[f.name] else 'on'} (was {'on' if not old[f.name] else 'off'})")
+        elif isinstance(new[f.name], bool):
+            flag = f.name.replace("_", "-")
+            out.append(f"--{flag if new[f.name] else 'no-' + flag} (was --{flag if old[f.name] else 'no-' + flag})")
+        else:
+            out.append(f"--{f.name.replace('_', '-')} {shown(new[f.name])} (was {shown(old[f.name])})")
+    effective_old, effective_new = record.get("effective"), st.jsonable(settings.preset_values())
+    if isinstance(effective_old, dict):
+        out += [f"the preset's {k} {shown(v)} (was {shown(effective_old[k])})"
+                for k, v in effective_new.items() if k in effective_old and effective_old[k] != v and old.get(k) == new.get(k)]
+    return out
 
 
 def is_store(path: Path) -> bool:

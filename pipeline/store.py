@@ -18,11 +18,11 @@ through a local cache copy (`local_copy`), since the engines and the trainer loa
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import math
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
@@ -317,35 +317,37 @@ def _mode(base: int) -> int:
     return base & ~umask
 
 
-def _process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        return False
-    return False
-
-
-def _owner_tag() -> str:
-    """`<host>-<pid>`: which process of which machine made a temporary folder."""
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 def clear_dead_builds(path: str | Path) -> list[Path]:
-    """Remove the temporary siblings `atomic_dir(path)` leaves when its process is killed before
-    it can clean up (SIGKILL, the OOM killer: a model build, a checkpoint): those made by a
-    process of this machine that no longer runs. A folder another machine made (a shared
-    filesystem) or a live process is building is left alone. Returns what was removed."""
+    """Remove what `atomic_dir(path)` leaves when its process is killed before it can clean up
+    (SIGKILL, the OOM killer: a model build, a checkpoint): a build holds an exclusive `flock` on
+    its `<tmp>.lock` file until it ends, and the kernel drops the lock with the process, so a
+    lock that can be taken is a dead build's. Its temporary folder is removed; a previous `path`
+    it had moved aside (`<tmp>.old`) goes back to `path` when the build died before putting its
+    own there, else it is removed. A live build's lock cannot be taken, wherever it runs (another
+    container, another machine on a filesystem with `flock`), so its folders are left alone; so
+    are temporary folders without a lock file (made by an older maxit). Returns the folders removed."""
     path = Path(path)
     removed = []
-    for kind in ("tmp", "old"):
-        head = f".{path.name}.{kind}-{socket.gethostname()}-"
-        for p in path.parent.glob(f".{glob.escape(path.name)}.{kind}-*"):
-            pid = p.name[len(head):].split("-", 1)[0] if p.name.startswith(head) else ""
-            if pid.isdigit() and int(pid) != os.getpid() and _process_gone(int(pid)):
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
+    for lock in path.parent.glob(f".{glob.escape(path.name)}.tmp-*.lock"):
+        stem = lock.with_name(lock.name[: -len(".lock")])
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:  # its build just ended
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a live build
+                continue
+            old = stem.with_name(stem.name + ".old")
+            if old.is_dir() and not path.exists():
+                os.replace(old, path)  # the only whole copy: the build died between its two renames
+            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(stem, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            removed.append(stem)
+        finally:
+            os.close(fd)
     return removed
 
 
@@ -353,31 +355,38 @@ def clear_dead_builds(path: str | Path) -> list[Path]:
 def atomic_dir(path: str | Path):
     """Build a directory atomically: yields a temporary sibling to fill; on success it replaces
     `path` (an existing `path` is moved aside first and removed after), on error it is deleted
-    and `path` is untouched. The sibling's name holds this process's host and pid, so a later
+    and `path` is untouched. The build holds a lock on `<tmp>.lock` while it runs, so a later
     `atomic_dir` of the same path removes what a killed one left (`clear_dead_builds`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clear_dead_builds(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{_owner_tag()}-", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    lock = tmp.with_name(tmp.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        os.chmod(tmp, _mode(0o777))  # mkdtemp makes it owner-only
-        yield tmp
-        old = None
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{_owner_tag()}"
-            os.replace(path, old)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            os.replace(tmp, path)
+            os.chmod(tmp, _mode(0o777))  # mkdtemp makes it owner-only
+            yield tmp
+            old = None
+            if path.exists():
+                old = tmp.with_name(tmp.name + ".old")
+                os.replace(path, old)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                if old is not None:  # put the previous directory back
+                    os.replace(old, path)
+                raise
+            fsync_dir(path.parent)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
         except BaseException:
-            if old is not None:  # put the previous directory back
-                os.replace(old, path)
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
-        fsync_dir(path.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        lock.unlink(missing_ok=True)  # before the lock goes: a sweeper that opens it now finds it held
+        os.close(fd)
 
 
 def upload_dir(local: str | Path, url: str, marker: str = "maxit_checkpoint.json") -> str:

@@ -150,6 +150,7 @@ def test_a_bad_flag_is_one_line_naming_it(capsys):
     forty lines of `maxit run`'s usage before them; exit 2."""
     for argv, said in ((["run", "--loss", "nope"], "maxit run: error: argument --loss: invalid choice: 'nope'"),
                        (["run", "--problems", "x"], "maxit run: error: argument --problems: invalid int value: 'x'"),
+                       (["run", "--nope", "1"], "maxit run: error: unrecognized arguments: --nope 1"),
                        (["bogus"], "maxit: error: argument command: invalid choice: 'bogus'")):
         with pytest.raises(SystemExit) as exc:
             main(argv)

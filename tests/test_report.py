@@ -288,9 +288,11 @@ def test_report_markdown_bad_input(stores, tmp_path):
 
 
 def test_settings_changes_names_what_a_continued_store_changes(tmp_path):
-    """`maxit run` on a store with complete rounds and other settings says which (the note of
-    maxit.cli.cmd_run): each differing setting by flag with its old value; nothing for a new
-    store, the same settings, or a store whose rounds never completed."""
+    """`maxit run` on a store with complete rounds and other settings than it last ran with says
+    which (the note of maxit.cli.cmd_run): each differing setting by flag with its old value;
+    nothing for a new store, the same settings, or a store whose rounds never completed."""
+    from dataclasses import replace
+
     from pipeline.report import settings_changes
     from pipeline.settings import Settings
 
@@ -303,4 +305,12 @@ def test_settings_changes_names_what_a_continued_store_changes(tmp_path):
     assert settings_changes(store, first) == []
     assert settings_changes(store, Settings(lr=2e-5, problems=32, seed=first.seed)) == ["--problems 32 (was 16)", "--lr 2e-05 (was 1e-05)"]
     assert settings_changes(store, Settings(problems=16, seed=first.seed)) == ["--lr unset (was 1e-05)"]
+    # booleans by the flag that sets them; sequences as typed; the evaluation cache is no change
+    assert settings_changes(store, replace(first, shared_policy=False, strategies=("iid", "tree"), base_eval_cache=False)) == [
+        "--separate-policies on (was off)", "--strategies iid tree (was iid prompt_aug feedback tree)"]
+    # a preset's value that differs in effect (the record of another version's preset)
+    record = json.loads((store / "experiment.json").read_text())
+    record["effective"]["clip_high"] = 0.2
+    (store / "experiment.json").write_text(json.dumps(record))
+    assert settings_changes(store, first) == ["the preset's clip_high 0.28 (was 0.2)"]
     assert settings_changes(tmp_path / "new", Settings(lr=2e-5)) == []

@@ -131,32 +131,55 @@ def test_atomic_dir_replaces_or_keeps(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
-def test_atomic_dir_clears_what_a_killed_build_of_this_machine_left(tmp_path):
+def test_atomic_dir_clears_what_a_killed_build_left_and_only_that(tmp_path):
     """A build killed mid-way (SIGKILL) leaves its temporary folder; the next atomic_dir of the
-    same path removes it, but not one a live process or another machine is building."""
-    import socket
+    same path removes it, but not a live build's (its lock held), a folder without a lock file,
+    or another target's."""
+    import fcntl
     import subprocess
     import sys
 
     target = tmp_path / "model"
-    host = socket.gethostname()
     child = subprocess.run(
         [sys.executable, "-c", "import os, sys; sys.path.insert(0, sys.argv[1]); from pipeline import store\n"
          "with store.atomic_dir(sys.argv[2]) as d:\n    (d / 'w').write_text('half')\n    os.kill(os.getpid(), 9)",
          str(Path(__file__).resolve().parents[1]), str(target)],
         capture_output=True, text=True, timeout=120)
     assert child.returncode == -9
-    dead = [p.name for p in tmp_path.iterdir()]
-    assert len(dead) == 1 and dead[0].startswith(f".model.tmp-{host}-")  # the killed build's folder
-    live = tmp_path / f".model.tmp-{host}-{os.getpid()}-abc"
-    foreign = tmp_path / ".model.tmp-another-host-1-abc"
-    other = tmp_path / f".models.tmp-{host}-999999999-abc"  # another target's
-    for p in (live, foreign, other):
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == 2 and left[0].startswith(".model.tmp-") and left[1] == left[0] + ".lock"  # the killed build's
+    live = tmp_path / ".model.tmp-live"
+    unlocked = tmp_path / ".model.tmp-older"  # no lock file: not known to be dead
+    other = tmp_path / ".models.tmp-x"  # another target's
+    for p in (live, unlocked, other):
         p.mkdir()
-    with store.atomic_dir(target) as d:
-        (d / "w").write_text("whole")
+    (tmp_path / ".models.tmp-x.lock").touch()
+    fd = os.open(tmp_path / ".model.tmp-live.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with store.atomic_dir(target) as d:
+            (d / "w").write_text("whole")
+    finally:
+        os.close(fd)
     assert (target / "w").read_text() == "whole"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model", live.name, foreign.name, other.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["model", live.name, live.name + ".lock", unlocked.name, other.name, other.name + ".lock"])
+    # the live build ended without cleaning up (killed): the next sweep takes its folder too
+    assert store.clear_dead_builds(target) == [live]
+
+
+def test_a_build_killed_between_its_two_renames_gets_the_previous_folder_back(tmp_path):
+    """`<tmp>.old` is the only whole copy when a build died after moving `path` aside and before
+    putting its own there: the sweep puts it back instead of deleting it."""
+    target = tmp_path / "ckpt"
+    old = tmp_path / ".ckpt.tmp-abc.old"
+    old.mkdir()
+    (old / "w").write_text("previous")
+    (tmp_path / ".ckpt.tmp-abc").mkdir()  # the half-made new one
+    (tmp_path / ".ckpt.tmp-abc.lock").touch()  # nobody holds it: the build is dead
+    assert store.clear_dead_builds(target) == [tmp_path / ".ckpt.tmp-abc"]
+    assert (target / "w").read_text() == "previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
 def test_atomic_writes_get_ordinary_permissions(tmp_path, steps):
@@ -180,7 +203,7 @@ def test_atomic_dir_puts_the_old_directory_back_when_the_swap_fails(tmp_path, mo
     real_replace = os.replace
 
     def failing_replace(src, dst):
-        if str(src).find(".ckpt.tmp-") >= 0:
+        if str(src).find(".ckpt.tmp-") >= 0 and not str(src).endswith(".old"):
             raise OSError("disk went away")
         return real_replace(src, dst)
 

@@ -25,10 +25,10 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSS_KINDS = ("ppo", "is", "exit", "rs")
 ANCHORS = ("sampling", "proximal")
 CHECKPOINTING_PARAMETERS = 50_000_000
+"""Models above this many parameters train with gradient checkpointing unless told otherwise."""
 ACTIVATION_VALUES_PER_TOKEN = 4
 """float32 values kept per token, hidden unit and layer for the backward pass (`activation_mb`),
 an estimate fitted on SmolLM2-135M under gradient checkpointing (about 3.3 measured)."""
-"""Models above this many parameters train with gradient checkpointing unless told otherwise."""
 
 
 def _finite_positive(name: str, value: float) -> None:
