@@ -197,7 +197,7 @@ def cmd_run(args) -> int:
     changes = [] if args.restart or is_url(args.store) else settings_changes(args.store, settings)
     if changes:
         print(f"maxit run: note: {args.store} last ran with other settings and holds complete rounds; this run uses "
-              f"{', '.join(changes)} (experiment.json keeps the earlier ones as previous_settings; --restart redoes every round)", flush=True)
+              f"{', '.join(changes)} (experiment.json keeps the earlier values as previous_settings and previous_effective; --restart redoes every round)", flush=True)
     t0 = time.perf_counter()
     summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart, quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
@@ -470,10 +470,22 @@ class OneLineErrors(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the {what})\n")
 
 
+def parser_given(parser: argparse.ArgumentParser, argv: list[str], unknown: list[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser `argv` had reached when its first unknown argument came: the
+    top-level one for `maxit --x run`, `maxit sandbox run`'s for `maxit sandbox run p.py --x`."""
+    current = parser
+    for token in argv:
+        if token in unknown:
+            break
+        commands = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if commands is not None and token in commands.choices:
+            current = commands.choices[token]
+    return current
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(prog="maxit", description="Multi-Agent eXpert ITeration: train teams of LLM agents by expert iteration.")
     sub = parser.add_subparsers(dest="command", required=True)
-    parser.set_defaults(command_parsers=sub.choices)  # for `main`: an unknown flag is its command's error
 
     p = sub.add_parser("advantages", help="recompute group advantages of stored rollouts (no generation)")
     p.add_argument("--steps", help="steps table(s): a Parquet file or a glob such as 'runs/x/round=*/steps.parquet'")
@@ -576,11 +588,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    # an unknown flag is reported by its command's parser (pointing at `maxit run --help`), not by
-    # the top-level one, where argparse's parse_args would report it
+    # an unknown flag is reported by the parser of the (sub)command it was given to (pointing at
+    # `maxit run --help`), not by the top-level one, where argparse's parse_args would report it
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        args.command_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser_given(parser, list(sys.argv[1:] if argv is None else argv), unknown).error(f"unrecognized arguments: {' '.join(unknown)}")
     raw = list(sys.argv[1:] if argv is None else argv)
     args.argv = raw[raw.index(args.command) + 1 :] if args.command in raw else raw
     try:

@@ -160,11 +160,15 @@ def settings_changes(store: str | Path, settings) -> list[str]:
         if f.name == "base_eval_cache" or f.name not in old or f.name not in new or old[f.name] == new[f.name]:
             continue
         negative = f.metadata.get("negative_flag")
-        if isinstance(new[f.name], bool) and negative:  # e.g. shared_policy False is --separate-policies
-            out.append(f"{negative[0]} {'off' if new[f.name] else 'on'} (was {'on' if not old[f.name] else 'off'})")
-        elif isinstance(new[f.name], bool):
-            flag = f.name.replace("_", "-")
-            out.append(f"--{flag if new[f.name] else 'no-' + flag} (was --{flag if old[f.name] else 'no-' + flag})")
+        if isinstance(new[f.name], bool) or isinstance(old[f.name], bool):
+            # a switch: on, off, or unset (None: left to the preset); shared_policy False is
+            # --separate-policies on
+            flag = negative[0] if negative else "--" + f.name.replace("_", "-")
+
+            def state(value) -> str:
+                return "unset" if value is None else ("on" if bool(value) != bool(negative) else "off")
+
+            out.append(f"{flag} {state(new[f.name])} (was {state(old[f.name])})")
         else:
             out.append(f"--{f.name.replace('_', '-')} {shown(new[f.name])} (was {shown(old[f.name])})")
     effective_old, effective_new = record.get("effective"), st.jsonable(settings.preset_values())

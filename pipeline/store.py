@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import glob
+import logging
 import math
 import os
 import shutil
@@ -35,6 +36,8 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import ConfigError, DataError
 from schemas import SchemaError, TableSchema, validate, validate_columns
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "round_dir",
@@ -319,13 +322,16 @@ def _mode(base: int) -> int:
 
 def clear_dead_builds(path: str | Path) -> list[Path]:
     """Remove what `atomic_dir(path)` leaves when its process is killed before it can clean up
-    (SIGKILL, the OOM killer: a model build, a checkpoint): a build holds an exclusive `flock` on
-    its `<tmp>.lock` file until it ends, and the kernel drops the lock with the process, so a
-    lock that can be taken is a dead build's. Its temporary folder is removed; a previous `path`
-    it had moved aside (`<tmp>.old`) goes back to `path` when the build died before putting its
-    own there, else it is removed. A live build's lock cannot be taken, wherever it runs (another
-    container, another machine on a filesystem with `flock`), so its folders are left alone; so
-    are temporary folders without a lock file (made by an older maxit). Returns the folders removed."""
+    (SIGKILL, the OOM killer: a model build, a checkpoint). A build holds an exclusive `flock` on
+    its `<tmp>.lock` file from before that file has its name until the build ends, and the kernel
+    drops the lock with the process, so a lock that can be taken is a dead build's: its
+    temporary folder is removed, and the previous `path` it moved aside (`<tmp>.old`) too once
+    `path` exists again. A `<tmp>.old` while `path` is missing is the only whole copy (the build
+    died between its two renames): it is kept, for a person to move back; the sweep never writes
+    `path`, so it cannot collide with a live build's swap. A live build's lock cannot be taken,
+    whatever host or container runs it, so its folders are left alone; so are temporary folders
+    without a lock file (a build killed before it made one, or an older maxit). Returns the
+    temporary folders removed."""
     path = Path(path)
     removed = []
     for lock in path.parent.glob(f".{glob.escape(path.name)}.tmp-*.lock"):
@@ -337,18 +343,38 @@ def clear_dead_builds(path: str | Path) -> list[Path]:
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # a live build
+                if os.fstat(fd).st_ino != os.stat(lock).st_ino:  # unlinked by its build as it ended
+                    continue
+            except OSError:  # a live build (or the file went away)
                 continue
             old = stem.with_name(stem.name + ".old")
-            if old.is_dir() and not path.exists():
-                os.replace(old, path)  # the only whole copy: the build died between its two renames
-            shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(stem, ignore_errors=True)
-            lock.unlink(missing_ok=True)
-            removed.append(stem)
+            if stem.exists():
+                shutil.rmtree(stem, ignore_errors=True)
+                removed.append(stem)
+            if old.is_dir() and not path.exists():  # the lock stays: the next sweep removes `old` once `path` is back
+                log.warning("%s: a build died between its two renames; the previous %s is kept at %s", path, path.name, old)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
+                lock.unlink(missing_ok=True)
         finally:
             os.close(fd)
     return removed
+
+
+def _lock_build(tmp: Path) -> int | None:
+    """Take the build's lock (`clear_dead_builds`): made under a name the sweep does not match,
+    locked, then renamed, so no sweep ever sees it unlocked. None where the filesystem has no
+    `flock` (the build then runs unmarked, as before locks)."""
+    staging = tmp.with_name(tmp.name + ".lock.new")
+    fd = os.open(staging, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(staging, tmp.with_name(tmp.name + ".lock"))
+        return fd
+    except OSError:
+        os.close(fd)
+        staging.unlink(missing_ok=True)
+        return None
 
 
 @contextlib.contextmanager
@@ -362,31 +388,30 @@ def atomic_dir(path: str | Path):
     clear_dead_builds(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     lock = tmp.with_name(tmp.name + ".lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _lock_build(tmp)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.chmod(tmp, _mode(0o777))  # mkdtemp makes it owner-only
+        yield tmp
+        old = None
+        if path.exists():
+            old = tmp.with_name(tmp.name + ".old")
+            os.replace(path, old)
         try:
-            os.chmod(tmp, _mode(0o777))  # mkdtemp makes it owner-only
-            yield tmp
-            old = None
-            if path.exists():
-                old = tmp.with_name(tmp.name + ".old")
-                os.replace(path, old)
-            try:
-                os.replace(tmp, path)
-            except BaseException:
-                if old is not None:  # put the previous directory back
-                    os.replace(old, path)
-                raise
-            fsync_dir(path.parent)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, path)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None:  # put the previous directory back
+                os.replace(old, path)
             raise
+        fsync_dir(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     finally:
-        lock.unlink(missing_ok=True)  # before the lock goes: a sweeper that opens it now finds it held
-        os.close(fd)
+        if fd is not None:
+            lock.unlink(missing_ok=True)  # before the lock goes: a sweep that opened it sees another inode or none
+            os.close(fd)
 
 
 def upload_dir(local: str | Path, url: str, marker: str = "maxit_checkpoint.json") -> str:

@@ -151,9 +151,11 @@ def test_a_bad_flag_is_one_line_naming_it(capsys):
     for argv, said in ((["run", "--loss", "nope"], "maxit run: error: argument --loss: invalid choice: 'nope'"),
                        (["run", "--problems", "x"], "maxit run: error: argument --problems: invalid int value: 'x'"),
                        (["run", "--nope", "1"], "maxit run: error: unrecognized arguments: --nope 1"),
+                       (["--nope", "run"], "maxit: error: unrecognized arguments: --nope"),
+                       (["sandbox", "run", "p.py", "--nope"], "maxit sandbox run: error: unrecognized arguments: --nope"),
                        (["bogus"], "maxit: error: argument command: invalid choice: 'bogus'")):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         err = capsys.readouterr().err
         assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith(said) and "usage:" not in err, err
-        assert err.rstrip().endswith("--help` lists the flags)" if argv[0] == "run" else "--help` lists the commands)")
+        assert err.rstrip().endswith("--help` lists the commands)" if argv[0] in ("bogus", "--nope") else "--help` lists the flags)")

@@ -308,6 +308,8 @@ def test_settings_changes_names_what_a_continued_store_changes(tmp_path):
     # booleans by the flag that sets them; sequences as typed; the evaluation cache is no change
     assert settings_changes(store, replace(first, shared_policy=False, strategies=("iid", "tree"), base_eval_cache=False)) == [
         "--separate-policies on (was off)", "--strategies iid tree (was iid prompt_aug feedback tree)"]
+    # a switch left to the preset (None) against one set
+    assert settings_changes(store, replace(first, balance_verdicts=True)) == ["--balance-verdicts on (was unset)"]
     # a preset's value that differs in effect (the record of another version's preset)
     record = json.loads((store / "experiment.json").read_text())
     record["effective"]["clip_high"] = 0.2

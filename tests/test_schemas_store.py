@@ -168,17 +168,33 @@ def test_atomic_dir_clears_what_a_killed_build_left_and_only_that(tmp_path):
     assert store.clear_dead_builds(target) == [live]
 
 
-def test_a_build_killed_between_its_two_renames_gets_the_previous_folder_back(tmp_path):
+def test_a_build_killed_between_its_two_renames_keeps_the_previous_folder(tmp_path, caplog):
     """`<tmp>.old` is the only whole copy when a build died after moving `path` aside and before
-    putting its own there: the sweep puts it back instead of deleting it."""
+    putting its own there: the sweep keeps it (and says where) until `path` exists again, and
+    never writes `path` itself (a live build may be swapping it)."""
     target = tmp_path / "ckpt"
     old = tmp_path / ".ckpt.tmp-abc.old"
     old.mkdir()
     (old / "w").write_text("previous")
     (tmp_path / ".ckpt.tmp-abc").mkdir()  # the half-made new one
     (tmp_path / ".ckpt.tmp-abc.lock").touch()  # nobody holds it: the build is dead
-    assert store.clear_dead_builds(target) == [tmp_path / ".ckpt.tmp-abc"]
-    assert (target / "w").read_text() == "previous"
+    with caplog.at_level("WARNING"):
+        assert store.clear_dead_builds(target) == [tmp_path / ".ckpt.tmp-abc"]
+    assert f"the previous ckpt is kept at {old}" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.tmp-abc.lock", ".ckpt.tmp-abc.old"]
+    with store.atomic_dir(target) as d:
+        (d / "w").write_text("new")
+    assert (target / "w").read_text() == "new"
+    assert store.clear_dead_builds(target) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_a_build_runs_unmarked_where_the_filesystem_has_no_flock(tmp_path, monkeypatch):
+    def no_flock(fd, op):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(store.fcntl, "flock", no_flock)
+    with store.atomic_dir(tmp_path / "ckpt") as d:
+        (d / "w").write_text("one")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
