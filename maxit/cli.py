@@ -590,10 +590,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # an unknown flag is reported by the parser of the (sub)command it was given to (pointing at
     # `maxit run --help`), not by the top-level one, where argparse's parse_args would report it
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        parser_given(parser, list(sys.argv[1:] if argv is None else argv), unknown).error(f"unrecognized arguments: {' '.join(unknown)}")
     raw = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(raw)
+    if unknown:
+        parser_given(parser, raw, unknown).error(f"unrecognized arguments: {' '.join(unknown)}")
     args.argv = raw[raw.index(args.command) + 1 :] if args.command in raw else raw
     try:
         return int(args.func(args) or 0)

@@ -142,7 +142,7 @@ def settings_changes(store: str | Path, settings) -> list[str]:
     new store, a store without a record, or the same settings. A setting a record of another
     version does not hold, or this version does not know, is left out; so is the cache of the
     starting model's evaluation, which changes no round's rows."""
-    from pipeline.settings import Settings
+    from pipeline.settings import Settings, setting_flag
 
     root = Path(store)
     record = read_experiment(root) if root.is_dir() else None
@@ -163,14 +163,14 @@ def settings_changes(store: str | Path, settings) -> list[str]:
         if isinstance(new[f.name], bool) or isinstance(old[f.name], bool):
             # a switch: on, off, or unset (None: left to the preset); shared_policy False is
             # --separate-policies on
-            flag = negative[0] if negative else "--" + f.name.replace("_", "-")
+            flag = negative[0] if negative else setting_flag(f.name)
 
             def state(value) -> str:
                 return "unset" if value is None else ("on" if bool(value) != bool(negative) else "off")
 
             out.append(f"{flag} {state(new[f.name])} (was {state(old[f.name])})")
         else:
-            out.append(f"--{f.name.replace('_', '-')} {shown(new[f.name])} (was {shown(old[f.name])})")
+            out.append(f"{setting_flag(f.name)} {shown(new[f.name])} (was {shown(old[f.name])})")
     effective_old, effective_new = record.get("effective"), st.jsonable(settings.preset_values())
     if isinstance(effective_old, dict):
         out += [f"the preset's {k} {shown(v)} (was {shown(effective_old[k])})"

@@ -27,7 +27,7 @@ from pipeline.errors import ConfigError
 from pipeline.strategies import Feedback
 from pipeline.training.config import LoraSettings, LossConfig, RatioConfig, TrainConfig
 
-__all__ = ["Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "settings_from_args", "setting_default", "parse_group_by"]
+__all__ = ["Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "setting_flag", "settings_from_args", "setting_default", "parse_group_by"]
 
 
 def _s(
@@ -541,7 +541,7 @@ class Settings:
         names = {f.name for f in fields(self)}
         for candidate in ((f"eval_{name}", name) if cls == "EvalConfig" else (name,)):
             if candidate in names:
-                return "--" + candidate.replace("_", "-") + message[found.end():]
+                return setting_flag(candidate) + message[found.end():]
         return message
 
     def _run_config(self) -> RunConfig:
@@ -639,6 +639,12 @@ def _scalar_type(hint) -> type:
     return args[0] if args else hint
 
 
+def setting_flag(name: str) -> str:
+    """The command-line flag of the setting `name` (`eval_problems` -> `--eval-problems`; a
+    boolean's negative flag is in its field's metadata)."""
+    return "--" + name.replace("_", "-")
+
+
 def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | None = None) -> None:
     """One flag per setting (of the named groups; None = all): `--name-with-dashes`; booleans get
     `--x` / `--no-x` (or their own negative flag); sequences take several values. Defaults are left
@@ -650,7 +656,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | N
         if groups is not None and meta["group"] not in groups:
             continue
         g = arg_groups.get(meta["group"]) or arg_groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
-        flag = "--" + f.name.replace("_", "-")
+        flag = setting_flag(f.name)
         hint = _unoptional(hints[f.name])  # None ("the preset") is the unset flag's value
         if f.default is None and any(f.name in preset for preset in ALGORITHM_PRESETS.values()):
             default_text = "the algorithm's preset"
