@@ -4,8 +4,8 @@ from assets.config import RunSettings
 from assets.metadata import md_table
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, StoreResource
-from pipeline.advantages import advantage_metrics
-from pipeline.rounds import stage_advantages
+from pipeline.learn.advantages import advantage_metrics
+from pipeline.run.rounds import stage_advantages
 from pipeline.store import read_table, table_path
 
 

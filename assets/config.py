@@ -1,7 +1,7 @@
 """The run's settings as a Dagster resource (a `ConfigurableResource`, so every asset and every
 check of a round reads the same settings, and the launchpad edits them in one place).
 
-Its fields are made from `pipeline.settings.Settings`, the one definition of a run's settings:
+Its fields are made from `pipeline.run.settings.Settings`, the one definition of a run's settings:
 same names, types, defaults and descriptions as the `maxit run` flags and `RunConfig`."""
 
 
@@ -12,8 +12,8 @@ import typing
 import dagster as dg
 from pydantic import Field, create_model
 
-from pipeline.rounds import RoundContext, RunConfig
-from pipeline.settings import Settings, settings_fields
+from pipeline.run.rounds import RoundContext, RunConfig
+from pipeline.run.settings import Settings, settings_fields
 
 
 def _pydantic_field(hint, default, help_text: str):
@@ -35,7 +35,7 @@ class _SettingsResource(dg.ConfigurableResource):
         return cls(**{f.name: list(v) if isinstance(v := getattr(settings, f.name), tuple) else v for f in fields(Settings)})
 
     def settings(self) -> Settings:
-        """These values as `pipeline.settings.Settings`."""
+        """These values as `pipeline.run.settings.Settings`."""
         return Settings(**{f.name: getattr(self, f.name) for f in fields(Settings)})
 
     def run_config(self) -> RunConfig:
@@ -44,7 +44,7 @@ class _SettingsResource(dg.ConfigurableResource):
     def context(self, store, engine, policy_registry=None) -> RoundContext:
         registry = policy_registry.registry() if policy_registry is not None else store.registry()
         from assets.resources import engine_options
-        from pipeline.views import check_verdict_training
+        from pipeline.learn.views import check_verdict_training
 
         ctx = RoundContext(Path(store.root()), self.run_config(), engine.pool(engine_options(self)), registry)
         view = ctx.config.view
@@ -56,7 +56,7 @@ class _SettingsResource(dg.ConfigurableResource):
 RunSettings = create_model(
     "RunSettings",
     __base__=_SettingsResource,
-    __doc__="Settings of an expert-iteration run (pipeline.settings.Settings).",
+    __doc__="Settings of an expert-iteration run (pipeline.run.settings.Settings).",
     __module__=__name__,
     **{name: _pydantic_field(hint, default, help_text) for name, hint, default, help_text in settings_fields()},
 )

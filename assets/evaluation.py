@@ -5,7 +5,7 @@ from assets.config import RunSettings
 from assets.metadata import line_plot_png, md_image, md_table
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
-from pipeline.rounds import evaluate_base, stage_evaluation
+from pipeline.run.rounds import evaluate_base, stage_evaluation
 from pipeline.store import scan_table
 
 

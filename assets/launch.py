@@ -11,7 +11,7 @@ warnings, C++ warnings written straight to the process's stderr) goes to `<store
 and `--verbose` prints it as well.
 
 One writer per store: a run, and each materialization a UI run makes, holds the store's writer
-lock (`pipeline.lock`); a second writer stops with an error naming the first."""
+lock (`pipeline.store.lock`); a second writer stops with an error naming the first."""
 
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ from typing import IO, Iterator
 import polars as pl
 
 from pipeline.errors import MaxitError, RunInterrupted
-from pipeline.lock import StoreLocked, command_line, token_in_env
-from pipeline.lock import acquire as acquire_writer_lock
-from pipeline.report import LOG_FILE, record_experiment, round_line, round_summary
-from pipeline.rounds import BASE_ROUND, SUBSTAGES, record_timing, round_complete
+from pipeline.store.lock import StoreLocked, command_line, token_in_env
+from pipeline.store.lock import acquire as acquire_writer_lock
+from pipeline.run.report import LOG_FILE, record_experiment, round_line, round_summary
+from pipeline.run.rounds import BASE_ROUND, SUBSTAGES, record_timing, round_complete
 from pipeline.store import UrlStore, is_url, table_path
-from pipeline.tracking import check_targets, log_round
+from pipeline.run.tracking import check_targets, log_round
 
 log = logging.getLogger("maxit")
 
@@ -138,7 +138,7 @@ def run_rounds(
     """Materialize rounds 0..n_rounds-1 in-process, on the store's own Dagster instance
     (`dagster_home(store)`, or `home`). Complete rounds (their `evaluation` table exists) are
     kept unless `restart`; the first incomplete round is re-run from scratch. The console shows
-    maxit's progress and one line per finished round (`pipeline.report.round_line`; the caller
+    maxit's progress and one line per finished round (`pipeline.run.report.round_line`; the caller
     prints the returned table); engine and library output goes to `<store>/maxit.log`
     (and to the console too with `verbose`).
 
@@ -146,11 +146,11 @@ def run_rounds(
     working copy (tables, checkpoints being trained, the Dagster instance, maxit.log), made first
     to hold the URL's tables, and every asset uploads what it wrote as it finishes.
 
-    The run holds the store's writer lock (`pipeline.lock`) from before it writes anything until
+    The run holds the store's writer lock (`pipeline.store.lock`) from before it writes anything until
     it ends: a second writer of the store stops at once with `StoreLocked`, naming this one, and
     so does this run when another holds it. A URL store is locked in its working copy, which
     keeps two runs on this machine apart but not runs on two machines. The step processes of a
-    sharded round (`--shards`) share the lock through `pipeline.lock.TOKEN_ENV`."""
+    sharded round (`--shards`) share the lock through `pipeline.store.lock.TOKEN_ENV`."""
     if n_rounds < 1:
         raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
     url = UrlStore(str(store)) if is_url(store) else None
@@ -180,7 +180,7 @@ def _publish_experiment(url: UrlStore) -> None:
     """The experiment record at the URL, naming the URL as its store (not the working copy)."""
     import json
 
-    from pipeline.report import EXPERIMENT_FILE
+    from pipeline.run.report import EXPERIMENT_FILE
     from pipeline.store import atomic_write_text
 
     path = url.local / EXPERIMENT_FILE
@@ -203,7 +203,7 @@ def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_da
     location = url.url if url is not None else str(store.resolve())  # what the stages are given
     resources = make_resources(location, engine, settings)
     run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
-    from pipeline.rounds import build_workflow
+    from pipeline.run.rounds import build_workflow
 
     run_settings = settings.settings()
     metrics = build_workflow(run_settings.run_config()).table_metrics

@@ -6,7 +6,7 @@ from assets.config import RunSettings
 from assets.metadata import md_table
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
-from pipeline.rounds import stage_policy
+from pipeline.run.rounds import stage_policy
 from pipeline.store import checkpoint_dir, read_table, table_path
 
 

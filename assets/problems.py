@@ -3,7 +3,7 @@ import dagster as dg
 from assets.config import RunSettings
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, StoreResource
-from pipeline.rounds import stage_problems
+from pipeline.run.rounds import stage_problems
 
 
 @dg.asset(partitions_def=rounds, group_name="expert_iteration", kinds={"polars"})

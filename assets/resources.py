@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import PrivateAttr
 
-from pipeline.registry import BASE_ROUND, PolicyRegistry
+from pipeline.store.registry import BASE_ROUND, PolicyRegistry
 from pipeline.store import UrlStore, is_url, table_path, working_copy
 from pipeline.engines.pool import EnginePool
 
@@ -30,13 +30,13 @@ class StoreResource(dg.ConfigurableResource):
     _lock: object = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """Hold the store's writer lock (`pipeline.lock`) while the step runs, so that a UI run
+        """Hold the store's writer lock (`pipeline.store.lock`) while the step runs, so that a UI run
         never writes beside a `maxit run` or another UI run, and refuse to start when another
         writer holds it. In `maxit run`'s own process the lock is already held (re-entrant); its
         step processes (`--shards`) join it through `TOKEN_ENV`; the step processes of one UI
         run share it by run id. Between two steps of a UI run the lock is free: another writer
         starting then makes the run's next step fail, not write beside it."""
-        from pipeline.lock import TOKEN_ENV, acquire
+        from pipeline.store.lock import TOKEN_ENV, acquire
 
         run = context.run
         if run is None:  # built outside a run (a test's build_resources): no writer to stand for

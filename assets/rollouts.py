@@ -1,12 +1,12 @@
 """The `rollouts` asset: a graph of one step per shard.
 
 The round's problems are split into `settings.shards` shards by a stable hash of their uid
-(`pipeline.rollouts.shard_of`); `rollout_shards` fans out one dynamic output per shard,
+(`pipeline.rollout.loop.shard_of`); `rollout_shards` fans out one dynamic output per shard,
 `rollout_shard` samples one shard with its own engine (in its own process under the
 multiprocess executor, in its own pod under a Kubernetes or Celery executor), and
 `merge_rollout_shards` writes the round's one `steps` table once every shard is in, so the
 `advantages` asset starts only then. Each shard draws its rows with per-request seeds, so the
-merged table is the one a single process would write (`pipeline.rollouts.merge_shards`).
+merged table is the one a single process would write (`pipeline.rollout.loop.merge_shards`).
 
 Why dynamic outputs and not a second partition dimension (round x shard): the shard count is a
 run setting, not part of the definitions, and a partition dimension would fix it there (a
@@ -62,8 +62,8 @@ def rollout_shard(
     context: dg.OpExecutionContext, shard: int, settings: RunSettings, store: StoreResource, engine: EngineResource, policy_registry: PolicyRegistryResource
 ) -> dict:
     """Sample one shard's problems (every strategy, every agent step) with this process's engine."""
-    from pipeline.rollouts import shard_of
-    from pipeline.rounds import evaluate_base, stage_rollouts, substage_seconds
+    from pipeline.rollout.loop import shard_of
+    from pipeline.run.rounds import evaluate_base, stage_rollouts, substage_seconds
 
     r = round_of(context)
     shards = int(settings.shards)
@@ -101,8 +101,8 @@ def rollout_shard(
 @dg.op(out=dg.Out(dg.Nothing))
 def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[dict], settings: RunSettings, store: StoreResource):
     """Every shard is in: the round's `steps` table, in the order one process would write it."""
-    import pipeline.rollouts as rollouts_mod
-    from pipeline.rounds import record_timing
+    import pipeline.rollout.loop as rollouts_mod
+    from pipeline.run.rounds import record_timing
     from schemas import STEPS
 
     r = round_of(context)

@@ -3,7 +3,7 @@ import dagster as dg
 from assets.config import RunSettings
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
-from pipeline.rounds import stage_training_view
+from pipeline.run.rounds import stage_training_view
 from pipeline.store import read_table, table_path
 
 

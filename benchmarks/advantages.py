@@ -10,7 +10,7 @@ local, sample_weight = membership weight; stratified strategy weights are the tr
 and not measured here); --trajectory-mean adds the trajectory-mean mode with each row scored by
 its own reward (the default score) and by its trajectory's mean.
 Each size runs in a fresh subprocess so its peak memory is its own; rows/s is the best of
---repeats runs (the machine is shared and noisy). The reference (pipeline.advantages_reference,
+--repeats runs (the machine is shared and noisy). The reference (pipeline.learn.advantages_reference,
 one Python loop over row dicts) runs on --reference-rows rows of the same layout; the ratio is
 engine rows/s over reference rows/s measured in this run.
 """
@@ -37,9 +37,9 @@ def _rss() -> int:
 
 
 def measure_engine(rows: int, repeats: int, config_kwargs: dict) -> dict:
-    from pipeline.advantages import compute_advantages
+    from pipeline.learn.advantages import compute_advantages
     from pipeline.config import AdvantageConfig
-    from pipeline.synthetic import synthetic_steps
+    from pipeline.rollout.synthetic import synthetic_steps
 
     df = synthetic_steps(max(rows // 10, 1), samples=4, layout="loops")
     config = AdvantageConfig(**config_kwargs)
@@ -75,9 +75,9 @@ def measure_engine(rows: int, repeats: int, config_kwargs: dict) -> dict:
 
 
 def measure_reference(rows: int, config_kwargs: dict) -> dict:
-    from pipeline.advantages_reference import reference_advantages
+    from pipeline.learn.advantages_reference import reference_advantages
     from pipeline.config import AdvantageConfig
-    from pipeline.synthetic import synthetic_steps
+    from pipeline.rollout.synthetic import synthetic_steps
 
     df = synthetic_steps(max(rows // 10, 1), samples=4, layout="loops")
     dicts = df.to_dicts()

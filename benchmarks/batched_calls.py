@@ -76,8 +76,8 @@ def main(argv=None) -> int:
 
     from pipeline.config import RunConfig
     from pipeline.engines import make_sampler
-    from pipeline.evaluation import EvalConfig
-    from pipeline.rounds import build_workflow, draw_problems, rollout_config, run_strategies, sample_steps
+    from pipeline.rollout.evaluation import EvalConfig
+    from pipeline.run.rounds import build_workflow, draw_problems, rollout_config, run_strategies, sample_steps
     from pipeline.workflows.math import evaluate_team
 
     config = RunConfig(task_file=args.task_file, problems=args.problems, samples=args.samples, max_tokens=args.max_tokens)

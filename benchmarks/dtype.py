@@ -132,8 +132,8 @@ def synthetic_rows(n: int, prompt: int, completion: int, vocab: int, seed: int =
 
 
 def bench_train(name: str, args) -> tuple[float, float, float]:
-    from pipeline.training.config import LossConfig, RatioConfig
-    from pipeline.training.trainer import batch_loss, collate
+    from pipeline.config.train import LossConfig, RatioConfig
+    from pipeline.learn.trainer import batch_loss, collate
 
     cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
     batch = collate(synthetic_rows(args.train_rows, 40, 24, MODELS[name]["vocab_size"]))
@@ -172,8 +172,8 @@ def lengths_like(kind: str, n: int, seed: int) -> list[tuple[int, int]]:
 
 
 def packing(args) -> None:
-    from pipeline.training.config import LossConfig, RatioConfig
-    from pipeline.training.trainer import MinibatchSortedSampler, batch_loss, collate, minibatch_count, padding_fraction, row_sort_keys, select_rows, trainable_rows
+    from pipeline.config.train import LossConfig, RatioConfig
+    from pipeline.learn.trainer import MinibatchSortedSampler, batch_loss, collate, minibatch_count, padding_fraction, row_sort_keys, select_rows, trainable_rows
 
     n, minibatch = 1024, 256
     for kind, micro in (("arithmetic", 64), ("gsm8k", 8)):
@@ -245,8 +245,9 @@ def agreement(args) -> None:
     or bf16 autocast); the per-token |log p_train - log q| is what the first step's ratios see."""
     from pipeline.engines.config import EngineConfig
     from pipeline.engines.hf import HFSampler
-    from pipeline.models import default_model, encode_prompt, load_model
-    from pipeline.training.trainer import collate, completion_logps
+    from pipeline.workflows.math.model import default_model
+    from pipeline.models import encode_prompt, load_model
+    from pipeline.learn.trainer import collate, completion_logps
 
     model_dir = default_model()
     rng = random.Random(0)
@@ -286,7 +287,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=16)
     ap.add_argument("--train-rows", type=int, default=16)
     args = ap.parse_args(argv)
-    from pipeline.training.trainer import set_threads
+    from pipeline.learn.trainer import set_threads
 
     print(f"torch {torch.__version__}, {set_threads(args.threads)} threads")
     if "detect" in args.sections:

@@ -64,7 +64,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from pipeline.engines import make_sampler, vllm_available
-    from pipeline.models import count_parameters, default_model, encode_prompt, load_model, load_tokenizer
+    from pipeline.models import count_parameters, encode_prompt, load_model, load_tokenizer
+    from pipeline.workflows.math.model import default_model
     from pipeline.models.build import ModelConfig, build_untrained_model
     from pipeline.tasks import ArithmeticTask
 

@@ -39,7 +39,7 @@ def make_adapter(base_dir: Path, out_dir: Path, seed: int, rank: int, scale: flo
     from peft import LoraConfig, get_peft_model
 
     from pipeline.models import load_model, load_tokenizer
-    from pipeline.training.config import LoraSettings
+    from pipeline.config.train import LoraSettings
 
     torch.manual_seed(seed)
     model = get_peft_model(

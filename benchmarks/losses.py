@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from pipeline.training.config import LossConfig, TrainConfig  # noqa: E402
-from pipeline.training.trainer import train_policy  # noqa: E402
+from pipeline.config.train import LossConfig, TrainConfig  # noqa: E402
+from pipeline.learn.trainer import train_policy  # noqa: E402
 from training import bench_parser, bench_setup  # noqa: E402  (benchmarks/training.py)
 
 LOSSES = {

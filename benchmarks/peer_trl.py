@@ -13,7 +13,7 @@ What is the same for both (per seed):
   worker checks that TRL's tokenisation of them equals the prompt ids maxit sampled with (its
   `steps` table) and reports `prompts_identical`;
 - reward: `task.reward(problem, completion_text)` (a raising reward is None for both);
-- LoRA: r, alpha, dropout 0 and target modules from `pipeline.training.config.LoraSettings`, as
+- LoRA: r, alpha, dropout 0 and target modules from `pipeline.config.train.LoraSettings`, as
   maxit's `add_lora` builds them (those the model has);
 - sample budget: rounds x problems x samples, completions of --max-tokens tokens at
   --temperature (top-k/top-p off in both); maxit `--workflow single --max-loop-num 1` and
@@ -77,7 +77,7 @@ DEFAULT_MODEL = ROOT / "models" / "smollm2-135m-instruct"
 ALGORITHMS = ("maxit", "drmas", "atgrpo", "exit", "grpo")
 FULL = {"rounds": 3, "problems": 16, "samples": 4, "max_tokens": 64, "eval_problems": 400}
 SMOKE = {"rounds": 1, "problems": 2, "samples": 2, "max_tokens": 8, "eval_problems": 4}
-POLICY = "shared"  # the single workflow's one policy (pipeline.agents.agent.SHARED_POLICY)
+POLICY = "shared"  # the single workflow's one policy (pipeline.rollout.agent.SHARED_POLICY)
 
 
 # -- set-up ----------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def maxit_has_dtype() -> bool:
     """Whether `maxit run` takes --dtype (engines and training precision); without it a CPU run is float32."""
     from dataclasses import fields
 
-    from pipeline.settings import Settings
+    from pipeline.run.settings import Settings
 
     return any(f.name == "dtype" for f in fields(Settings))
 
@@ -157,7 +157,7 @@ def maxit_has_dtype() -> bool:
 def run_maxit(args, b: dict, seed: int, model_dir: Path, task_file: Path, store: Path) -> dict:
     import polars as pl
 
-    from pipeline.registry import PolicyRegistry
+    from pipeline.store.registry import PolicyRegistry
 
     shutil.rmtree(store, ignore_errors=True)
     store.parent.mkdir(parents=True, exist_ok=True)
@@ -297,7 +297,7 @@ def trl_worker(spec_file: str) -> int:
 
     from pipeline.models import load_model, load_tokenizer
     from pipeline.tasks import build_task
-    from pipeline.training.config import CHECKPOINTING_PARAMETERS, LoraSettings
+    from pipeline.config.train import CHECKPOINTING_PARAMETERS, LoraSettings
     from pipeline.types import Problem
 
     work = Path(spec["work"])
@@ -381,10 +381,10 @@ class Evaluator:
     the base: the HF engine merges it itself, for vLLM it is written merged to a temporary folder)."""
 
     def __init__(self, engine: str, model_dir: Path, task, problems: int, samples: int, temperature: float, max_tokens: int, dtype: str):
-        from pipeline.agents.agent import SHARED_POLICY, Agent
-        from pipeline.agents.orchestra import SOLVER
+        from pipeline.rollout.agent import SHARED_POLICY, Agent
+        from pipeline.workflows.math.orchestra import SOLVER
         from pipeline.engines import make_sampler
-        from pipeline.evaluation import EvalConfig
+        from pipeline.rollout.evaluation import EvalConfig
         from pipeline.models import load_tokenizer
         from pipeline.tasks.base import budget_of
 

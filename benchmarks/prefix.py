@@ -37,8 +37,8 @@ def measure(store: str, round_: int, policy: str, share_prefix: int | None, prof
     sys.path[:0] = [str(ROOT)]
     import pyarrow.parquet as pq
 
-    from pipeline.training.config import LoraSettings, LossConfig, RatioConfig, TrainConfig
-    from pipeline.training.trainer import read_checkpoint_meta, train_policy
+    from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
+    from pipeline.learn.trainer import read_checkpoint_meta, train_policy
 
     ckpt = Path(store) / "checkpoints" / f"round={round_}" / policy
     meta = read_checkpoint_meta(ckpt)

@@ -20,9 +20,10 @@ import time
 def main(argv=None) -> None:
     from pipeline.workflows.math import MathWorkflow
     from pipeline.engines import make_sampler
-    from pipeline.models import default_model, load_tokenizer
+    from pipeline.workflows.math.model import default_model
+    from pipeline.models import load_tokenizer
     from pipeline.models.chat import encode_prompt
-    from pipeline.rollouts import RolloutConfig, run_rollouts
+    from pipeline.rollout.loop import RolloutConfig, run_rollouts
     from pipeline.strategies import make_strategy
     from pipeline.tasks import make_task
 

@@ -47,14 +47,14 @@ def store_rows(store: Path) -> list[dict]:
     import polars as pl
 
     from pipeline.engines.config import model_parameters, resolve_dtype
-    from pipeline.report import read_experiment, stored_settings
-    from pipeline.training.trainer import trainable_rows
+    from pipeline.run.report import read_experiment, stored_settings
+    from pipeline.learn.trainer import trainable_rows
 
     settings = stored_settings(read_experiment(store))
     config = settings.run_config()
     model_dir = settings.model_dir
     if not model_dir:
-        from pipeline.models import default_model
+        from pipeline.workflows.math.model import default_model
 
         model_dir = default_model()
     model_dir = next((p for p in (Path(model_dir), store.parent.parent / model_dir) if (p / "config.json").is_file()), Path(model_dir))

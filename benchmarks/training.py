@@ -2,7 +2,7 @@
 
 Both train the same rows of a synthetic training view (arithmetic-sized prompts and completions)
 on the same model (the prototype's size: 4 layers, width 128, ~1M parameters), with the same loss
-(`pipeline.training.loss`, through `batch_loss`), the same collation and the same AdamW settings,
+(`pipeline.learn.loss`, through `batch_loss`), the same collation and the same AdamW settings,
 for one epoch each. Runs alternate (plain, trainer, plain, trainer, ...) so background load hits
 both alike; the best of each is reported. Goal: trainer >= 80% of the plain loop's tokens/s.
 
@@ -26,9 +26,9 @@ import torch  # noqa: E402
 
 from pipeline.models.chat import encode_prompt  # noqa: E402
 from pipeline.strategies import IID  # noqa: E402
-from pipeline.training.config import LossConfig, TrainConfig  # noqa: E402
-from pipeline.training.trainer import batch_loss, collate, set_threads, train_policy  # noqa: E402
-from pipeline.views import build_training_view, to_dataset  # noqa: E402
+from pipeline.config.train import LossConfig, TrainConfig  # noqa: E402
+from pipeline.learn.trainer import batch_loss, collate, set_threads, train_policy  # noqa: E402
+from pipeline.learn.views import build_training_view, to_dataset  # noqa: E402
 from tiny import advantage_row, advantages_table, tiny_model_dir, tiny_tokenizer  # noqa: E402
 
 

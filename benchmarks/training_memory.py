@@ -32,7 +32,7 @@ def measure(mode: str, rows: int, completion: int, budget_mb: float) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     sys.path[:0] = [str(ROOT)]
-    from pipeline.training.trainer import collate, completion_logps, logit_elements
+    from pipeline.learn.trainer import collate, completion_logps, logit_elements
 
     torch.manual_seed(0)
     torch.set_num_threads(2)

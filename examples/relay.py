@@ -10,9 +10,8 @@ final sum is a + b + c + d. The embedded arithmetic model already reads "x+y=".
 import random
 import re
 
-from pipeline.agents import Agent
 from pipeline.types import Problem
-from pipeline.workflows import Env, StepResult, Workflow
+from pipeline.workflows import Agent, Env, StepResult, Workflow
 
 AGENTS = ("first", "second", "third")
 
@@ -60,6 +59,6 @@ class Relay(Workflow):
         return RelayEnv(problem)
 
     def default_model(self):
-        from pipeline.models import default_model
+        from pipeline.workflows.math.model import default_model
 
         return default_model()

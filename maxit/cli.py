@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import DataError, MaxitError, RunInterrupted, SchemaError, one_line
-from pipeline.settings import LOSS_KINDS, add_setting_flags, parse_weights, setting_default
+from pipeline.run.settings import LOSS_KINDS, add_setting_flags, parse_weights, setting_default
 
 __all__ = ["main", "build_parser"]
 
@@ -37,7 +37,7 @@ def add_advantage_flags(p: argparse.ArgumentParser) -> None:
 def advantage_config_from_args(args):
     import dataclasses
 
-    from pipeline.settings import settings_from_args
+    from pipeline.run.settings import settings_from_args
 
     config = settings_from_args(args).advantage_config()
     return dataclasses.replace(config, singleton=args.singleton, eps=args.eps)
@@ -45,12 +45,12 @@ def advantage_config_from_args(args):
 
 def cmd_advantages(args) -> int:
     from pipeline import store
-    from pipeline.advantages import advantage_metrics, compute_advantages
+    from pipeline.learn.advantages import advantage_metrics, compute_advantages
 
     config = advantage_config_from_args(args)
     store.check_writable(args.out, "--out")
     if args.demo:
-        from pipeline.synthetic import synthetic_steps
+        from pipeline.rollout.synthetic import synthetic_steps
 
         steps = synthetic_steps(n_problems=args.demo_problems, samples=4, seed=args.seed, full=True)
         source = f"a generated demo table ({steps.height} rows: {args.demo_problems} problems x 3 strategies x 4 samples x 2 agents x 3 turns)"
@@ -98,7 +98,7 @@ def local_store(store: str, flag: str = "--store") -> Path:
 
 
 def cmd_sql(args) -> int:
-    from pipeline.analysis import run_sql
+    from pipeline.store.analysis import run_sql
     from pipeline.store import check_table_file
 
     store = local_store(args.store)
@@ -138,8 +138,8 @@ def check_run_inputs(settings, store_dir: str):
     `settings` (a `Settings` or a `RunConfig`), each a named error. Returns the workflow."""
     from pipeline.models.chat import check_model_dir
     from pipeline.store import check_writable, is_url, working_copy
-    from pipeline.rounds import build_workflow, run_strategies
-    from pipeline.views import check_verdict_training
+    from pipeline.run.rounds import build_workflow, run_strategies
+    from pipeline.learn.views import check_verdict_training
 
     check_scale_out(settings, store_dir)
     config = settings.run_config() if hasattr(settings, "run_config") else settings  # a Settings or a RunConfig
@@ -154,7 +154,7 @@ def check_run_inputs(settings, store_dir: str):
 
 
 def run_strategies_of(settings, workflow) -> list[str]:
-    from pipeline.rounds import run_strategies
+    from pipeline.run.rounds import run_strategies
 
     return list(run_strategies(settings.run_config(), workflow))
 
@@ -176,9 +176,9 @@ def cmd_run(args) -> int:
 
     from assets.config import RunSettings
     from assets.launch import run_rounds
-    from pipeline.settings import settings_from_args
+    from pipeline.run.settings import settings_from_args
 
-    from pipeline.tracking import check_targets
+    from pipeline.run.tracking import check_targets
 
     settings = settings_from_args(args)
     settings.run_config()  # validate every flag before anything starts
@@ -191,7 +191,7 @@ def cmd_run(args) -> int:
     )
     for note in small_splits(settings, workflow):
         print(note, flush=True)
-    from pipeline.report import settings_changes
+    from pipeline.run.report import settings_changes
     from pipeline.store import is_url
 
     changes = [] if args.restart or is_url(args.store) else settings_changes(args.store, settings)
@@ -222,7 +222,7 @@ def cmd_ui(args) -> int:
 
 def cmd_runs(args) -> int:
     from pipeline.errors import ConfigError
-    from pipeline.report import experiments_table
+    from pipeline.run.report import experiments_table
     from pipeline.store import is_url
 
     for root in args.root or []:
@@ -243,7 +243,7 @@ def cmd_runs(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from pipeline.report import build_report, markdown_round_table
+    from pipeline.run.report import build_report, markdown_round_table
     from pipeline.store import check_writable
 
     if args.out is None and not args.markdown:
@@ -264,9 +264,9 @@ def cmd_report(args) -> int:
 def cmd_rollout(args) -> int:
     import polars as pl
 
-    from pipeline.registry import PolicyRegistry
-    from pipeline.rounds import RoundContext, stage_problems, stage_rollouts
-    from pipeline.settings import settings_from_args
+    from pipeline.store.registry import PolicyRegistry
+    from pipeline.run.rounds import RoundContext, stage_problems, stage_rollouts
+    from pipeline.run.settings import settings_from_args
     from pipeline.store import UrlStore, is_url, read_table, table_path
 
     config = settings_from_args(args).run_config()
@@ -292,10 +292,11 @@ def cmd_rollout(args) -> int:
 
 def cmd_view(args) -> int:
     from pipeline import store
-    from pipeline.models import default_model, load_tokenizer
+    from pipeline.workflows.math.model import default_model
+    from pipeline.models import load_tokenizer
     from pipeline.models.chat import check_model_dir
     from pipeline.strategies import STRATEGY_IDS, make_strategy
-    from pipeline.views import ViewConfig, build_training_view
+    from pipeline.learn.views import ViewConfig, build_training_view
 
     path = Path(args.advantages)
     if not path.exists():
@@ -370,8 +371,8 @@ def cmd_train(args) -> int:
         print("maxit train: " + " ".join(argv), flush=True)
         os.execv(argv[0], argv)  # accelerate starts one `maxit train` per process
     from pipeline.models.chat import check_model_dir
-    from pipeline.training.config import TrainConfig
-    from pipeline.training.trainer import train_from_files
+    from pipeline.config.train import TrainConfig
+    from pipeline.learn.trainer import train_from_files
 
     init = args.init
     if init is not None:
@@ -384,21 +385,21 @@ def cmd_train(args) -> int:
             store.check_writable(args.store, "--store", "folder")
     store.check_table_file(args.view, "training_view", "--view")
     if init is None:
-        from pipeline.models import default_model
+        from pipeline.workflows.math.model import default_model
 
         init = default_model()
     if (args.store is None) != (args.round is None):
         raise MaxitError("--store and --round go together: give both to register the checkpoint as that round's, or neither")
     # without --temperature: the view's own sampling temperature (1.0 for a view without one)
     temperature = 1.0 if args.temperature is None else args.temperature
-    from pipeline.settings import Settings
+    from pipeline.run.settings import Settings
 
     preset = Settings(loss=args.loss, lr=args.lr)  # the loss's preset: learning rate, negative-advantage weight
     config = TrainConfig(lr=preset.learning_rate(), epochs=args.epochs, temperature=temperature, loss=preset.loss_config(), report_to=args.report_to)
     res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round, temperature_from_view=args.temperature is None)
     print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     if args.store is not None:
-        from pipeline.registry import PolicyRegistry
+        from pipeline.store.registry import PolicyRegistry
 
         rec = PolicyRegistry(args.store).register(args.round, res.policy_id, res.checkpoint, parent=init, data_hash=res.data_hash)
         print(f"registered as round {rec.round} of policy {rec.policy_id!r} in {args.store}")
@@ -416,7 +417,7 @@ def cmd_model(args) -> int:
         return 0
     if args.file is not None or args.out is not None or args.chat_template is not None:
         raise MaxitError("FILE, --out and --chat-template belong to `maxit model import FILE.gguf --out DIR`")
-    from pipeline.models import build_default_model
+    from pipeline.workflows.math.model import build_default_model
 
     path = build_default_model(seed=args.seed, force=args.force)
     print(path)
@@ -424,7 +425,7 @@ def cmd_model(args) -> int:
 
 
 def add_sandbox_parser(sub) -> None:
-    """`maxit sandbox run PROGRAM.py`: one untrusted program in the sandbox (pipeline/sandbox.py,
+    """`maxit sandbox run PROGRAM.py`: one untrusted program in the sandbox (pipeline/sandbox/__init__.py,
     docs/SANDBOX.md), answered with one line of JSON."""
     p = sub.add_parser("sandbox", help="run an untrusted Python program in the sandbox (docs/SANDBOX.md)")
     actions = p.add_subparsers(dest="sandbox_command", required=True)

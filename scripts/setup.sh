@@ -38,7 +38,7 @@ if [ "${MAXIT_SKIP_CHROMIUM:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1
   (apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; }) \
     && echo "chromium installed (headless report test)" || echo "chromium could not be installed: the report's browser test will skip"
 fi
-# bubblewrap gives `maxit sandbox` and pipeline/sandbox.py their mount, PID and network namespaces
+# bubblewrap gives `maxit sandbox` and pipeline/sandbox/__init__.py their mount, PID and network namespaces
 # (docs/SANDBOX.md). Installed from the system's packages where we may (root with apt-get), unless
 # MAXIT_SKIP_BWRAP=1.
 if [ "${MAXIT_SKIP_BWRAP:-0}" != 1 ] && ! command -v bwrap >/dev/null 2>&1 \
@@ -49,5 +49,5 @@ if [ "${MAXIT_SKIP_BWRAP:-0}" != 1 ] && ! command -v bwrap >/dev/null 2>&1 \
 fi
 # Build (once; cached under .cache/maxit) and warm-start the embedded default model.
 if [ "${MAXIT_SKIP_MODEL:-0}" != 1 ]; then
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} .venv/bin/python -m pipeline.models
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} .venv/bin/python -m pipeline.workflows.math.model
 fi

@@ -37,8 +37,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pipeline.models import default_model
-    from pipeline.models.warmstart import _batch_tensors, encode_messages_fast
+    from pipeline.workflows.math.model import default_model
+    from pipeline.models.sft import batch_tensors as _batch_tensors, encode_messages_fast
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

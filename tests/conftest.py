@@ -91,7 +91,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """The default model's architecture and tokenizer with random weights (seconds to build)."""
-    from pipeline.models.build import ModelConfig, build_tokenizer, build_untrained_model
+    from pipeline.models.build import ModelConfig, build_untrained_model
+    from pipeline.workflows.math.model import build_tokenizer
 
     config = ModelConfig(seed=1234)
     return build_untrained_model(config, build_tokenizer(config), tmp_path_factory.mktemp("tiny-default"))
@@ -100,7 +101,8 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The warm-started default model (cached; built once if missing)."""
-    from pipeline.models import default_cache_dir, default_model
+    from pipeline.models import default_cache_dir
+    from pipeline.workflows.math.model import default_model
 
     return default_model(default_cache_dir())
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report import EXPERIMENT_FILE, record_experiment
-from pipeline.settings import Settings
+from pipeline.run.report import EXPERIMENT_FILE, record_experiment
+from pipeline.run.settings import Settings
 from pipeline.store import jsonable
 
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.advantages import advantage_metrics, compute_advantages
-from pipeline.advantages_reference import reference_advantages
+from pipeline.learn.advantages import advantage_metrics, compute_advantages
+from pipeline.learn.advantages_reference import reference_advantages
 from pipeline.config import GROUP_COLUMNS, AdvantageConfig, FrozenMapping
 from pipeline.errors import ConfigError, DataError, SchemaError
 
@@ -418,8 +418,8 @@ def test_matches_pure_python_reference(rows, config, with_round):
 
 
 def test_exact_plan_agrees_with_the_hashed_one_and_is_used_on_a_collision(monkeypatch):
-    import pipeline.advantages as A
-    from pipeline.synthetic import synthetic_steps
+    import pipeline.learn.advantages as A
+    from pipeline.rollout.synthetic import synthetic_steps
 
     df = synthetic_steps(200, samples=3, layout="loops", seed=3)
     traj = AdvantageConfig(trajectory_mean=True, group_by=("agent_id",), alpha=1.0)

@@ -1,7 +1,8 @@
 import pytest
 
 from fakes import FakeTask
-from pipeline.agents import ENVIRONMENT, FEEDBACK_TURNS, Agent, MathOrchestra, Utterance, default_agents, solver_view, verifier_view
+from pipeline.workflows.math.orchestra import ENVIRONMENT, FEEDBACK_TURNS, MathOrchestra, Utterance, default_agents, solver_view, verifier_view
+from pipeline.rollout.agent import Agent
 from pipeline.errors import ConfigError
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 

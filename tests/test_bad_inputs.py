@@ -13,11 +13,11 @@ import pytest
 
 from maxit.cli import main
 from pipeline import store
-from pipeline.advantages import compute_advantages
+from pipeline.learn.advantages import compute_advantages
 from pipeline.config import AdvantageConfig
 from pipeline.errors import ConfigError, DataError, one_line
 from pipeline.models.chat import check_model_dir
-from pipeline.synthetic import synthetic_steps
+from pipeline.rollout.synthetic import synthetic_steps
 from schemas import STEPS, TRAINING_VIEW, SchemaError, validate
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import require_vllm
 from maxit.cli import main
-from pipeline.registry import PolicyRegistry
-from pipeline.training.trainer import read_checkpoint_meta
+from pipeline.store.registry import PolicyRegistry
+from pipeline.learn.trainer import read_checkpoint_meta
 from schemas import ADVANTAGES, STEPS, TRAINING_VIEW, validate
 
 
@@ -129,8 +129,8 @@ def test_a_task_smaller_than_the_flags_ask_is_said_before_the_run(tmp_path):
     import json
 
     from maxit.cli import small_splits
-    from pipeline.rounds import build_workflow
-    from pipeline.settings import Settings
+    from pipeline.run.rounds import build_workflow
+    from pipeline.run.settings import Settings
 
     task = tmp_path / "small.jsonl"
     task.write_text("".join(json.dumps({"question": f"What is {i}+{i + 3}?", "answer": str(2 * i + 3)}) + "\n" for i in range(20)))

@@ -14,7 +14,7 @@ import pytest
 
 from fakes import END, ROLE_MARK, FakeTokenizer
 from pipeline.errors import ConfigError, DataError
-from pipeline.rollouts import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import RolloutConfig, run_rollouts
 from pipeline.strategies import IID, Tree
 from pipeline.types import Sample
 from pipeline.workflows import load_workflow
@@ -178,7 +178,7 @@ def test_tree_broadcasts_the_selected_state_and_copies_are_independent():
 
 
 def test_separate_policies_and_the_default_evaluation_metrics():
-    from pipeline.evaluation import EvalConfig
+    from pipeline.rollout.evaluation import EvalConfig
 
     wf = load_workflow("code", shared_policy=False, **FAST)
     assert wf.policy_ids == (CODER, TESTER)
@@ -297,7 +297,7 @@ def test_humaneval_loads_offline_and_checks_in_the_sandbox():
 def test_the_coder_alone_is_a_team_of_one():
     """`team=coder`: one Coder call per episode, rewarded by the hidden tests' pass rate; no Tester
     row, prompt or column; the evaluation still reports the team's success."""
-    from pipeline.evaluation import EvalConfig
+    from pipeline.rollout.evaluation import EvalConfig
 
     wf = load_workflow("code", team="coder", **FAST)
     assert [a.agent_id for a in wf.agents] == [CODER] and wf.turn_order == (CODER,) and wf.max_turns == 1

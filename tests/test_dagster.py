@@ -13,8 +13,8 @@ from assets.definitions import ROUND_ASSETS, defs, make_resources
 from assets.partitions import rounds
 from assets.resources import close_engines
 from assets.sensors import make_next_round_sensor, next_round
-from pipeline.registry import PolicyRegistry
-from pipeline.rounds import SUBSTAGES
+from pipeline.store.registry import PolicyRegistry
+from pipeline.run.rounds import SUBSTAGES
 from pipeline.store import table_path
 from schemas import validate
 
@@ -173,7 +173,7 @@ def test_sensor_requests_the_next_round(one_round):
 
 
 def test_failing_blocking_check_stops_the_round(tmp_path, default_model_dir, monkeypatch):
-    import pipeline.rollouts as rollouts_mod
+    import pipeline.rollout.loop as rollouts_mod
 
     real_write = rollouts_mod.write_steps
 
@@ -199,7 +199,7 @@ def test_failing_blocking_check_stops_the_round(tmp_path, default_model_dir, mon
 
 def test_ground_truth_baseline_round_is_step_matched(tmp_path, default_model_dir):
     """The SFT-on-ground-truth baseline trains as many rows as the rollouts' view would have."""
-    from pipeline.rounds import EnginePool, RoundContext, run_round_stages
+    from pipeline.run.rounds import EnginePool, RoundContext, run_round_stages
 
     ctx = RoundContext(tmp_path, small_settings(default_model_dir, train_on="ground_truth").run_config(), EnginePool("hf"))
     try:

@@ -12,8 +12,8 @@ import torch
 from pipeline.engines import config as ec
 from pipeline.engines.config import BF16_MIN_PARAMETERS, EngineConfig, cpuinfo_has_bf16, model_parameters, resolve_dtype
 from pipeline.errors import ConfigError
-from pipeline.settings import Settings, add_setting_flags, settings_from_args
-from pipeline.training.config import LossConfig, RatioConfig, TrainConfig
+from pipeline.run.settings import Settings, add_setting_flags, settings_from_args
+from pipeline.config.train import LossConfig, RatioConfig, TrainConfig
 from tiny import tiny_model_dir
 
 ZEN4 = """processor\t: 0
@@ -135,7 +135,7 @@ def _rows(n: int = 6):
 
 def test_a_bf16_autocast_step_is_finite_close_to_fp32_and_keeps_fp32_weights(tmp_path, monkeypatch):
     from pipeline.models import load_model
-    from pipeline.training import trainer as tr
+    from pipeline.learn import trainer as tr
 
     d = tiny_model_dir(tmp_path / "m")
     batch = tr.collate(_rows())
@@ -162,8 +162,8 @@ def _view(model_dir, n: int = 8):
     from pipeline.models import load_model, load_tokenizer
     from pipeline.models.chat import encode_prompt
     from pipeline.strategies import IID
-    from pipeline.training.trainer import collate, completion_logps
-    from pipeline.views import build_training_view
+    from pipeline.learn.trainer import collate, completion_logps
+    from pipeline.learn.views import build_training_view
     from tiny import advantage_row, advantages_table
 
     tok, model = load_tokenizer(model_dir), load_model(model_dir)
@@ -179,7 +179,7 @@ def _view(model_dir, n: int = 8):
 
 
 def test_train_policy_in_bf16_records_the_resolved_dtype(tmp_path, cpu):
-    from pipeline.training.trainer import read_checkpoint_meta, train_policy
+    from pipeline.learn.trainer import read_checkpoint_meta, train_policy
 
     cpu(ZEN4)
     d = tiny_model_dir(tmp_path / "m")

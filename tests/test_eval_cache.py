@@ -1,4 +1,4 @@
-"""The starting model's evaluation (round -1) computed once and reused (pipeline/eval_cache.py):
+"""The starting model's evaluation (round -1) computed once and reused (pipeline/run/eval_cache.py):
 a second store with the same model, task and evaluation takes the rows without sampling; any
 change to what the rows depend on computes afresh; the flag turns it off; a damaged entry is
 recomputed."""
@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from pipeline import eval_cache
+from pipeline.run import eval_cache
 from pipeline.store import table_path
 from test_settings import _context
 
@@ -23,7 +23,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _base(tmp_path, name, model_dir, **settings):
-    from pipeline.rounds import BASE_ROUND, evaluate_base
+    from pipeline.run.rounds import BASE_ROUND, evaluate_base
 
     ctx, sampler = _context(tmp_path / name, model_dir, **settings)
     frame = evaluate_base(ctx)
@@ -69,7 +69,7 @@ def test_what_the_rows_depend_on_is_in_the_key(tmp_path, tiny_model_dir, cache, 
 
 def test_the_flag_computes_afresh_and_leaves_the_cache_alone(tmp_path, tiny_model_dir, cache):
     from maxit.cli import build_parser
-    from pipeline.settings import settings_from_args
+    from pipeline.run.settings import settings_from_args
 
     assert settings_from_args(build_parser().parse_args(["run", "--no-base-eval-cache"])).run_config().evaluation.reuse_base is False
     assert settings_from_args(build_parser().parse_args(["run"])).run_config().evaluation.reuse_base is True

@@ -7,10 +7,10 @@ import polars as pl
 import pytest
 
 from fakes import FakeSampler, FakeTask
-from pipeline.agents import default_agents
-from pipeline.evaluation import EvalConfig
+from pipeline.workflows.math.orchestra import default_agents
+from pipeline.rollout.evaluation import EvalConfig
 from pipeline.workflows.math import evaluate_team
-from pipeline.rewards import CORRECT_THRESHOLD, Outcome, is_correct
+from pipeline.rollout.rewards import CORRECT_THRESHOLD, Outcome, is_correct
 
 
 def metrics(df: pl.DataFrame) -> dict[str, float]:

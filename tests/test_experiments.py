@@ -17,8 +17,8 @@ import polars as pl
 import pytest
 
 from pipeline.engines import vllm_available
-from pipeline.report import EXPERIMENT_FILE, LOG_FILE, experiments_table, read_experiment, record_experiment
-from pipeline.rounds import STAGE_NAMES, SUBSTAGES, record_timing
+from pipeline.run.report import EXPERIMENT_FILE, LOG_FILE, experiments_table, read_experiment, record_experiment
+from pipeline.run.rounds import STAGE_NAMES, SUBSTAGES, record_timing
 from pipeline.store import table_path
 from schemas import validate
 
@@ -161,7 +161,7 @@ def test_record_timing_replaces_a_stage_and_rejects_bad_input(tmp_path):
 
 
 def test_experiment_record_keeps_creation_and_previous_settings(tmp_path):
-    from pipeline.settings import Settings
+    from pipeline.run.settings import Settings
 
     first = record_experiment(tmp_path, Settings(), "hf")
     again = record_experiment(tmp_path, Settings(seed=3), "hf")
@@ -176,7 +176,7 @@ def test_experiment_record_keeps_creation_and_previous_settings(tmp_path):
 def test_experiment_record_keeps_the_preset_values_in_effect(tmp_path):
     """A store says what its run used even where the settings left it to the loss's preset
     (a preset may change between versions)."""
-    from pipeline.settings import LOSS_PRESETS, Settings
+    from pipeline.run.settings import LOSS_PRESETS, Settings
 
     ppo = record_experiment(tmp_path / "ppo", Settings(loss="ppo"), "hf")
     assert ppo["settings"]["lr"] is None and ppo["effective"] == dict(LOSS_PRESETS["ppo"])
@@ -188,8 +188,8 @@ def test_experiment_record_keeps_the_preset_values_in_effect(tmp_path):
 def test_a_preset_change_between_resumes_keeps_the_earlier_values_in_effect(tmp_path, monkeypatch):
     """The same settings resumed after the loss's preset changed: the earlier rounds' values are
     kept under previous_effective, as changed settings are kept under previous_settings."""
-    from pipeline import settings as settings_module
-    from pipeline.settings import LOSS_PRESETS, Settings
+    from pipeline.run import settings as settings_module
+    from pipeline.run.settings import LOSS_PRESETS, Settings
 
     record_experiment(tmp_path, Settings(loss="ppo"), "hf")
     monkeypatch.setitem(settings_module.LOSS_PRESETS, "ppo", {**LOSS_PRESETS["ppo"], "lr": 1e-3})

@@ -12,20 +12,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.rollouts import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import RolloutConfig, run_rollouts
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from pipeline.types import Sample
 from pipeline.workflows import load_workflow
-from pipeline.workflows.grid import (
-    MOVER,
-    PLANNER,
-    GridEnv,
-    GridWorkflow,
-    mover_text,
-    parse_puzzle,
-    planner_text,
-    read_move,
-)
+from pipeline.workflows.grid.game import MOVER, PLANNER, GridEnv, mover_text, parse_puzzle, planner_text, read_move
+from pipeline.workflows.grid import GridWorkflow
 from tests.fakes import FakeTokenizer, ROLE_MARK
 
 # A at (0,0), G at (0,3), a wall at (0,2): the shortest path goes down and around (5 moves)
@@ -258,7 +250,7 @@ def test_iid_and_prompt_aug_episodes_and_rewards():
 
 
 def test_default_evaluation_reports_the_table_metrics():
-    from pipeline.evaluation import EvalConfig, evaluate_workflow
+    from pipeline.rollout.evaluation import EvalConfig, evaluate_workflow
 
     wf = load_workflow("grid")
     sampler = ScriptedSampler(lambda c, j, rng: scripted_move(c, 1))
@@ -274,7 +266,7 @@ def test_embedded_model_builds_and_is_cached(tmp_path):
     from pipeline.models import load_model, load_tokenizer
     from pipeline.models.build import ModelConfig
     from pipeline.models.chat import encode_prompt
-    from pipeline.models.grid import GridGame, GridWarmStartConfig, build_grid_model
+    from pipeline.workflows.grid.model import GridGame, GridWarmStartConfig, build_grid_model
 
     small = ModelConfig(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64)
     warm = GridWarmStartConfig(steps=3, clean_steps=1, batch_size=8, warmup_steps=1)

@@ -103,11 +103,11 @@ def describe(cycle: list[str], graph, modules) -> str:
 
 def test_the_project_has_no_import_cycle():
     modules = project_modules()
-    assert {"pipeline.rounds", "pipeline.settings", "assets.definitions", "maxit.cli"} <= set(modules)
+    assert {"pipeline.run.rounds", "pipeline.run.settings", "assets.definitions", "maxit.cli"} <= set(modules)
     graph = import_graph(modules)
     # the reading itself: edges this test must see (a top-level, a function-level, a relative import)
-    assert "pipeline.config" in graph["pipeline.settings"]
-    assert "pipeline.training.trainer" in graph["pipeline.rounds"]
+    assert "pipeline.config" in graph["pipeline.run.settings"]
+    assert "pipeline.learn.trainer" in graph["pipeline.run.rounds"]
     assert "pipeline.tasks.answers" in graph["pipeline.tasks.base"]
     cycle = find_cycle(graph)
     assert cycle is None, describe(cycle, graph, modules)
@@ -129,19 +129,68 @@ def test_a_function_level_cycle_is_found_and_named(tmp_path):
     assert find_cycle(import_graph(project_modules(tmp_path, ("pkg",)))) is None
 
 
-def test_moved_names_are_importable_where_they_were():
-    """Names that moved to break cycles are still importable from their old modules."""
-    import importlib
+LAYERS = (
+    ("schemas",),
+    ("pipeline", "pipeline.types", "pipeline.errors"),
+    ("pipeline.strategies", "pipeline.store", "pipeline.sandbox", "pipeline.tasks"),
+    ("pipeline.config",),
+    ("pipeline.models",),
+    ("pipeline.engines",),
+    ("pipeline.rollout",),
+    ("pipeline.learn",),
+    ("pipeline.workflows",),
+    ("pipeline.run",),
+    ("assets",),
+    ("maxit",),
+)
+"""The library's floors, lowest first. A module may import its own part (the folder or module
+named here that holds it) and any part on a lower floor; parts on one floor do not import each
+other. Ground: records, errors, schemas. Then what knows no stage (strategies, tables and
+checkpoints on disk, the sandbox, tasks); the one config tree; models and engines; the stages
+(rollouts, then learning); the teams, which use both; the run layer that composes them; Dagster
+and the CLI on top."""
 
-    old_homes = {
-        "pipeline.tasks.base": ["parse_number", "last_number", "numbers_equal", "parse_verdict"],
-        "pipeline.tasks.prompts": ["parse_marked_verdict", "parse_compared_verdict"],
-        "pipeline.workflows.base": ["StepResult", "Env", "check_workflow", "check_messages", "finite_reward"],
-        "pipeline.workflows.grid": ["GridEnv", "Puzzle", "parse_puzzle", "generate_puzzles", "read_puzzle_file", "read_move", "planner_text", "mover_text"],
-        "pipeline.rounds": ["RunConfig", "RoundContext", "EnginePool"],
-        "pipeline.views": ["ViewConfig"],
-        "pipeline.evaluation": ["EvalConfig"],
+
+def part_of(module: str) -> tuple[int, str]:
+    """(floor, part) of a project module: the longest part of `LAYERS` that is the module or
+    holds it."""
+    best = None
+    for floor, parts in enumerate(LAYERS):
+        for part in parts:
+            if (module == part or module.startswith(part + ".")) and (best is None or len(part) > len(best[1])):
+                best = (floor, part)
+    if best is None:
+        raise AssertionError(f"module {module} is on no floor of LAYERS: add its part")
+    return best
+
+
+def layering_violations(graph) -> list[str]:
+    bad = []
+    for module, edges in sorted(graph.items()):
+        floor, part = part_of(module)
+        for target, line in sorted(edges.items()):
+            t_floor, t_part = part_of(target)
+            if t_part != part and t_floor >= floor:
+                bad.append(f"{module}:{line} imports {target} ({part} on floor {floor}, {t_part} on floor {t_floor})")
+    return bad
+
+
+def test_imports_run_down_the_floors():
+    modules = project_modules()
+    graph = import_graph(modules)
+    bad = layering_violations(graph)
+    assert not bad, "imports that run up (or across) the floors:\n" + "\n".join(bad)
+
+
+def test_an_upward_import_is_named():
+    """The check itself: an import from a lower floor to a higher one, at function level, and one
+    across a floor, are both reported; a downward one is not."""
+    graph = {
+        "pipeline.learn.views": {"pipeline.config.run": 3},
+        "pipeline.rollout.loop": {"pipeline.learn.trainer": 12},
+        "pipeline.store.lock": {"pipeline.sandbox": 4},
     }
-    for module, names in old_homes.items():
-        missing = [n for n in names if not callable(getattr(importlib.import_module(module), n, None))]
-        assert not missing, (module, missing)
+    assert layering_violations(graph) == [
+        "pipeline.rollout.loop:12 imports pipeline.learn.trainer (pipeline.rollout on floor 6, pipeline.learn on floor 7)",
+        "pipeline.store.lock:4 imports pipeline.sandbox (pipeline.store on floor 2, pipeline.sandbox on floor 2)",
+    ]

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_pipeline_imports_no_dagster():
     modules = sorted(m.name for m in pkgutil.walk_packages(pipeline.__path__, "pipeline.") if not m.name.endswith("__main__"))
-    assert "pipeline.rounds" in modules and "pipeline.settings" in modules
+    assert "pipeline.run.rounds" in modules and "pipeline.run.settings" in modules
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
@@ -43,13 +43,10 @@ def test_comments_cite_only_documents_in_the_repository():
 
 
 MATH_MODULES = {
-    "pipeline/agents/__init__.py",  # re-exports the orchestra's names
-    "pipeline/agents/orchestra.py",
-    "pipeline/workflows/math.py",
     "scripts/verifier_probe.py",  # a study of the math Verifier
     "benchmarks/peer_trl.py",  # the math task's Solver alone against TRL's GRPOTrainer
 }
-MATH_PACKAGES = ("pipeline/tasks/", "pipeline/models/")  # the math tasks and their embedded arithmetic model
+MATH_PACKAGES = ("pipeline/tasks/", "pipeline/workflows/math/")  # the math tasks, the math workflows and their embedded model
 
 
 def _role_names(path: Path):

@@ -9,12 +9,12 @@ import dataclasses
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from pipeline.advantages import compute_advantages
+from pipeline.learn.advantages import compute_advantages
 from pipeline.config import AdvantageConfig, EvalConfig, RunConfig, ViewConfig
-from pipeline.rollouts import RolloutConfig
-from pipeline.settings import LOSS_PRESETS, Settings
-from pipeline.synthetic import synthetic_steps
-from pipeline.training.config import LoraSettings, LossConfig, TrainConfig
+from pipeline.rollout.loop import RolloutConfig
+from pipeline.run.settings import LOSS_PRESETS, Settings
+from pipeline.rollout.synthetic import synthetic_steps
+from pipeline.config.train import LoraSettings, LossConfig, TrainConfig
 
 
 def test_compute_advantages_with_its_default_config_is_what_the_default_run_computes():

@@ -1,4 +1,4 @@
-"""One writer per store (pipeline/lock.py): a second writer is refused at once with an error
+"""One writer per store (pipeline/store/lock.py): a second writer is refused at once with an error
 naming the first, a killed writer's lock does not outlive it, one process and the processes of
 one run share the lock, and `maxit run` and Dagster materializations take it."""
 
@@ -21,7 +21,7 @@ import pytest
 
 from assets.launch import dagster_home, instance_at
 from assets.resources import PolicyRegistryResource, StoreResource
-from pipeline.lock import LOCK_FILE, TOKEN_ENV, StoreLocked, acquire, command_line, holder, token_in_env, writer_lock
+from pipeline.store.lock import LOCK_FILE, TOKEN_ENV, StoreLocked, acquire, command_line, holder, token_in_env, writer_lock
 
 PROJECT = Path(__file__).resolve().parents[1]
 MAXIT = str(Path(sys.executable).with_name("maxit"))
@@ -29,7 +29,7 @@ MAXIT = str(Path(sys.executable).with_name("maxit"))
 HOLD = """
 import sys, time
 sys.path.insert(0, {project!r})
-from pipeline.lock import acquire, StoreLocked
+from pipeline.store.lock import acquire, StoreLocked
 try:
     lock = acquire({store!r}, command={command!r}, token={token!r})
 except StoreLocked as err:
@@ -139,7 +139,7 @@ def test_processes_of_one_writer_share_the_lock_by_token(tmp_path):
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         third = subprocess.run(
-            [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(PROJECT)!r})\nfrom pipeline.lock import acquire\nacquire({str(store)!r}, token='run-3')"],
+            [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(PROJECT)!r})\nfrom pipeline.store.lock import acquire\nacquire({str(store)!r}, token='run-3')"],
             capture_output=True, text=True, timeout=60,
         )
         assert third.returncode != 0 and "which has exited while processes it started still hold the lock" in third.stderr

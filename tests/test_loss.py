@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
-from pipeline.training.config import LossConfig, RatioConfig, TrainConfig
-from pipeline.training.loss import LossBatch, aggregate, aggregation_count, compute_loss
+from pipeline.config.train import LossConfig, RatioConfig, TrainConfig
+from pipeline.learn.loss import LossBatch, aggregate, aggregation_count, compute_loss
 
 
 def make_batch(logp, logq, adv, weight=None, strategy=None, agent=None, reward=None, lengths=None, ref=None, old=None):

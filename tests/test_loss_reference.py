@@ -20,8 +20,8 @@ import math
 import pytest
 import torch
 
-from pipeline.training.config import LossConfig, RatioConfig
-from pipeline.training.loss import LossBatch, aggregation_count, compute_loss
+from pipeline.config.train import LossConfig, RatioConfig
+from pipeline.learn.loss import LossBatch, aggregation_count, compute_loss
 
 # ---------------------------------------------------------------------------------------------
 # hand-built rows: (logp, logq, advantage, sample weight, strategy) with 2-5 completion tokens

@@ -11,20 +11,12 @@ import pytest
 import torch
 
 from pipeline.errors import ConfigError
-from pipeline.models import (
-    BUILD_INFO,
-    ModelConfig,
-    WarmStartConfig,
-    build_default_model,
-    count_parameters,
-    default_cache_dir,
-    encode_prompt,
-    load_model,
-    load_tokenizer,
-    weights_hash,
-)
-from pipeline.models.build import build_tokenizer
-from pipeline.models.warmstart import encode_messages_fast, sft_examples
+from pipeline.models import BUILD_INFO, ModelConfig, count_parameters, default_cache_dir, encode_prompt, load_model, load_tokenizer, weights_hash
+from pipeline.workflows.math.warmstart import WarmStartConfig
+from pipeline.workflows.math.model import build_default_model
+from pipeline.workflows.math.model import build_tokenizer
+from pipeline.models.sft import encode_messages_fast
+from pipeline.workflows.math.warmstart import sft_examples
 from pipeline.tasks import ArithmeticTask
 from pipeline.tasks.prompts import ARITHMETIC_PROMPTS, PromptTemplate
 
@@ -124,7 +116,7 @@ def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_default_model_is_cached_and_warm_started(default_model_dir, monkeypatch):
-    import pipeline.models as models
+    import pipeline.workflows.math.model as models
 
     info = json.loads((default_model_dir / BUILD_INFO).read_text())
     # left room to improve, but is sometimes right (held-out, T=1, no hint)
@@ -151,7 +143,7 @@ def test_default_model_is_cached_and_warm_started(default_model_dir, monkeypatch
 
 
 def test_cache_key_follows_the_settings(tmp_path, monkeypatch):
-    from pipeline.models import _build_key
+    from pipeline.workflows.math.model import _build_key
 
     base = _build_key(ModelConfig(), WarmStartConfig())
     assert base == _build_key(ModelConfig(), WarmStartConfig(threads=2))
@@ -238,7 +230,7 @@ def test_verifier_right_share_sets_the_share_of_right_proposals():
 def test_the_warm_start_reports_its_progress_before_its_first_accuracy_probe(tiny_model_dir):
     """A line every `probe_every` steps before `min_steps` (loss and time, no probe), then the
     probed lines: a slow machine shows it is alive long before the first probe."""
-    from pipeline.models.warmstart import warm_start
+    from pipeline.workflows.math.warmstart import warm_start
 
     lines: list[str] = []
     config = WarmStartConfig(max_steps=6, min_steps=4, probe_every=2, probe_size=2, batch_size=4, warmup_steps=1)

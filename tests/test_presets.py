@@ -13,11 +13,11 @@ import statistics
 import polars as pl
 import pytest
 
-from pipeline.advantages import compute_advantages
+from pipeline.learn.advantages import compute_advantages
 from pipeline.models.chat import encode_prompt
-from pipeline.settings import ALGORITHM_PRESETS, Settings
+from pipeline.run.settings import ALGORITHM_PRESETS, Settings
 from pipeline.strategies import make_strategy
-from pipeline.views import build_training_view
+from pipeline.learn.views import build_training_view
 from tiny import advantage_row, advantages_table, tiny_tokenizer
 
 EPS = 1e-6
@@ -177,8 +177,8 @@ def test_each_algorithm_runs_a_whole_round(tmp_path, default_model_dir, algorith
     with the strategies, groups and loss it names."""
     import polars as pl
 
-    from pipeline.registry import PolicyRegistry
-    from pipeline.rounds import EnginePool, RoundContext, run_round_stages
+    from pipeline.store.registry import PolicyRegistry
+    from pipeline.run.rounds import EnginePool, RoundContext, run_round_stages
 
     settings = Settings(algorithm=algorithm, model_dir=str(default_model_dir), problems=6, samples=2, eval_problems=8, eval_samples=1,
                         epochs=1, minibatch_size=64, micro_batch_size=32)

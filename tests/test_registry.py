@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import DataError
-from pipeline.registry import BASE_ROUND, PolicyRegistry
+from pipeline.store.registry import BASE_ROUND, PolicyRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_missing_folders_and_bad_entries_are_errors(tmp_path):
     assert not list((tmp_path / "checkpoints" / "registry").rglob(".*tmp-*"))
 
 
-REGISTER = "import sys; from pipeline.registry import PolicyRegistry; PolicyRegistry(sys.argv[1]).register(int(sys.argv[2]), sys.argv[3], sys.argv[4])"
+REGISTER = "import sys; from pipeline.store.registry import PolicyRegistry; PolicyRegistry(sys.argv[1]).register(int(sys.argv[2]), sys.argv[3], sys.argv[4])"
 
 
 def test_parallel_registrations_of_one_round_all_survive(tmp_path):

@@ -14,10 +14,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.report import LINE_WIDTH, build_report, markdown_round_table, record_experiment, round_line, round_summary, store_metrics, table_metrics_of
-from pipeline.rounds import record_timing
+from pipeline.run.report import LINE_WIDTH, build_report, markdown_round_table, record_experiment, round_line, round_summary, store_metrics, table_metrics_of
+from pipeline.run.rounds import record_timing
 from pipeline.store import table_path, write_table
-from pipeline.synthetic import synthetic_steps
+from pipeline.rollout.synthetic import synthetic_steps
 from pipeline.workflows.code import CodeWorkflow
 from pipeline.workflows.grid import GridWorkflow
 from pipeline.workflows.math import MathWorkflow, SingleWorkflow
@@ -201,7 +201,7 @@ def test_round_line_of_every_round_of_a_store_fits(stores):
 
 
 def test_round_summary_sums_training_counts_over_policies(stores):
-    from pipeline.registry import PolicyRegistry
+    from pipeline.store.registry import PolicyRegistry
 
     registry = PolicyRegistry(stores[0])
     (stores[0] / "ckpt").mkdir()
@@ -215,7 +215,7 @@ def test_round_summary_sums_training_counts_over_policies(stores):
 
 
 def recorded(store: Path, **settings) -> Path:
-    from pipeline.settings import Settings
+    from pipeline.run.settings import Settings
 
     record_experiment(store, Settings(**settings), "hf")
     return store
@@ -293,8 +293,8 @@ def test_settings_changes_names_what_a_continued_store_changes(tmp_path):
     nothing for a new store, the same settings, or a store whose rounds never completed."""
     from dataclasses import replace
 
-    from pipeline.report import settings_changes
-    from pipeline.settings import Settings
+    from pipeline.run.report import settings_changes
+    from pipeline.run.settings import Settings
 
     store = tmp_path / "s"
     first = Settings(lr=1e-5, problems=16)

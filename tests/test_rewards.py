@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from pipeline.rewards import (
+from pipeline.rollout.rewards import (
     Outcome,
     mixed_reward,
     parse_verdicts,

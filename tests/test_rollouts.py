@@ -9,11 +9,12 @@ import pyarrow as pa
 import pytest
 
 from fakes import FakeSampler, FakeTask
-from pipeline.agents import Agent, default_agents
+from pipeline.rollout.agent import Agent
+from pipeline.workflows.math.orchestra import default_agents
 from pipeline.workflows.math import MathWorkflow
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
-from pipeline.rollouts import RolloutConfig, merge_shards, plan_call, request_seed, run_rollouts, shard_of, write_steps
+from pipeline.rollout.loop import RolloutConfig, merge_shards, plan_call, request_seed, run_rollouts, shard_of, write_steps
 from pipeline.store import read_table
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from schemas import STEPS, validate

@@ -1,4 +1,4 @@
-"""The middles of a round's stages (pipeline/rounds.py) on fakes: frames and configs in, a frame
+"""The middles of a round's stages (pipeline/run/rounds.py) on fakes: frames and configs in, a frame
 out, no store; and the stages' I/O around them (the table written, the seconds recorded)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from fakes import FakeSampler, FakeTask, FakeTokenizer
-from pipeline.advantages import compute_advantages
+from pipeline.learn.advantages import compute_advantages
 from pipeline.config import RunConfig
 from pipeline.errors import ConfigError
-from pipeline.rounds import (
+from pipeline.run.rounds import (
     STAGE_NAMES,
     _stage,
     STAGES,
@@ -35,8 +35,8 @@ from pipeline.rounds import (
     training_view,
 )
 from pipeline.store import table_path
-from pipeline.training.loss import LossDiagnostics, RatioStats
-from pipeline.views import build_training_view
+from pipeline.learn.loss import LossDiagnostics, RatioStats
+from pipeline.learn.views import build_training_view
 from pipeline.workflows.math import MathWorkflow, SingleWorkflow
 from schemas import PROBLEMS, RATIO_DIAGNOSTICS, STEPS, validate
 from tiny import advantage_row, advantages_table, tiny_tokenizer

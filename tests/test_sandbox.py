@@ -1,4 +1,4 @@
-"""The sandbox for model-written code (pipeline/sandbox.py, docs/SANDBOX.md): hostile programs
+"""The sandbox for model-written code (pipeline/sandbox/__init__.py, docs/SANDBOX.md): hostile programs
 get the named status and leave nothing behind (no process of the sandbox uid or still holding
 its folder, no temporary folder, no file outside its folder, no socket on this machine), and
 `run_tests` cannot be talked into a pass. Nothing here is skipped: on a machine that lacks a

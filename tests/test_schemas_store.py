@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import store
-from pipeline.synthetic import synthetic_steps
+from pipeline.rollout.synthetic import synthetic_steps
 from schemas import STEPS, SchemaError, duplicates_problem, validate, validate_columns
 
 

@@ -10,8 +10,8 @@ import pytest
 from assets.config import RunSettings
 from maxit.cli import build_parser, main
 from pipeline.errors import ConfigError
-from pipeline.rounds import RunConfig
-from pipeline.settings import LOSS_PRESETS, Settings, settings_from_args
+from pipeline.run.rounds import RunConfig
+from pipeline.run.settings import LOSS_PRESETS, Settings, settings_from_args
 
 
 def cli_settings(*argv: str) -> Settings:
@@ -120,7 +120,7 @@ def test_bad_values_name_the_setting():
 
 
 def test_strategy_options_reach_the_strategies(tmp_path):
-    from pipeline.rounds import RoundContext
+    from pipeline.run.rounds import RoundContext
 
     config = Settings(feedback_first_attempt="skip", feedback_train_context="attempt").run_config()
     ctx = RoundContext(tmp_path, config)
@@ -137,7 +137,7 @@ def test_strategy_weights_reach_the_view():
 
 
 def test_hinted_rows_setting():
-    from pipeline.training.config import RatioConfig
+    from pipeline.config.train import RatioConfig
 
     assert Settings().run_config().train.loss.ratio_for("prompt_aug").mode == "mask"
     assert Settings(hinted_rows="truncate").run_config().train.loss.ratio_for("prompt_aug") == RatioConfig(mode="truncate")
@@ -199,7 +199,7 @@ class _BudgetSampler:
 
 
 def _context(tmp_path, model_dir, **settings):
-    from pipeline.rounds import EnginePool, RoundContext
+    from pipeline.run.rounds import EnginePool, RoundContext
 
     sampler = _BudgetSampler()
 
@@ -232,7 +232,7 @@ def test_budgets_are_the_tasks_unless_set():
     ids=["arithmetic", "file", "max_tokens", "eval_max_tokens"],
 )
 def test_budgets_reach_the_rollout_and_evaluation_stages(tmp_path, tiny_model_dir, settings, rollout_budget, eval_budget):
-    from pipeline.rounds import BASE_ROUND, stage_evaluation, stage_problems, stage_rollouts
+    from pipeline.run.rounds import BASE_ROUND, stage_evaluation, stage_problems, stage_rollouts
 
     ctx, sampler = _context(tmp_path, tiny_model_dir, **settings)
     stage_rollouts(ctx, 0, stage_problems(ctx, 0))
@@ -243,7 +243,7 @@ def test_budgets_reach_the_rollout_and_evaluation_stages(tmp_path, tiny_model_di
 
 
 def test_prompt_file_reaches_the_stages_and_the_cli(tmp_path, tiny_model_dir):
-    from pipeline.rounds import stage_problems, stage_rollouts
+    from pipeline.run.rounds import stage_problems, stage_rollouts
 
     prompt = tmp_path / "prompts.toml"
     prompt.write_text('user = "Q: {question}\\nThink, then answer."\n')
@@ -288,7 +288,7 @@ def test_help_renders_and_lists_every_setting(capsys):
 
 
 def test_zero_advantage_rows_keep_or_drop_the_views_zero_advantage_rows():
-    from pipeline.settings import Settings
+    from pipeline.run.settings import Settings
 
     assert Settings(algorithm="grpo").view_config().drop_zero_advantage is True
     assert Settings(algorithm="grpo", zero_advantage_rows="keep").view_config().drop_zero_advantage is False

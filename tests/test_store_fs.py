@@ -11,7 +11,7 @@ import pytest
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
-from pipeline.synthetic import synthetic_steps
+from pipeline.rollout.synthetic import synthetic_steps
 from schemas import SchemaError
 
 STORES = ["local", "file", "memory"]

@@ -23,7 +23,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
-from pipeline.registry import PolicyRegistry
+from pipeline.store.registry import PolicyRegistry
 
 TABLES = ("problems", "steps", "advantages", "training_view", "ratio_diagnostics", "evaluation", "rollout_shards", "timings")
 VARYING = {"rollout_shards": ("pid", "host", "started", "finished"), "timings": ("seconds",)}
@@ -54,7 +54,7 @@ def results(store, rounds) -> dict:
     their stages, not the engine starts and swaps, which depend on what the process had before
     (a resumed run on a fresh machine builds an engine a one-process run already has; round -1
     taken from the evaluation cache builds none)."""
-    from pipeline.rounds import SUBSTAGES
+    from pipeline.run.rounds import SUBSTAGES
 
     out = {}
     for r in rounds:
@@ -172,7 +172,7 @@ def test_push_uploads_what_changed_one_object_each_with_the_evaluation_last(tmp_
 def test_a_crash_mid_upload_leaves_the_round_incomplete_and_a_resume_drops_the_unsent_tables(tmp_path):
     """The URL never holds a round's evaluation without its other tables; what the working copy
     had and the URL did not is dropped when a run starts (the URL is the store of record)."""
-    from pipeline.rounds import round_complete
+    from pipeline.run.rounds import round_complete
 
     url = st.UrlStore(memory_url(), tmp_path / "copy")
     fill(url.local, 0)

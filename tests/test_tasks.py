@@ -327,8 +327,8 @@ def test_examples_are_earlier_turns_and_a_prompt_file_sets_or_clears_them(tmp_pa
 
 
 def test_a_rejection_text_restates_the_answer_format_and_reaches_the_orchestra(tmp_path):
-    from pipeline.agents import MathOrchestra
-    from pipeline.agents.orchestra import DEFAULT_REJECTION
+    from pipeline.workflows.math.orchestra import MathOrchestra
+    from pipeline.workflows.math.orchestra import DEFAULT_REJECTION
 
     assert ARITHMETIC_PROMPTS.rejection is None and ARITHMETIC_PROMPTS.rejection_template() is None  # the orchestra's own
     template = CHAIN_OF_THOUGHT_PROMPTS.rejection_template()
@@ -402,7 +402,7 @@ def test_math_answer_reward(reference, completion, reward):
 def test_file_task_rewards_latex_answers_on_a_worker_thread(tmp_path):
     """The rollouts score rewards on a thread (the time-limit guard): math-verify's signal-based
     limits must be off there, or every LaTeX answer would be scored wrong."""
-    from pipeline.rewards import score_attempts
+    from pipeline.rollout.rewards import score_attempts
 
     path = tmp_path / "frac.jsonl"
     path.write_text(json.dumps({"question": "Half of one?", "answer": "\\frac{1}{2}"}) + "\n")

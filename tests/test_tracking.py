@@ -1,4 +1,4 @@
-"""`pipeline.tracking`: a finished round logged to TensorBoard, MLflow and W&B (offline), read
+"""`pipeline.run.tracking`: a finished round logged to TensorBoard, MLflow and W&B (offline), read
 back with each tool's own reader and compared with the store's tables.
 
 One real round (`maxit run --rounds 1` on the default model, the smallest budget the other
@@ -23,7 +23,7 @@ import pytest
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError, MaxitError
-from pipeline.tracking import STATE_FILE, check_targets, log_round, ratio_scalars, reward_scalars
+from pipeline.run.tracking import STATE_FILE, check_targets, log_round, ratio_scalars, reward_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ("tensorboard", "mlflow", "wandb")
@@ -42,7 +42,8 @@ RUN_FLAGS = [
 def one_round(tmp_path_factory) -> Path:
     """A store after `maxit run --rounds 1`: round -1 (the starting model's evaluation) and round 0."""
     from maxit.cli import main
-    from pipeline.models import default_cache_dir, default_model
+    from pipeline.models import default_cache_dir
+    from pipeline.workflows.math.model import default_model
 
     store = tmp_path_factory.mktemp("tracking") / "store"
     argv = ["run", "--rounds", "1", "--store", str(store), "--model-dir", str(default_model(default_cache_dir())), *RUN_FLAGS]
@@ -84,7 +85,7 @@ def expected(store: Path, round_: int) -> dict[str, float]:
     from pipeline.workflows.math import MathWorkflow  # the one-round store runs the default math workflow
 
     try:
-        from pipeline.report import round_summary
+        from pipeline.run.report import round_summary
     except ImportError:
         from assets.launch import round_summary
     summary = round_summary(store, [round_], MathWorkflow.table_metrics).row(0, named=True)
@@ -299,7 +300,7 @@ def test_a_resumed_process_appends_the_next_round_to_the_same_runs(store):
     state = json.loads((store / STATE_FILE).read_text())
     code = textwrap.dedent(
         f"""
-        from pipeline.tracking import log_round
+        from pipeline.run.tracking import log_round
         print(log_round({str(store)!r}, 0, {list(ALL)!r}))
         """
     )
@@ -401,7 +402,8 @@ def test_maxit_run_report_to_logs_a_resumed_round_and_a_new_one_to_every_tracker
     are logged as the run resumes them, round 1 as it finishes; each tracker reads back one point
     per round, equal to the store's tables."""
     from maxit.cli import main
-    from pipeline.models import default_cache_dir, default_model
+    from pipeline.models import default_cache_dir
+    from pipeline.workflows.math.model import default_model
 
     argv = ["run", "--rounds", "2", "--store", str(store), "--model-dir", str(default_model(default_cache_dir())), *RUN_FLAGS, "--report-to", *ALL]
     assert main(argv) == 0

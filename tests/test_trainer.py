@@ -22,8 +22,8 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
 from pipeline.store import jsonable
 from pipeline.strategies import IID, PromptAug, Strategy
-from pipeline.training.config import LoraSettings, LossConfig, RatioConfig, TrainConfig
-from pipeline.training.trainer import (
+from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
+from pipeline.learn.trainer import (
     CHECKPOINT_META,
     OPTIMIZER_STATE,
     PolicyRows,
@@ -44,7 +44,7 @@ from pipeline.training.trainer import (
     training_arguments,
     visit_range,
 )
-from pipeline.views import build_training_view, to_dataset, view_hash
+from pipeline.learn.views import build_training_view, to_dataset, view_hash
 from schemas import SchemaError
 from tiny import advantage_row, advantages_table, tiny_model_dir
 
@@ -374,7 +374,7 @@ def test_lora_checkpoint_with_a_missing_base_is_a_clear_error(init_dir, tmp_path
 
 def test_lora_on_a_model_without_the_target_modules_is_a_clear_error(model):
     from pipeline.errors import ConfigError
-    from pipeline.training.trainer import add_lora
+    from pipeline.learn.trainer import add_lora
 
     with pytest.raises(ConfigError, match="none is a module of this model"):
         add_lora(model, LoraSettings(r=4, target_modules=("c_attn",)))
@@ -608,7 +608,7 @@ def test_a_shared_prompt_prefix_computed_once_gives_the_same_logprobs_and_gradie
     with `share_prefix` the prefix runs once and the rows run on top of its keys and values, under
     gradient checkpointing or not, LoRA or all weights, one vocabulary projection or chunks; the
     logprobs and every trainable weight's gradient equal the full rows'."""
-    from pipeline.training.trainer import add_lora, shared_prefix_length
+    from pipeline.learn.trainer import add_lora, shared_prefix_length
 
     model = AutoModelForCausalLM.from_pretrained(init_dir)
     if lora:
@@ -627,7 +627,7 @@ def test_a_shared_prompt_prefix_computed_once_gives_the_same_logprobs_and_gradie
     ]
     batch = collate(rows, 0)
     assert shared_prefix_length(batch) == 12  # the shortest prompt (13 tokens) keeps its last token
-    from pipeline.training.trainer import _model_inputs
+    from pipeline.learn.trainer import _model_inputs
 
     assert "past_key_values" in _model_inputs(model, batch, 8)[0]  # the prefix is shared, not run per row
     assert "past_key_values" not in _model_inputs(model, batch, 0)[0]
@@ -659,7 +659,7 @@ def test_a_shared_prompt_prefix_computed_once_gives_the_same_logprobs_and_gradie
 def test_a_prefix_all_rows_share_counts_once_in_the_micro_batch_budget():
     """The micro-batch budgets count a prompt prefix common to every row once (it runs once per
     micro-batch); below `share_prefix` tokens, or with sharing off, every row counts whole."""
-    from pipeline.training import trainer as tr
+    from pipeline.learn import trainer as tr
 
     prefix = list(range(100, 180))  # 80 tokens every prompt begins with
     table = pa.table({
@@ -683,7 +683,7 @@ def test_rows_that_begin_alike_are_sorted_side_by_side():
     """Under `share_prefix` the rows of a minibatch whose prompts begin with the same tokens are
     put side by side (the largest group first), still trainable rows first and longest first
     within a group, so a micro-batch holds rows that share their prefix."""
-    from pipeline.training.trainer import MinibatchSortedSampler, prefix_groups, row_sort_keys
+    from pipeline.learn.trainer import MinibatchSortedSampler, prefix_groups, row_sort_keys
 
     solver, verifier = list(range(100, 140)), list(range(100, 110)) + list(range(300, 330))  # alike for 10 tokens only
     prompts = [solver + [1] * 3, verifier + [2] * 9, solver + [3] * 7, verifier + [4], solver + [5] * 5, [9] * 5]
@@ -810,7 +810,7 @@ def test_micro_batches_follow_the_token_budget_and_checkpointing_is_automatic(to
     """`micro_batch_tokens` shrinks the micro-batch to the largest divisor of the minibatch whose
     rows x longest row fit; the optimizer step is unchanged; auto checkpointing is off for a tiny
     model and on above the parameter threshold; the checkpoint records what was used."""
-    from pipeline.training import trainer as tr
+    from pipeline.learn import trainer as tr
 
     view, _ = build_training_view(advantages_table(rows_for(tok, model, 8, seed=3)), {"iid": IID()}, tok)
     table = tr.select_policy_rows(view, "shared", max_length=10_000, temperature=T).table
@@ -849,7 +849,7 @@ def test_micro_batches_follow_the_token_budget_and_checkpointing_is_automatic(to
 
 
 def test_select_rows_batches_the_rows_as_collate_does(tok, model):
-    from pipeline.training.trainer import select_rows
+    from pipeline.learn.trainer import select_rows
 
     data = to_dataset(build_training_view(advantages_table(rows_for(tok, model, 6, seed=31)), {"iid": IID()}, tok)[0]).to_list()
     data = [{**r, "old_logprobs": [x - 0.1 for x in r["sampling_logprobs"]]} for r in data]
@@ -885,8 +885,8 @@ def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, in
     still counts them, so each step's gradients (and the reported loss) are those of the run
     that forwards them; the skipped rows are counted, micro-batches of zero rows included (those
     run no forward pass at all)."""
-    from pipeline.training import trainer as tr
-    from pipeline.training.trainer import trainable_rows
+    from pipeline.learn import trainer as tr
+    from pipeline.learn.trainer import trainable_rows
 
     rows = rows_for(tok, model, 12, seed=32)
     for i, r in enumerate(rows):
@@ -898,7 +898,7 @@ def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, in
             rows[i]["advantage"] = 0.0
         elif zero == "reward":
             rows[i]["reward"] = 0.0
-    from pipeline.views import ViewConfig
+    from pipeline.learn.views import ViewConfig
 
     view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
     if zero == "weight":  # the view drops rows of weight 0; the trainer's input may still hold them
@@ -945,7 +945,7 @@ def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, in
 
 
 def test_group_shuffle_sampler_keeps_groups_together_and_reshuffles_per_epoch():
-    from pipeline.training.trainer import GroupShuffleSampler
+    from pipeline.learn.trainer import GroupShuffleSampler
 
     groups = [g for g in "abcdef" for _ in range(4)][::-1]  # 6 groups of 4, rows in any order
     sampler = GroupShuffleSampler(groups, seed=3)
@@ -963,7 +963,7 @@ def test_group_shuffle_sampler_keeps_groups_together_and_reshuffles_per_epoch():
 def test_grouped_minibatches_train_whole_groups_per_step(tok, model, init_dir, tmp_path, monkeypatch):
     """`group_minibatches`: with groups of 4 rows (4 samples of each of 4 prompts) and minibatches
     of 8, every optimizer step trains two whole groups; without it the steps mix rows of the groups."""
-    from pipeline.training import trainer as tr
+    from pipeline.learn import trainer as tr
 
     base = rows_for(tok, model, 4, seed=50)
     rows = []
@@ -1004,7 +1004,7 @@ def test_minibatches_keep_their_rows_when_sorted_by_length(tok, model, init_dir,
     """Sorting by length reorders rows inside each minibatch only: every optimizer step trains the
     rows it trains unsorted (two epochs, different shuffles), each micro-batch is longest first,
     and less of the forward passes is padding."""
-    from pipeline.training import trainer as tr
+    from pipeline.learn import trainer as tr
 
     rows = rows_for(tok, model, 16, seed=33)
     for i, r in enumerate(rows):  # lengths that differ a lot

@@ -12,9 +12,9 @@ import polars as pl
 import pytest
 
 from fakes import FakeSampler, FakeTask, FakeTokenizer
-from pipeline.agents import Agent
+from pipeline.rollout.agent import Agent
 from pipeline.errors import ConfigError
-from pipeline.rollouts import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import RolloutConfig, run_rollouts
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from pipeline.types import Problem, Sample
 from pipeline.workflows import Env, StepResult, Workflow, load_workflow

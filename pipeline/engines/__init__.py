@@ -33,8 +33,8 @@ def vllm_available() -> bool:
 
 
 def make_sampler(engine: str = "auto", model_dir: str | Path | None = None, config: EngineConfig | None = None, **options) -> Sampler:
-    """A rollout engine on the local model dir `model_dir` (default: the warm-started default
-    model). `engine="auto"` picks vLLM when it is importable, else transformers. Options are
+    """A rollout engine on the local model dir `model_dir` (a workflow's embedded model is its
+    `default_model()`). `engine="auto"` picks vLLM when it is importable, else transformers. Options are
     `EngineConfig` fields (`make_sampler("hf", d, max_batch=256)`), or pass `config=`."""
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -42,9 +42,7 @@ def make_sampler(engine: str = "auto", model_dir: str | Path | None = None, conf
         raise ConfigError("pass either config= or EngineConfig fields as options, not both")
     config = config or EngineConfig(**options)
     if model_dir is None:
-        from pipeline.models import default_model
-
-        model_dir = default_model()
+        raise ConfigError("make_sampler needs a model_dir (a local model directory)")
     if not (Path(model_dir) / "config.json").is_file() and not (Path(model_dir) / "adapter_config.json").is_file():
         raise ConfigError(f"model_dir {str(model_dir)!r} is not a local model directory (no config.json)")
     if engine == "auto":

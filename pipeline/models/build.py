@@ -1,23 +1,19 @@
-"""Building the default model in code: the tokenizer trained on the default task's formats and a
-small Llama with random weights, saved as a Hugging Face model directory (safetensors, fp32,
+"""Building a small model in code: a Llama with random weights over a tokenizer trained in code, saved as a Hugging Face model directory (safetensors, fp32,
 `generation_config.json` with eos/pad) that transformers, TRL and vLLM all load.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.errors import ConfigError
 
-from .tokenizer import TokenizerConfig, train_tokenizer
+from .tokenizer import TokenizerConfig
 
 __all__ = [
     "ModelConfig",
-    "tokenizer_corpus",
-    "build_tokenizer",
     "build_untrained_model",
     "weights_hash",
     "count_parameters",
@@ -58,32 +54,6 @@ class ModelConfig:
 
     def key(self) -> dict:
         return asdict(self)
-
-
-def tokenizer_corpus(seed: int = 0, n: int = 2000) -> list[str]:
-    """Texts of every format of the default task (questions with answers, hints, Verifier
-    prompts, feedback turns), from which the BPE learns its merges."""
-    from pipeline.strategies import HINT_PREFIX
-    from pipeline.tasks.arithmetic import ArithmeticTask, make_hint
-    from pipeline.tasks.base import RIGHT_FEEDBACK, WRONG_FEEDBACK
-
-    task = ArithmeticTask()
-    rng = random.Random(f"tokenizer-corpus:{seed}")
-    out: list[str] = []
-    for _ in range(n):
-        a, op, b = task.sample_operands(rng)
-        p = task.make_problem(a, op, b)
-        out.append(p.question + p.answer)
-        out.append(task.verifier_messages(p, p.answer)[0]["content"])
-        for kind in ("tens", "prefix"):
-            out.append(HINT_PREFIX + str(make_hint(int(p.answer), kind)))
-    out += [WRONG_FEEDBACK, RIGHT_FEEDBACK, "yes", "no"] * 50
-    return out
-
-
-def build_tokenizer(config: ModelConfig = ModelConfig()):
-    """The default tokenizer (see `pipeline.models.tokenizer`)."""
-    return train_tokenizer(tokenizer_corpus(config.seed), config.tokenizer)
 
 
 def build_untrained_model(config: ModelConfig, tokenizer, out_dir: str | Path) -> Path:

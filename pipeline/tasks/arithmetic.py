@@ -1,6 +1,6 @@
 """The default task: synthetic 2-3 digit addition and subtraction, generated from a seed.
 
-Formats (what the default model is warm-started on, see `pipeline.models.warmstart`):
+Formats (what the default model is warm-started on, see `pipeline.workflows.math.warmstart`):
 - Solver: one user message with the question, e.g. "123+45="; the answer is the bare number
   ("168") and the assistant turn ends with EOS.
 - Verifier: user message "<question>\\nCheck it: work it out again." (it is not shown the

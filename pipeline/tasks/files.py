@@ -20,7 +20,7 @@ two ways, either of which suffices:
   against the reference read as LaTeX, so "\frac{1}{2}", "0.5" and "1/2" are one answer, as
   are "72" and "72.00". Its own signal-based time limits only work on the main thread: off it
   (the rollouts score rewards on a worker thread) they are off and the rollouts' guard
-  (`pipeline.rewards.safe_map`, `reward_timeout`) bounds the call instead, turning a hang into a
+  (`pipeline.rollout.rewards.safe_map`, `reward_timeout`) bounds the call instead, turning a hang into a
   null reward with a `reward_error`.
 0.0 for a wrong or unparsable completion, None when the row's reference answer could not be
 extracted by `answer_format`.

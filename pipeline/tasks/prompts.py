@@ -104,7 +104,7 @@ class PromptTemplate:
     rejection: str | None = None
     """The Solver's user turn after the Verifier rejected its attempt; must hold `{verifier_text}`
     (the Verifier's reply) and may hold `{answer_format}`. None: the orchestra's own
-    (`pipeline.agents.orchestra.DEFAULT_REJECTION`, "...\nTry again.")."""
+    (`pipeline.workflows.math.orchestra.DEFAULT_REJECTION`, "...\nTry again.")."""
     examples: tuple[tuple[str, str], ...] = ()
     """Worked examples, (question, solution) pairs, shown to the Solver as earlier chat turns
     (its user template filled with the question, then the solution as the assistant's reply)."""

@@ -1,4 +1,6 @@
-"""Workflows: a team and its environment in one object (`pipeline.workflows.base`).
+"""Workflows: a team and its environment in one object. The contract a workflow meets
+(`Workflow`, `Env`, `StepResult`, `Agent`) lives with the loop that runs it, in
+`pipeline.rollout`, and is handed on from here, where a user's workflow imports it.
 
 Built in:
 - `math` (default): DrMAS's Solver and Verifier on a task with a checkable answer;
@@ -20,9 +22,11 @@ from importlib import metadata
 from typing import Any, Callable
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.workflows.base import Env, StepResult, Workflow, check_workflow, with_policies
+from pipeline.rollout.agent import SHARED_POLICY, Agent
+from pipeline.rollout.contract import Env, StepResult, check_workflow
+from pipeline.rollout.workflow import Workflow, with_policies
 
-__all__ = ["Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "WORKFLOW_NAMES", "ENTRY_POINT_GROUP"]
+__all__ = ["Agent", "SHARED_POLICY", "Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "WORKFLOW_NAMES", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "maxit.workflows"
 
@@ -33,12 +37,8 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
 
         return MathWorkflow if name == "math" else SingleWorkflow
     if name == "grid":
-        try:
-            from pipeline.workflows.grid import GridWorkflow
-        except ModuleNotFoundError as err:
-            if err.name != "pipeline.workflows.grid":
-                raise
-            raise ConfigError("workflow 'grid' is not part of this version yet (no pipeline/workflows/grid.py)") from None
+        from pipeline.workflows.grid import GridWorkflow
+
         return GridWorkflow
     if name == "code":
         from pipeline.workflows.code import CodeWorkflow

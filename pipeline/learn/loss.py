@@ -1,0 +1,444 @@
+"""maxit's training losses, pure torch, on one batch of completion tokens.
+
+Inputs per row i and completion token t (padding has mask 0):
+  logp[i,t]  log p_train(y_t | x_train, y_<t) from the forward pass, temperature applied (has grad)
+  logq[i,t]  log q_s(y_t | x_sample, y_<t) stored at sampling time (never recomputed)
+  A_i        group-relative advantage;  w_i  sample weight (stratified: w_s * N / n_s)
+
+Kinds (`LossConfig.kind`) and the source each one implements:
+  "exit"  the expert-iteration plan's estimator exactly (seeds/004):
+          g = (1/N) sum_i r_i A_i w_i grad sum_t log p_train(y_it),
+          r_i = p_train(y_i|x_train) / q_s(y_i|x_sample) = exp(sum_t logp[i,t] - logq[i,t]),
+          the SEQUENCE likelihood ratio. Written as the loss -(1/N) sum_i r_i A_i w_i with r_i NOT
+          detached (its gradient is exactly -g: d r_i = r_i * grad sum_t logp), so the loss value
+          is minus the importance-sampling estimate of E_p[A w]. N = the rows of the minibatch
+          (`denominator`, "seq-mean-token-sum"). No clip; no sequence-ratio mask by default.
+  "ppo"   PPO clip on per-token ratios, token mean (AT-GRPO's loss, seeds/003); with
+          `dual_clip` c, verl's dual-clip PPO (`compute_policy_loss`, clip_ratio_c) as DrMAS
+          trains (seeds/002).
+  "is"    per-token importance sampling, -rho_t A w per token, token mean. NOT the plan's
+          estimator: each token is weighted by its own ratio rho_t, not the row by r_i = prod_t
+          rho_t, and the mean is over tokens, not rows. A row of 10 tokens at log ratio -0.3 has
+          each token weighted exp(-0.3) = 0.74 under "is", the whole row exp(-3) = 0.05 under "exit".
+  "rs"    rejection sampling (SFT on the rows whose reward >= threshold).
+
+Choices, in the order the code makes them:
+1. Token ratio rho = exp(logp - logq); the log ratio is clamped to [-20, 20] before exp, so one
+   absurd token cannot turn the loss into inf/NaN (its gradient is then zero). "exit" sums the
+   clamped token log ratios of a row and clamps the sum to [-20, 20] again: r_i = exp(that);
+   outside it the row's gradient is zero (a row with p/q > e^20 is a bug, not a sample).
+2. PPO clip (eps_low, eps_high): per-token loss -min(rho * A w, clip(rho, 1-eps_low, 1+eps_high) * A w).
+   The sample weight multiplies the advantage, so a row's whole contribution scales with it.
+   Dual clip (`dual_clip` = c, "ppo" only; verl: pg_losses3 = -A c, applied where A < 0): for
+   A w < 0 the per-token loss is min(max(-rho A w, -clip(rho) A w), -c A w), so a wrong sample's
+   token whose ratio exceeds c contributes the constant -c A w (no gradient).
+   The "is" loss drops the clip: -rho * A w; "exit" is per row (see above).
+   With `anchor="proximal"` (decoupled PPO) the clipped ratio is r = p_theta / p_old, p_old the
+   policy at the start of the update on the training context, and the loss is
+   -min(r A w, clip(r) A w) * c, with c = min(p_old / q, off_policy_cap) per token (detached)
+   (the dual clip bounds the bracket, as verl applies it before its rollout weights). "exit"
+   takes only the sampling anchor.
+3. Sequence ratio s_i = exp(mean_t log rho) (geometric mean; `RatioConfig.level="sum"` uses the
+   sum, the exact sequence likelihood ratio); with the proximal anchor, rho is p_old / q. Per
+   strategy (a context swap pushes ratios down, docs/FINDINGS.md lesson 3): "mask" zeroes rows with
+   s outside [low, high]; "truncate" multiplies the loss of a row with s > high by high / s (it
+   only ever shrinks a row); "none" leaves it alone. Default: "mask" at [1/3, 3] on the geometric
+   mean, but "none" for "exit" (the plan has no mask); `ratio_by_strategy` sets any of them per
+   strategy under every kind.
+   Masked rows stay in the denominators: masking never up-weights the other rows.
+4. Optional KL to a reference model: beta * (exp(r - logp) - (r - logp) - 1) per token (k3);
+   under "exit" summed over the row's tokens, like the rest of its row.
+5. Aggregation: "token-mean" (sum over tokens / tokens of the batch), "seq-mean-token-mean"
+   (GRPO: mean over rows of each row's token mean) or "seq-mean-token-sum" (mean of row sums;
+   the only one "exit" takes: sum of its row losses / rows).
+   The denominator (tokens or rows) may be given for a whole minibatch of several micro-batches,
+   so the minibatch loss is one token mean (or row mean), not a mean of micro-batch means.
+The "rs" loss (rejection-sampling expert iteration) replaces 1-3: per-token -logp * w on rows whose
+reward >= threshold, aggregated the same way over those rows only (SFT on the good samples).
+Under "ppo" / "is" / "exit", rows of a strategy named in `LossConfig.sft_strategies` (the
+Verifier's relabelled replay, `pipeline.learn.views.verifier_replay`) are trained the rs way, -logp * w,
+in the same aggregation (under "exit" the row's NLL summed over its tokens, in the row mean):
+their completions were not sampled from q under this context, so they have no ratio.
+Negative advantages are scaled by `LossConfig.negative_weight` (1 = the plain estimator).
+
+Diagnostics (`LossDiagnostics`) are additive sums, so micro-batches merge exactly: mean log ratio,
+clip fraction (tokens where the clip, or the dual clip, stops the gradient; 0 under "is" / "exit"),
+dual-clip fraction (tokens where the dual clip binds), masked / truncated fraction (rows),
+effective sample size (sum r)^2 / sum r^2 of the sequence likelihood ratios r_i = exp(sum_t log rho)
+(whatever level step 3 decides on; under "exit" the r_i of its loss), overall, per strategy, per
+agent, per (agent, strategy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Mapping, Sequence
+
+import torch
+
+from pipeline.config.train import LossConfig, RatioConfig
+
+__all__ = ["LossBatch", "RatioStats", "LossDiagnostics", "LossOutput", "compute_loss", "aggregate", "aggregation_count", "LossConfig", "RatioConfig"]
+
+LOG_RATIO_CLAMP = 20.0
+_MODES = {"none": 0, "mask": 1, "truncate": 2}
+
+
+@dataclass(frozen=True)
+class LossBatch:
+    """The tensors of one (micro-)batch, all (B, T) or (B,), and the row labels."""
+
+    logp: torch.Tensor
+    """(B, T) log p_train of each completion token under the training context (with grad)."""
+    logq: torch.Tensor
+    """(B, T) stored sampling logprobs of the same tokens."""
+    mask: torch.Tensor
+    """(B, T) 1.0 on completion tokens, 0.0 on padding."""
+    advantage: torch.Tensor
+    """(B,) advantage of each row."""
+    sample_weight: torch.Tensor
+    """(B,) sample weight of each row."""
+    reward: torch.Tensor
+    """(B,) reward of each row, NaN where unknown (used by the "rs" loss)."""
+    strategy: Sequence[str]
+    """Strategy id of each row (selects its `RatioConfig`, labels diagnostics)."""
+    agent: Sequence[str]
+    """Agent id of each row (labels diagnostics)."""
+    ref_logp: torch.Tensor | None = None
+    """(B, T) log p_ref of each token, required when beta > 0."""
+    old_logp: torch.Tensor | None = None
+    """(B, T) log p_old(y_t | x_train, y_<t): the policy at the start of the update (no grad),
+    required with `LossConfig.anchor="proximal"`."""
+
+
+@dataclass(frozen=True)
+class RatioStats:
+    """Additive ratio statistics of a set of rows; the properties give the rates."""
+
+    n_rows: int = 0
+    """Rows counted."""
+    n_tokens: int = 0
+    """Completion tokens counted."""
+    sum_log_ratio: float = 0.0
+    """Sum over tokens of log p_train - log q_sample."""
+    n_clipped_tokens: int = 0
+    """Tokens whose gradient the PPO clip stopped (rho < 1-eps_low with A < 0, or rho > 1+eps_high
+    with A > 0, or, with the dual clip, rho > dual_clip with A < 0)."""
+    n_dual_clipped_tokens: int = 0
+    """Tokens where the dual clip bound the loss (A < 0 and rho > dual_clip); also counted in
+    `n_clipped_tokens`."""
+    n_masked_rows: int = 0
+    """Rows zeroed by a sequence-ratio mask."""
+    n_truncated_rows: int = 0
+    """Rows whose sequence ratio was truncated to the cap."""
+    n_rs_rows: int = 0
+    """Rows the "rs" loss trained on (reward >= threshold)."""
+    sum_seq_ratio: float = 0.0
+    """Sum of sequence ratios s_i (for the effective sample size)."""
+    sum_seq_ratio_sq: float = 0.0
+    """Sum of s_i squared."""
+    sum_kl: float = 0.0
+    """Sum over tokens of the k3 KL estimate (0 when beta = 0)."""
+
+    def merge(self, other: "RatioStats") -> "RatioStats":
+        return RatioStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    @property
+    def mean_log_ratio(self) -> float:
+        return self.sum_log_ratio / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def clip_fraction(self) -> float:
+        return self.n_clipped_tokens / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def dual_clip_fraction(self) -> float:
+        return self.n_dual_clipped_tokens / self.n_tokens if self.n_tokens else 0.0
+
+    @property
+    def masked_fraction(self) -> float:
+        return self.n_masked_rows / self.n_rows if self.n_rows else 0.0
+
+    @property
+    def truncated_fraction(self) -> float:
+        return self.n_truncated_rows / self.n_rows if self.n_rows else 0.0
+
+    @property
+    def ess(self) -> float:
+        """Effective sample size (sum s)^2 / sum s^2 (equals n_rows when every ratio is equal)."""
+        return self.sum_seq_ratio**2 / self.sum_seq_ratio_sq if self.sum_seq_ratio_sq > 0 else 0.0
+
+    @property
+    def ess_fraction(self) -> float:
+        return self.ess / self.n_rows if self.n_rows else 0.0
+
+    @property
+    def mean_kl(self) -> float:
+        return self.sum_kl / self.n_tokens if self.n_tokens else 0.0
+
+    def rates(self) -> dict[str, float]:
+        return {
+            "mean_log_ratio": self.mean_log_ratio,
+            "clip_fraction": self.clip_fraction,
+            "dual_clip_fraction": self.dual_clip_fraction,
+            "masked_fraction": self.masked_fraction,
+            "truncated_fraction": self.truncated_fraction,
+            "ess_fraction": self.ess_fraction,
+            "kl": self.mean_kl,
+            "rows": float(self.n_rows),
+            "tokens": float(self.n_tokens),
+        }
+
+
+def _merge_maps(a: Mapping[str, RatioStats], b: Mapping[str, RatioStats]) -> dict[str, RatioStats]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out[k].merge(v) if k in out else v
+    return out
+
+
+@dataclass(frozen=True)
+class LossDiagnostics:
+    """Ratio statistics of a batch (or of many, merged): overall, per strategy, per agent."""
+
+    overall: RatioStats = field(default_factory=RatioStats)
+    by_strategy: Mapping[str, RatioStats] = field(default_factory=dict)
+    by_agent: Mapping[str, RatioStats] = field(default_factory=dict)
+    by_agent_strategy: Mapping[str, RatioStats] = field(default_factory=dict)
+    """Keyed "<agent_id>/<strategy>"."""
+
+    def merge(self, other: "LossDiagnostics") -> "LossDiagnostics":
+        return LossDiagnostics(
+            overall=self.overall.merge(other.overall),
+            by_strategy=_merge_maps(self.by_strategy, other.by_strategy),
+            by_agent=_merge_maps(self.by_agent, other.by_agent),
+            by_agent_strategy=_merge_maps(self.by_agent_strategy, other.by_agent_strategy),
+        )
+
+    def as_metrics(self, prefix: str = "") -> dict[str, float]:
+        """Flat metric names for a logger: `ratio/<rate>`, `strategy/<id>/<rate>`, `agent/<id>/<rate>`."""
+        out = {f"{prefix}ratio/{k}": v for k, v in self.overall.rates().items()}
+        for sid, st in sorted(self.by_strategy.items()):
+            out.update({f"{prefix}strategy/{sid}/{k}": v for k, v in st.rates().items()})
+        for aid, st in sorted(self.by_agent.items()):
+            out.update({f"{prefix}agent/{aid}/{k}": v for k, v in st.rates().items()})
+        return out
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: torch.Tensor
+    """Scalar loss to backpropagate."""
+    diagnostics: LossDiagnostics
+    """Ratio statistics of the batch."""
+
+
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, how: str, rows: torch.Tensor | None = None, denominator: float | None = None
+) -> torch.Tensor:
+    """Reduce (B, T) per-token losses to a scalar over the tokens in `mask` and the rows in `rows`
+    (a (B,) 0/1 tensor; None = every row). `denominator` replaces the batch's own count (tokens
+    for "token-mean", rows otherwise): the count of the whole minibatch this batch is part of."""
+    if rows is not None:
+        mask = mask * rows[:, None]
+    row_sum = (per_token * mask).sum(-1)
+    n_rows = mask.new_tensor(float(per_token.shape[0])) if rows is None else rows.sum()
+    if how == "token-mean":
+        n = mask.sum() if denominator is None else mask.new_tensor(float(denominator))
+        return row_sum.sum() / n.clamp(min=1.0)
+    n = n_rows if denominator is None else mask.new_tensor(float(denominator))
+    if how == "seq-mean-token-mean":
+        return (row_sum / mask.sum(-1).clamp(min=1.0)).sum() / n.clamp(min=1.0)
+    if how == "seq-mean-token-sum":
+        return row_sum.sum() / n.clamp(min=1.0)
+    raise ValueError(f"unknown aggregation {how!r}")
+
+
+def aggregation_count(mask: torch.Tensor, how: str, rows: torch.Tensor | None = None) -> float:
+    """What `aggregate` divides by for this batch: its tokens ("token-mean") or rows (the rest).
+    Summed over the micro-batches of a minibatch, it is that minibatch's `denominator`."""
+    if rows is not None:
+        mask = mask * rows[:, None]
+        return float(mask.sum()) if how == "token-mean" else float(rows.sum())
+    return float(mask.sum()) if how == "token-mean" else float(mask.shape[0])
+
+
+def _ratio_tensors(strategies: Sequence[str], config: LossConfig, like: torch.Tensor):
+    """Per-row (mode code, low, high, sum-level flag) from each row's strategy."""
+    rcs = [config.ratio_for(s) for s in strategies]
+    mode = torch.tensor([_MODES[r.mode] for r in rcs], device=like.device)
+    low = torch.tensor([r.low for r in rcs], dtype=like.dtype, device=like.device)
+    high = torch.tensor([r.high for r in rcs], dtype=like.dtype, device=like.device)
+    use_sum = torch.tensor([r.level == "sum" for r in rcs], device=like.device)
+    return mode, low, high, use_sum
+
+
+def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None = None) -> LossOutput:
+    """The loss of one batch under `config`, with its diagnostics (see the module docstring).
+    `denominator`: the aggregation count of the whole minibatch (see `aggregation_count`)."""
+    mask = batch.mask.to(batch.logp.dtype)
+    logq = batch.logq.to(batch.logp.dtype)
+    n_tok = mask.sum(-1)
+    proximal = config.anchor == "proximal" and config.kind != "rs"
+    if proximal and batch.old_logp is None:
+        raise ValueError("LossConfig.anchor='proximal' needs old_logp (the policy at the start of the update) in the batch")
+
+    # 1. token log ratio, zero on padding, clamped so exp() stays finite
+    log_ratio = ((batch.logp - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if proximal:
+        old = batch.old_logp.to(batch.logp.dtype)
+        clip_log_ratio = ((batch.logp - old) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        with torch.no_grad():
+            off_log_ratio = ((old - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            off_weight = torch.exp(off_log_ratio).clamp(max=config.off_policy_cap)
+    else:
+        clip_log_ratio, off_log_ratio, off_weight = log_ratio, log_ratio.detach(), None
+    rho = torch.exp(clip_log_ratio)
+
+    # 3. sequence ratio of each row (detached: it only scales rows, like a weight)
+    mode, low, high, use_sum = _ratio_tensors(batch.strategy, config, batch.logp)
+    with torch.no_grad():
+        seq_sum = off_log_ratio.sum(-1)
+        seq_log = torch.where(use_sum, seq_sum, seq_sum / n_tok.clamp(min=1.0)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        s = torch.exp(seq_log)
+        masked = (mode == _MODES["mask"]) & ((s < low) | (s > high))
+        truncated = (mode == _MODES["truncate"]) & (s > high)
+        row_factor = torch.ones_like(s)
+        row_factor = torch.where(masked, torch.zeros_like(s), row_factor)
+        row_factor = torch.where(truncated, high / s, row_factor)
+        # the effective sample size is about the whole sequence's likelihood ratio, whatever
+        # level the mask/truncate decision uses
+        seq_ratio = torch.exp(log_ratio.detach().sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+    adv = batch.advantage.to(batch.logp.dtype)
+    if config.negative_weight != 1.0:
+        adv = torch.where(adv < 0, adv * config.negative_weight, adv)
+    weighted_adv = (adv * batch.sample_weight.to(batch.logp.dtype))[:, None]
+    clipped_tok = torch.zeros_like(mask, dtype=torch.bool)
+    dual_tok = torch.zeros_like(mask, dtype=torch.bool)
+    exit_rows = config.kind == "exit"
+    if exit_rows:
+        # the plan's estimator: one sequence likelihood ratio per row, r_i = exp(sum_t log rho),
+        # not detached, so d(-r A w) = -r A w * grad sum_t logp; the sum is clamped again
+        r = torch.exp(log_ratio.sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        seq_ratio = r.detach()
+        # one "token" per row holding the row's loss: summed over rows / rows (seq-mean-token-sum)
+        per_token = (-r * weighted_adv[:, 0] * row_factor)[:, None]
+        row_mask = torch.ones_like(per_token)
+        rows = None
+        rs_rows = torch.zeros_like(s)
+        if config.sft_strategies:
+            sft = torch.tensor([st in config.sft_strategies for st in batch.strategy], device=s.device)
+            if bool(sft.any()):
+                nll = -(batch.logp * mask).sum(-1) * batch.sample_weight.to(batch.logp.dtype)
+                per_token = torch.where(sft[:, None], nll[:, None], per_token)
+                rs_rows = sft.to(s.dtype)
+                masked = masked & ~sft
+                truncated = truncated & ~sft
+    elif config.kind in ("ppo", "is"):
+        if config.kind == "ppo":
+            # 2. PPO clip on the weighted advantage
+            unclipped = rho * weighted_adv
+            clipped = rho.clamp(1.0 - config.eps_low, 1.0 + config.eps_high) * weighted_adv
+            per_token = -torch.min(unclipped, clipped)
+            with torch.no_grad():
+                clipped_tok = (((rho < 1.0 - config.eps_low) & (weighted_adv < 0)) | ((rho > 1.0 + config.eps_high) & (weighted_adv > 0))) & (mask > 0)
+            if config.dual_clip is not None:
+                # verl's dual clip: where A < 0, min(-A c, max(-rho A, -clip(rho) A))
+                bound = -config.dual_clip * weighted_adv
+                per_token = torch.where(weighted_adv < 0, torch.min(per_token, bound), per_token)
+                with torch.no_grad():
+                    dual_tok = (weighted_adv < 0) & (rho > config.dual_clip) & (mask > 0)
+                    clipped_tok = clipped_tok | dual_tok
+        else:
+            per_token = -rho * weighted_adv
+        if off_weight is not None:
+            per_token = per_token * off_weight
+        per_token = per_token * row_factor[:, None]
+        rows = None
+        rs_rows = torch.zeros_like(s)
+        if config.sft_strategies:
+            # rows without a sampling ratio in this context (relabelled replay): NLL, as "rs"
+            sft = torch.tensor([st in config.sft_strategies for st in batch.strategy], device=s.device)
+            if bool(sft.any()):
+                nll = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
+                per_token = torch.where(sft[:, None], nll, per_token)
+                rs_rows = sft.to(s.dtype)
+                clipped_tok = clipped_tok & ~sft[:, None]
+                dual_tok = dual_tok & ~sft[:, None]
+                masked = masked & ~sft
+                truncated = truncated & ~sft
+    else:
+        # rejection sampling: NLL of the rows that passed, weighted by their sample weight
+        reward = batch.reward.to(batch.logp.dtype)
+        rs_rows = (~torch.isnan(reward) & (reward >= config.rs_threshold)).to(batch.logp.dtype)
+        per_token = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
+        rows = rs_rows
+        masked = torch.zeros_like(masked)
+        truncated = torch.zeros_like(truncated)
+
+    # 4. KL to the reference model (k3), unweighted
+    kl = torch.zeros_like(mask)
+    if config.beta > 0:
+        if batch.ref_logp is None:
+            raise ValueError("LossConfig.beta > 0 needs ref_logp in the batch")
+        d = (batch.ref_logp.to(batch.logp.dtype) - batch.logp) * mask
+        kl = torch.exp(d) - d - 1.0
+        if exit_rows:
+            per_token = per_token + config.beta * (kl * mask).sum(-1, keepdim=True)
+        else:
+            per_token = per_token + config.beta * kl
+
+    # 5. aggregation
+    if exit_rows:
+        loss = aggregate(per_token, row_mask, config.aggregation, denominator=denominator)
+    else:
+        loss = aggregate(per_token, mask, config.aggregation, rows=rows, denominator=denominator)
+
+    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, clipped_tok, dual_tok, masked, truncated, rs_rows, seq_ratio, kl))
+
+
+def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, dual_tok, masked, truncated, rs_rows, seq_ratio, kl) -> LossDiagnostics:
+    with torch.no_grad():
+        cols = torch.stack(
+            [
+                mask.sum(-1),
+                (log_ratio * mask).sum(-1),
+                (clipped_tok.to(mask.dtype)).sum(-1),
+                (dual_tok.to(mask.dtype)).sum(-1),
+                masked.to(mask.dtype),
+                truncated.to(mask.dtype),
+                rs_rows.to(mask.dtype),
+                seq_ratio,
+                seq_ratio * seq_ratio,
+                (kl.detach() * mask).sum(-1),
+            ],
+            dim=1,
+        ).double().cpu().tolist()
+    per_row = [
+        RatioStats(
+            n_rows=1,
+            n_tokens=int(c[0]),
+            sum_log_ratio=c[1],
+            n_clipped_tokens=int(c[2]),
+            n_dual_clipped_tokens=int(c[3]),
+            n_masked_rows=int(c[4]),
+            n_truncated_rows=int(c[5]),
+            n_rs_rows=int(c[6]),
+            sum_seq_ratio=c[7],
+            sum_seq_ratio_sq=c[8],
+            sum_kl=c[9],
+        )
+        for c in cols
+    ]
+    overall = RatioStats()
+    by_strategy: dict[str, RatioStats] = {}
+    by_agent: dict[str, RatioStats] = {}
+    by_cell: dict[str, RatioStats] = {}
+    for st, sid, aid in zip(per_row, batch.strategy, batch.agent):
+        overall = overall.merge(st)
+        by_strategy[sid] = by_strategy[sid].merge(st) if sid in by_strategy else st
+        by_agent[aid] = by_agent[aid].merge(st) if aid in by_agent else st
+        cell = f"{aid}/{sid}"
+        by_cell[cell] = by_cell[cell].merge(st) if cell in by_cell else st
+    return LossDiagnostics(overall=overall, by_strategy=by_strategy, by_agent=by_agent, by_agent_strategy=by_cell)

@@ -1,0 +1,141 @@
+"""The workflow contract: one Python object describes a team and its environment.
+
+A `Workflow` names its agents (any number, any ids, each with a policy id), draws problems, and
+makes an `Env` for one problem: the environment's state for one episode. The rollout engine
+(`pipeline.rollout.loop.run_rollouts`) drives every workflow the same way:
+
+    env = workflow.reset(problem, strategy)
+    for turn in range(max_turns):
+        for agent_id in workflow.turn_order:
+            messages = env.observe(agent_id)          # what the agent sees, as chat messages
+            text = <sampled from the agent's policy>  # one `steps` row per call
+            result = env.step(agent_id, text)         # local reward, done, verdict
+            if result.done: stop
+    team reward = env.team_reward()                   # the global reward of every row
+
+Every agent call is one `steps` row with its tokens and logprobs; the search strategies apply
+to any workflow:
+- `iid`: `group_size` independent episodes per problem;
+- `prompt_aug`: the problem's hint is shown to the agents in `workflow.hinted_agents` (a system
+  message, `pipeline.strategies.PromptAug.augment`) and dropped from their training context;
+- `feedback`: the workflow's environment gives privileged feedback after the first attempt of
+  `workflow.feedback_agent` (workflows that support it say so with `supports_feedback`); that
+  agent's second-turn context must be its opening + (attempt, feedback), the shape the training
+  transform cuts (`pipeline.strategies.split_opening`);
+- `tree` (AT-GRPO): at each agent step N candidates are sampled from one state, each steps its
+  own `env.copy()`, the best by the mixed reward (alpha * team reward after the step + local)
+  is selected and its state becomes the state of every branch.
+
+User code is hostile input: `observe`, `step`, `team_reward`, `copy` and `feedback` run guarded.
+A call that raises, hangs past the reward timeout or returns nonsense (a reward that is not a
+finite number, messages that are not chat messages) ends that episode: its row gets a null
+reward and `reward_error` names what went wrong, and the round goes on. A workflow that breaks
+the contract where it can be checked before sampling (no agents, repeated ids, a turn order
+naming an unknown agent, a strategy it does not support) is a one-line `ConfigError` naming the
+workflow (`check_workflow`).
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+from dataclasses import replace
+from typing import ClassVar
+
+from pipeline.rollout.agent import SHARED_POLICY, Agent
+from pipeline.errors import ConfigError
+from pipeline.types import Problem
+from pipeline.rollout.contract import Env, StepResult, check_messages, check_workflow, finite_reward
+
+# Env, StepResult and the checks live in .contract, below the rollout engine (which imports them);
+# they are re-exported here, where the contract is described.
+__all__ = ["StepResult", "Env", "Workflow", "check_workflow", "check_messages", "finite_reward", "with_policies"]
+
+
+class Workflow:
+    """A team and its environment. Subclass it and set `name` and `agents`; implement
+    `problems` and `reset`. Everything else has a default."""
+
+    name: ClassVar[str] = ""
+    """Short name, shown by `maxit run` and written to the run's record."""
+    agents: tuple[Agent, ...] = ()
+    """The team: one `Agent(agent_id, policy_id)` per member (equal policy ids share weights)."""
+    max_turns: int = 1
+    """Turns at most per episode (every agent of `turn_order` acts once per turn)."""
+    supports_feedback: ClassVar[bool] = False
+    """Whether `reset(problem, Feedback(...))` gives an environment that runs the two-turn
+    feedback strategy (privileged feedback after `feedback_agent`'s first attempt)."""
+
+    # -- what a subclass provides ---------------------------------------------------------
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """`n` problems of `split` ("train" or "heldout"; the two never share a problem)."""
+        raise NotImplementedError
+
+    def reset(self, problem: Problem, strategy) -> Env:
+        """A fresh environment for one episode of `problem` under `strategy`
+        (a `pipeline.strategies.Strategy`; most environments ignore it)."""
+        raise NotImplementedError
+
+    # -- defaults -------------------------------------------------------------------------
+    @property
+    def turn_order(self) -> tuple[str, ...]:
+        """Agent ids in the order they act within one turn (default: `agents` order)."""
+        return tuple(a.agent_id for a in self.agents)
+
+    @property
+    def hinted_agents(self) -> tuple[str, ...]:
+        """Agents shown the problem's hint under `prompt_aug` (default: the first to act)."""
+        return self.turn_order[:1]
+
+    @property
+    def feedback_agent(self) -> str:
+        """The agent whose second attempt the feedback strategy trains context-swapped."""
+        return self.turn_order[0]
+
+    def max_tokens(self, agent_id: str, kind: str = "rollout") -> int | None:
+        """Completion budget of the agent's calls (kind "rollout" or "eval"); None = the run's."""
+        return None
+
+    def default_model(self):
+        """The embedded model a run starts from when no model directory is given (a local HF
+        model directory), or None when the workflow has none (then `--model` is required)."""
+        return None
+
+    def evaluate(self, samplers, tokenizers, config, round_: int):
+        """The `evaluation` rows of one round (default: `pipeline.rollout.evaluation.evaluate_workflow`,
+        the team on held-out problems, team success and each agent's mean local reward)."""
+        from pipeline.rollout.evaluation import evaluate_workflow
+
+        return evaluate_workflow(self, samplers, tokenizers, config, round_)
+
+    table_metrics: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("team", "success", "success"),
+        ("team", "success_greedy", "greedy"),
+    )
+    """(agent_id, metric, column) of the evaluation metrics the round table shows."""
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        """The team's policies, in the order of their first agent."""
+        return tuple(dict.fromkeys(a.policy_id for a in self.agents))
+
+    def describe(self) -> str:
+        """One line: the workflow's name and its agents with their policies."""
+        team = ", ".join(f"{a.agent_id}@{a.policy_id}" for a in self.agents)
+        return f"{self.name or type(self).__name__} ({team})"
+
+
+def with_policies(workflow: Workflow, shared: bool) -> Workflow:
+    """`workflow` with every agent on the one policy "shared" (`shared=True`) or each on its own
+    policy named after it; a workflow whose agents already name other policies keeps them."""
+    ids = {a.policy_id for a in workflow.agents}
+    if ids - {SHARED_POLICY} and ids != {a.agent_id for a in workflow.agents}:
+        return workflow
+    agents = tuple(replace(a, policy_id=SHARED_POLICY if shared else a.agent_id) for a in workflow.agents)
+    if agents == tuple(workflow.agents):
+        return workflow
+    clone = _copy.copy(workflow)
+    try:
+        clone.agents = agents
+    except AttributeError as err:  # a frozen dataclass workflow
+        raise ConfigError(f"workflow {workflow.name!r}: cannot set its agents' policies ({err})") from None
+    return clone
