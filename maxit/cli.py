@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import DataError, MaxitError, RunInterrupted, SchemaError, one_line
-from pipeline.run.settings import LOSS_KINDS, add_setting_flags, parse_weights, setting_default
+from pipeline.run.settings import add_setting_flags, setting_default, setting_help
 
 __all__ = ["main", "build_parser"]
 
@@ -26,28 +26,28 @@ def _print_frame(df, title: str | None = None, width: int = 200) -> None:
 
 def add_advantage_flags(p: argparse.ArgumentParser) -> None:
     """The settings of the "rewards and advantages" group (the same flags as `maxit run`'s), the
-    loss whose reward preset applies, and the two numerics that only this command exposes."""
-    p.add_argument("--loss", choices=LOSS_KINDS, default=None, help="the loss the advantages are for; its reward preset applies where --alpha/--local-weight are not given (default: rs, as maxit run)")
-    add_setting_flags(p, groups=("rewards and advantages",))
+    algorithm and the loss whose presets apply, and the two numerics that only this command exposes."""
+    add_setting_flags(p, groups=("rewards and advantages",), names=("algorithm", "loss"))
     g = p.add_argument_group("advantage numerics")
     g.add_argument("--singleton", choices=["zero", "raw"], default="zero", help="advantage of a one-member group: 0, or verl's raw reward")
     g.add_argument("--eps", type=float, default=1e-6, help="added to the group std before dividing")
 
 
-def advantage_config_from_args(args):
+def advantage_config_from_args(args, settings):
+    """The `AdvantageConfig` of `settings` (those of the command's flags) with the numerics only
+    `maxit advantages` exposes."""
     import dataclasses
 
-    from pipeline.run.settings import settings_from_args
-
-    config = settings_from_args(args).advantage_config()
-    return dataclasses.replace(config, singleton=args.singleton, eps=args.eps)
+    return dataclasses.replace(settings.advantage_config(), singleton=args.singleton, eps=args.eps)
 
 
 def cmd_advantages(args) -> int:
     from pipeline import store
     from pipeline.learn.advantages import advantage_metrics, compute_advantages
+    from pipeline.run.settings import settings_from_args
 
-    config = advantage_config_from_args(args)
+    settings = settings_from_args(args)
+    config = advantage_config_from_args(args, settings)
     store.check_writable(args.out, "--out")
     if args.demo:
         from pipeline.rollout.synthetic import synthetic_steps
@@ -74,13 +74,32 @@ def cmd_advantages(args) -> int:
     dt = time.perf_counter() - t0
     store.write_table(out, args.out)
     print(f"advantages of {source}")
+    print_source_notes("maxit advantages", settings, out["strategy"].unique().sort().to_list())
     print(
-        f"grouping {'+'.join(config.group_key)}, normalize={config.normalize}, trajectory_mean={config.trajectory_mean} "
+        f"algorithm {settings.algorithm}, grouping {'+'.join(config.group_key)}, normalize={config.normalize}, trajectory_mean={config.trajectory_mean} "
         f"(score: {config.trajectory_score}), reward = {config.alpha}*global + {config.local_weight}*local"
     )
     print(f"{out.height} rows in {dt:.2f} s -> {args.out}")
     _print_frame(advantage_metrics(out, config), "per agent and strategy:")
     return 0
+
+
+def settings_of(args, names, **values):
+    """The `Settings` of the flags `names` of a command that takes only some settings (those left
+    alone, and every other setting, at their defaults: the algorithm's and the loss's presets)."""
+    from pipeline.run.settings import Settings
+
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    return Settings(**given, **{k: v for k, v in values.items() if v is not None})
+
+
+def print_source_notes(command: str, settings, strategies) -> None:
+    """A note for each of `strategies` (those of the run, or of the table a command reads) that
+    the algorithm's source does not sample (`pipeline.run.settings.unsourced_strategies`)."""
+    from pipeline.run.settings import unsourced_strategies
+
+    for note in unsourced_strategies(settings.algorithm, strategies, settings.reward_mix()[0]):
+        print(f"{command}: note: {note}", flush=True)
 
 
 def local_store(store: str, flag: str = "--store") -> Path:
@@ -191,6 +210,7 @@ def cmd_run(args) -> int:
     )
     for note in small_splits(settings, workflow):
         print(note, flush=True)
+    print_source_notes("maxit run", settings, run_strategies_of(settings, workflow))
     from pipeline.run.report import settings_changes
     from pipeline.store import is_url
 
@@ -269,10 +289,12 @@ def cmd_rollout(args) -> int:
     from pipeline.run.settings import settings_from_args
     from pipeline.store import UrlStore, is_url, read_table, table_path
 
-    config = settings_from_args(args).run_config()
+    settings = settings_from_args(args)
+    config = settings.run_config()
     if args.round < 0:
         raise MaxitError(f"--round must be >= 0, got {args.round}")
-    check_run_inputs(config, args.store)
+    workflow = check_run_inputs(config, args.store)
+    print_source_notes("maxit rollout", settings, run_strategies_of(settings, workflow))
     url = UrlStore(args.store) if is_url(args.store) else None
     ctx = RoundContext(local_store(args.store), config, registry=PolicyRegistry(args.store))
     try:
@@ -291,12 +313,14 @@ def cmd_rollout(args) -> int:
 
 
 def cmd_view(args) -> int:
+    import dataclasses
+
     from pipeline import store
     from pipeline.workflows.math.model import default_model
     from pipeline.models import load_tokenizer
     from pipeline.models.chat import check_model_dir
     from pipeline.strategies import STRATEGY_IDS, make_strategy
-    from pipeline.learn.views import ViewConfig, build_training_view
+    from pipeline.learn.views import build_training_view
 
     path = Path(args.advantages)
     if not path.exists():
@@ -304,17 +328,18 @@ def cmd_view(args) -> int:
     store.check_writable(args.out, "--out")
     if args.model_dir:
         check_model_dir(args.model_dir, "--model-dir")
+    # the view of `maxit run` with these settings: the algorithm's and the loss's presets where a
+    # flag is left alone
+    settings = settings_of(args, ("algorithm", "loss", "balance_verdicts", "zero_advantage_rows", "feedback_train_context", "feedback_first_attempt"),
+                           strategy_weights=tuple(args.strategy_weight) if args.strategy_weight else None)
+    config = settings.view_config()
+    config = dataclasses.replace(config, max_length=args.max_length, min_reward=config.min_reward if args.min_reward is None else args.min_reward)
     adv = store.read_table(path, "advantages", flag="--advantages")  # the contract: columns, nulls, unique step_ids
     # the view validates the table (missing columns, unknown strategy ids named with their step_ids)
-    options = {"feedback": {"train_context": args.feedback_train_context, "first_attempt": args.feedback_first_attempt}}
+    options = settings.strategy_options()
     strategies = {s: make_strategy(s, **options.get(s, {})) for s in STRATEGY_IDS}
     tokenizer = load_tokenizer(args.model_dir or default_model())
-    common = dict(max_length=args.max_length, strategy_weights=parse_weights(args.strategy_weight) if args.strategy_weight else None, balance_verdicts=args.balance_verdicts)
-    if args.loss == "rs":
-        min_reward = 1.0 if args.min_reward is None else args.min_reward
-        config = ViewConfig(drop_zero_advantage=False, min_reward=min_reward, reward_is_local=True, **common)
-    else:
-        config = ViewConfig(min_reward=args.min_reward, **common)
+    print_source_notes("maxit view", settings, sorted(set(adv["strategy"].to_list())))
     view, stats = build_training_view(adv, strategies, tokenizer, config)
     store.write_table(view, args.out, "training_view")
     print(f"{stats.n_rows} training rows of {stats.n_input} ({stats.n_context_swapped} context-swapped) -> {args.out}")
@@ -392,9 +417,8 @@ def cmd_train(args) -> int:
         raise MaxitError("--store and --round go together: give both to register the checkpoint as that round's, or neither")
     # without --temperature: the view's own sampling temperature (1.0 for a view without one)
     temperature = 1.0 if args.temperature is None else args.temperature
-    from pipeline.run.settings import Settings
-
-    preset = Settings(loss=args.loss, lr=args.lr)  # the loss's preset: learning rate, negative-advantage weight
+    # the algorithm's and the loss's presets, as maxit run: learning rate, clip, ratio handling, negative-advantage weight
+    preset = settings_of(args, ("algorithm", "loss", "lr"))
     config = TrainConfig(lr=preset.learning_rate(), epochs=args.epochs, temperature=temperature, loss=preset.loss_config(), report_to=args.report_to)
     res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round, temperature_from_view=args.temperature is None)
     print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
@@ -544,13 +568,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advantages", required=True, help="advantages Parquet file (maxit advantages --out)")
     p.add_argument("--out", required=True, help="training_view Parquet file to write (atomically)")
     p.add_argument("--model-dir", default=None, help="model whose tokenizer and chat template render the contexts (default: the embedded tiny model)")
-    p.add_argument("--loss", choices=LOSS_KINDS, default=setting_default("loss"), help="ppo, is: rows with a non-zero advantage; rs: rows with reward >= --min-reward (default: rs, as maxit run)")
-    p.add_argument("--min-reward", type=float, default=None, help="leave out rows whose reward is below this (rs: default 1.0)")
+    add_setting_flags(p, groups=(), names=("algorithm", "loss", "zero_advantage_rows", "balance_verdicts", "feedback_train_context", "feedback_first_attempt"))
+    p.add_argument("--min-reward", type=float, default=None, help="leave out rows whose reward is below this (default: the loss's: rs 1.0, the others none)")
     p.add_argument("--max-length", type=int, default=None, help="drop (and count) rows whose training prompt + completion is longer")
-    p.add_argument("--strategy-weight", action="append", metavar="S=W", help="stratified mixture weight of a strategy (repeat; counted per policy over its training rows)")
-    p.add_argument("--balance-verdicts", action=argparse.BooleanOptionalAction, default=True, help="equal total weight for the Verifier's yes and no rows (default: on)")
-    p.add_argument("--feedback-train-context", choices=["problem", "attempt"], default="problem", help="training context of the feedback strategy's second attempt")
-    p.add_argument("--feedback-first-attempt", choices=["iid", "skip"], default="iid", help="train the feedback strategy's first attempt as iid, or not")
+    p.add_argument(
+        "--strategy-weight", action="append", metavar="S=W",
+        help=f"stratified mixture weight of a strategy (repeat); {setting_help('strategy_weights').split(': ', 1)[1]}",
+    )
     p.set_defaults(func=cmd_view)
 
     p = sub.add_parser("train", help="train one policy on a training view")
@@ -558,8 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", required=True, help="policy_id whose rows are trained (e.g. shared, solver)")
     p.add_argument("--init", default=None, help="starting checkpoint (default: the embedded tiny model)")
     p.add_argument("--out", required=True, help="checkpoint folder to write (atomically)")
-    p.add_argument("--loss", choices=LOSS_KINDS, default=setting_default("loss"), help="default: rs, as maxit run")
-    p.add_argument("--lr", type=float, default=None, help="default: the loss's preset, as maxit run (rs, ppo 5e-4; is 2e-4)")
+    add_setting_flags(p, groups=(), names=("algorithm", "loss", "lr"))
     p.add_argument("--epochs", type=int, default=setting_default("epochs"))
     p.add_argument("--temperature", type=float, default=None, help="temperature of p_train (default: the view's sampling temperature; it must match)")
     p.add_argument("--report-to", default="tensorboard")

@@ -3,7 +3,8 @@ hand-built inputs: DrMAS's worked example (per-agent groups, the team's final re
 row), AT-GRPO's tree groups and mixed reward, the expert-iteration plan (centred advantages,
 stratified w_s / n_s, feedback's first attempt at weight 0, hint and feedback out of the training
 context), plain GRPO (one member per trajectory). The losses' own references are in
-tests/test_loss_reference.py."""
+tests/test_loss_reference.py; tests/test_preset_sources.py takes each preset through its
+advantages, view and loss against its source, with the source's constants written there."""
 
 from __future__ import annotations
 
@@ -106,9 +107,9 @@ def tree_rows() -> list[dict]:
 def test_atgrpo_groups_the_siblings_of_each_node_by_agent_and_turn_with_the_mixed_reward():
     rows, spec = tree_rows()
     got = advantages("atgrpo", rows)
-    preset = ALGORITHM_PRESETS["atgrpo"]
+    alpha = 1.0  # AT-GRPO: alpha * global + local (its alpha is left open; docs/ALGORITHMS.md gives 1)
     for (agent, t), cands in spec.items():
-        mixed = [preset["alpha"] * g + preset["local_weight"] * l for g, l in cands]  # AT-GRPO: alpha * global + local
+        mixed = [alpha * g + l for g, l in cands]
         assert [got[f"{agent}-t{t}-c{i}"] for i in range(3)] == pytest.approx(grpo(mixed), abs=1e-6)
     assert Settings(algorithm="atgrpo").run_config().strategies == ("tree",)
 
@@ -158,7 +159,8 @@ def test_every_preset_is_documented_as_the_code_has_it():
         cells = [c.strip() for c in line.split("|")[2:-1]]
         for key, cell in zip(keys, cells):
             value = getattr(Settings(algorithm=name), key)
-            shown = ("off" if key == "dual_clip" else "(the loss's)") if value is None else " ".join(value) if isinstance(value, tuple) else str(value)
+            unset = {"dual_clip": "off", "hinted_rows": "(sequence_ratio)", "feedback_rows": "(sequence_ratio)"}.get(key, "(the loss's)")
+            shown = unset if value is None else " ".join(value) if isinstance(value, tuple) else str(value)
             assert cell.strip("`") == (shown or "none"), f"{name}.{key}: docs say {cell!r}, the code {shown!r}"
 
 

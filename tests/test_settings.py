@@ -11,7 +11,7 @@ from assets.config import RunSettings
 from maxit.cli import build_parser, main
 from pipeline.errors import ConfigError
 from pipeline.run.rounds import RunConfig
-from pipeline.run.settings import LOSS_PRESETS, Settings, settings_from_args
+from pipeline.run.settings import LOSS_PRESETS, Settings, setting_help, settings_from_args
 
 
 def cli_settings(*argv: str) -> Settings:
@@ -42,7 +42,9 @@ def test_every_setting_is_a_flag_and_a_dagster_field():
     assert names <= dests
     assert names <= set(RunSettings.model_fields)
     for f in dataclasses.fields(Settings):
-        assert RunSettings.model_fields[f.name].description == f.metadata["help"]
+        # the help, with what each algorithm sets it to where one does (`setting_help`)
+        assert RunSettings.model_fields[f.name].description == setting_help(f.name)
+        assert RunSettings.model_fields[f.name].description.startswith(f.metadata["help"])
 
 
 @pytest.mark.parametrize(
@@ -290,8 +292,10 @@ def test_help_renders_and_lists_every_setting(capsys):
 def test_zero_advantage_rows_keep_or_drop_the_views_zero_advantage_rows():
     from pipeline.run.settings import Settings
 
-    assert Settings(algorithm="grpo").view_config().drop_zero_advantage is True
-    assert Settings(algorithm="grpo", zero_advantage_rows="keep").view_config().drop_zero_advantage is False
+    assert Settings(loss="ppo").view_config().drop_zero_advantage is True
+    assert Settings(loss="ppo", zero_advantage_rows="keep").view_config().drop_zero_advantage is False
+    assert Settings(algorithm="grpo").view_config().drop_zero_advantage is False  # its source counts every sample
+    assert Settings(algorithm="grpo", zero_advantage_rows="drop").view_config().drop_zero_advantage is True
     assert Settings(zero_advantage_rows="drop").view_config().drop_zero_advantage is True
     assert Settings().view_config().drop_zero_advantage is False  # rs keeps its rewarded rows as before
 

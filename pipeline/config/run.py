@@ -185,7 +185,9 @@ class ViewConfig:
     drop_zero_advantage: bool = True
     """Leave out rows with |advantage| <= zero_advantage_tol (they carry no policy gradient; the
     prototype dropped them). Set False for the "rs" loss, which trains on correct rows of
-    all-correct groups too."""
+    all-correct groups too, and to count every sample in a minibatch's mean as verl's token mean
+    and the expert-iteration plan's 1/N do (the source presets: the trainer skips those rows'
+    forward pass and counts them; dropped, the update is scaled by all rows / rows kept)."""
     zero_advantage_tol: float = 0.0
     """Advantages with absolute value at most this count as zero."""
     check_identity_render: bool = False

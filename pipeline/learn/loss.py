@@ -44,7 +44,8 @@ Choices, in the order the code makes them:
    s outside [low, high]; "truncate" multiplies the loss of a row with s > high by high / s (it
    only ever shrinks a row); "none" leaves it alone. Default: "mask" at [1/3, 3] on the geometric
    mean, but "none" for "exit" (the plan has no mask); `ratio_by_strategy` sets any of them per
-   strategy under every kind.
+   strategy under every kind. The algorithm presets of the sources (DrMAS, AT-GRPO, GRPO, the
+   plan) set "none" for every strategy: none of them has such a mask.
    Masked rows stay in the denominators: masking never up-weights the other rows.
 4. Optional KL to a reference model: beta * (exp(r - logp) - (r - logp) - 1) per token (k3);
    under "exit" summed over the row's tokens, like the rest of its row.

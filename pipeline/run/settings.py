@@ -27,7 +27,7 @@ from pipeline.errors import ConfigError
 from pipeline.strategies import Feedback
 from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
 
-__all__ = ["Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "setting_flag", "settings_from_args", "setting_default", "parse_group_by"]
+__all__ = ["Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "setting_flag", "setting_help", "preset_summary", "unsourced_strategies", "SOURCES", "settings_from_args", "setting_default", "parse_group_by"]
 
 
 def _s(
@@ -83,7 +83,8 @@ ALGORITHM_PRESETS: Mapping[str, Mapping[str, Any]] = {
     # sampling on each call's own correctness, AT-GRPO's groups and tree beside the plan's
     # strategies. It is the default algorithm, so its values are the library's defaults (the
     # configs of pipeline.config and pipeline.config.train declare them); the settings left out
-    # here come from the loss's preset
+    # here come from the loss's preset. The hinted and feedback rows keep the sequence-ratio mask
+    # (it acts only under a loss with a ratio, not rs; docs/ALGORITHMS.md says why)
     "maxit": {
         "loss": _default(LossConfig, "kind"), "strategies": _default(RunConfig, "strategies"), "group_by": _default(AdvantageConfig, "group_by"),
         "normalize": _default(AdvantageConfig, "normalize"), "trajectory_mean": _default(AdvantageConfig, "trajectory_mean"),
@@ -91,37 +92,43 @@ ALGORITHM_PRESETS: Mapping[str, Mapping[str, Any]] = {
         "feedback_first_attempt": _default(Feedback, "first_attempt"), "feedback_train_context": _default(Feedback, "train_context"),
         "strategy_weights": (),
     },
+    # The four below are their sources: no sequence-ratio mask (none of them has one), and every
+    # sample counted in the minibatch's mean (verl's token mean counts the tokens of zero-advantage
+    # rows, the plan's N is every sample): zero-advantage rows are kept in the view, where the
+    # trainer skips their forward pass and counts them.
     # DrMAS: K copies of each problem, groups per (uid, agent), the team's final reward on every
     # row, verl's PPO with the dual clip and std normalisation
     "drmas": {
         "loss": "ppo", "strategies": ("iid",), "group_by": ("agent_id",), "normalize": "std", "trajectory_mean": False,
-        "trajectory_score": "own", "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid",
-        "feedback_train_context": "problem", "balance_verdicts": False, "strategy_weights": (), "alpha": 1.0, "local_weight": 0.0, "baseline": "group",
-        "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0,
+        "trajectory_score": "own", "feedback_first_attempt": "iid", "feedback_train_context": "problem", "balance_verdicts": False,
+        "strategy_weights": (), "alpha": 1.0, "local_weight": 0.0, "baseline": "group", "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2,
+        "dual_clip": 3.0, "sequence_ratio": "none", "zero_advantage_rows": "keep",
     },
     # AT-GRPO: tree sampling, groups per (uid, agent, turn), alpha * global + local, PPO clip
     "atgrpo": {
         "loss": "ppo", "strategies": ("tree",), "group_by": ("agent_id", "turn"), "normalize": "std", "trajectory_mean": False,
-        "trajectory_score": "own", "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid",
-        "feedback_train_context": "problem", "balance_verdicts": False, "strategy_weights": (), "alpha": 1.0, "local_weight": 1.0, "baseline": "group",
-        "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2,
+        "trajectory_score": "own", "feedback_first_attempt": "iid", "feedback_train_context": "problem", "balance_verdicts": False,
+        "strategy_weights": (), "alpha": 1.0, "local_weight": 1.0, "baseline": "group", "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2,
+        "sequence_ratio": "none", "zero_advantage_rows": "keep",
     },
     # the expert-iteration plan: iid, hint and two-turn feedback samples, advantages centred
     # within each strategy's group, the importance-sampling estimator over the N samples with
     # stratified weights w_s / n_s, feedback's first attempt at weight 0, hint and feedback
-    # dropped from the training context, no ratio mask
+    # dropped from the training context
     "exit": {
         "loss": "exit", "strategies": ("iid", "prompt_aug", "feedback"), "group_by": ("agent_id", "turn"), "normalize": "center",
-        "trajectory_mean": False, "trajectory_score": "own", "hinted_rows": "none", "feedback_rows": "none", "feedback_first_attempt": "skip",
-        "feedback_train_context": "problem", "balance_verdicts": False, "strategy_weights": ("iid=1", "prompt_aug=1", "feedback=1"),
-        "alpha": 0.0, "local_weight": 1.0, "baseline": "group", "negative_weight": 1.0,
+        "trajectory_mean": False, "trajectory_score": "own", "feedback_first_attempt": "skip", "feedback_train_context": "problem",
+        "balance_verdicts": False, "strategy_weights": ("iid=1", "prompt_aug=1", "feedback=1"), "alpha": 0.0, "local_weight": 1.0,
+        "baseline": "group", "negative_weight": 1.0, "sequence_ratio": "none", "zero_advantage_rows": "keep",
     },
-    # plain GRPO: K samples of each problem, one group per problem over trajectories (one
-    # member per trajectory), the outcome reward, PPO clip
+    # plain GRPO as DrMAS's code runs it (its GRPO baseline, group_by_agent_id=False): K samples of
+    # each problem, one group per problem over trajectories (one member per trajectory), the
+    # outcome reward, verl's PPO loss (its dual clip included)
     "grpo": {
         "loss": "ppo", "strategies": ("iid",), "group_by": (), "normalize": "std", "trajectory_mean": True, "trajectory_score": "own",
-        "hinted_rows": "mask", "feedback_rows": "mask", "feedback_first_attempt": "iid", "feedback_train_context": "problem", "balance_verdicts": False,
-        "strategy_weights": (), "alpha": 1.0, "local_weight": 0.0, "baseline": "group", "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2,
+        "feedback_first_attempt": "iid", "feedback_train_context": "problem", "balance_verdicts": False, "strategy_weights": (),
+        "alpha": 1.0, "local_weight": 0.0, "baseline": "group", "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0,
+        "sequence_ratio": "none", "zero_advantage_rows": "keep",
     },
 }
 """The settings each algorithm fixes, applied where a setting is left unset (None); a setting
@@ -183,7 +190,7 @@ class Settings:
     problems: int = _s(_default(RunConfig, "problems"), "training problems drawn per round", group="sampling")
     samples: int = _s(_default(RunConfig, "samples"), "group size of every strategy (tree: candidates per node)", group="sampling")
     strategies: tuple[str, ...] | None = _s(
-        None, "search strategies interleaved in each round; None = the algorithm's (maxit: iid prompt_aug feedback tree)", group="sampling", metavar="STRATEGY"
+        None, "search strategies interleaved in each round", group="sampling", metavar="STRATEGY"
     )
     temperature: float = _s(_default(RunConfig, "temperature"), "sampling temperature (training computes p_train at the same temperature)", group="sampling")
     max_tokens: int | None = _s(_default(RunConfig, "max_tokens"), "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling")
@@ -198,32 +205,31 @@ class Settings:
         choices=("problem", "attempt"),
     )
     feedback_first_attempt: str | None = _s(
-        None, "the feedback strategy's first attempt: trained as an iid row, or not trained (the plan's weight 0); None = the algorithm's",
+        None, "the feedback strategy's first attempt: trained as an iid row, or not trained (the plan's weight 0)",
         group="sampling", choices=("iid", "skip")
     )
 
     # --- rewards and advantages -------------------------------------------------------------
-    alpha: float | None = _s(None, "reward = alpha*global_reward + local_weight*local_reward; None = the loss's preset (rs 0, ppo 0, is 1)", group="rewards and advantages")
-    local_weight: float | None = _s(None, "weight of the local (own-action) reward; None = the loss's preset (1)", group="rewards and advantages")
+    alpha: float | None = _s(None, "reward = alpha*global_reward + local_weight*local_reward", group="rewards and advantages")
+    local_weight: float | None = _s(None, "weight of the local (own-action) reward", group="rewards and advantages")
     group_by: tuple[str, ...] | None = _s(
         None,
-        "columns added to uid+strategy to form advantage groups (a group never spans strategies; none = plain GRPO per strategy); "
-        "None = the algorithm's (maxit, atgrpo: agent_id turn; drmas: agent_id; grpo: none)",
+        "columns added to uid+strategy to form advantage groups (a group never spans strategies; none = plain GRPO per strategy)",
         group="rewards and advantages",
         metavar="COL",
     )
     normalize: str | None = _s(
-        None, "advantage normalisation: (r-mean)/std, or r-mean; None = the algorithm's", group="rewards and advantages", choices=("std", "center")
+        None, "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages", choices=("std", "center")
     )
     baseline: str | None = _s(
         None,
         "advantage baseline: the statistics of the problem's group of samples (GRPO), or of the whole round's rows of that strategy "
-        "(REINFORCE with a mean-reward baseline: all-right groups still count); None = the loss's preset (rs, is: group; ppo: batch)",
+        "(REINFORCE with a mean-reward baseline: all-right groups still count)",
         group="rewards and advantages",
         choices=("group", "batch"),
     )
     trajectory_mean: bool | None = _s(
-        None, "group statistics over trajectory means (one member per trajectory); None = the algorithm's (grpo: on)", group="rewards and advantages"
+        None, "group statistics over trajectory means (one member per trajectory)", group="rewards and advantages"
     )
     trajectory_score: str | None = _s(
         None,
@@ -237,7 +243,7 @@ class Settings:
         None,
         "rs: rejection-sampling expert iteration; ppo: importance-weighted PG with PPO clip; is: per-token importance sampling, no clip "
         "(not the plan's estimator); exit: the expert-iteration plan's estimator (sequence likelihood ratio per row, mean over rows, "
-        "no mask); None = the algorithm's (maxit: rs)",
+        "no mask)",
         group="training",
         choices=LOSS_KINDS,
     )
@@ -246,6 +252,14 @@ class Settings:
         "what the PPO clip compares with: the sampling logprobs q, or the policy at the start of the round's update (proximal: decoupled PPO)",
         group="training",
         choices=("sampling", "proximal"),
+    )
+    sequence_ratio: str | None = _s(
+        None,
+        "every row's sequence ratio (the geometric mean of its token ratios p_train/q): rows outside [1/3, 3] masked (zeroed, still "
+        "counted in the mean), rows above 3 truncated to it, or left alone (the token clip only); --hinted-rows and --feedback-rows "
+        "set their strategies' rows apart",
+        group="training",
+        choices=("mask", "truncate", "none"),
     )
     hinted_rows: str | None = _s(
         None,
@@ -257,40 +271,39 @@ class Settings:
     zero_advantage_rows: str | None = _s(
         None,
         "rows of zero advantage (all of a group's samples got one reward): dropped from the training view, or kept, so that a "
-        "minibatch counts every sample as TRL's GRPOTrainer's does (their loss is 0: the trainer skips their forward pass; they "
-        "set how many rows make an optimizer step and the token-mean's denominator); None = the loss's (rs: kept if rewarded; others: dropped)",
+        "minibatch counts every sample as verl's token mean, the expert-iteration plan's 1/N and TRL's GRPOTrainer do (their loss "
+        "is 0: the trainer skips their forward pass; they set how many rows make an optimizer step and the mean's denominator)",
         group="training",
         choices=("drop", "keep"),
     )
     feedback_rows: str | None = _s(
         None,
         "the feedback strategy's second-attempt rows (trained without the feedback): their sequence ratio masked to [1/3, 3], truncated at 3, "
-        "or left alone; None = the algorithm's (maxit: mask; exit: none)",
+        "or left alone",
         group="training",
         choices=("mask", "truncate", "none"),
     )
     dual_clip: float | None = _s(
         None,
-        "ppo: verl's dual clip (DrMAS): a negative-advantage token's loss is at most -dual_clip*A (verl's clip_ratio_c); 0 or None = off; "
-        "None = the algorithm's (drmas: 3)",
+        "ppo: verl's dual clip (DrMAS): a negative-advantage token's loss is at most -dual_clip*A (verl's clip_ratio_c); 0 = off",
         group="training",
     )
     clip_low: float | None = _s(
-        None, "ppo: token ratios below 1 - clip_low stop the gradient of negative-advantage tokens (TRL's epsilon); None = the algorithm's (0.2)", group="training"
+        None, "ppo: token ratios below 1 - clip_low stop the gradient of negative-advantage tokens (TRL's epsilon)", group="training"
     )
     clip_high: float | None = _s(
         None,
-        "ppo: token ratios above 1 + clip_high stop the gradient of positive-advantage tokens (TRL's epsilon_high); None = the loss's preset",
+        "ppo: token ratios above 1 + clip_high stop the gradient of positive-advantage tokens (TRL's epsilon_high)",
         group="training",
     )
-    lr: float | None = _s(None, "AdamW learning rate; None = the loss's preset (rs, ppo 5e-4; is 2e-4)", group="training")
+    lr: float | None = _s(None, "AdamW learning rate", group="training")
     epochs: int = _s(_default(TrainConfig, "epochs"), "passes over each round's training rows", group="training")
     minibatch_size: int = _s(_default(TrainConfig, "minibatch_size"), "rows per optimizer step", group="training")
     micro_batch_size: int = _s(_default(TrainConfig, "micro_batch_size"), "rows per forward/backward pass", group="training")
     balance_verdicts: bool | None = _s(
         None,
-        "equal total weight for the yes and no rows of an agent that gives verdicts (the math Verifier) each round; None = on with the rs loss, "
-        "off with the others (it rescales rows after the advantages: under a policy gradient the groups' advantages would no longer sum to 0)",
+        "equal total weight for the yes and no rows of an agent that gives verdicts (the math Verifier) each round (it rescales "
+        "rows after the advantages: under a policy gradient the groups' advantages would no longer sum to 0)",
         group="training",
     )
     relabel_verdicts: bool = _s(
@@ -306,11 +319,12 @@ class Settings:
         metavar="N",
     )
     negative_weight: float | None = _s(
-        None, "ppo/is: negative advantages are multiplied by this (1 = the plain policy gradient); None = the loss's preset (ppo 0: the positive half, is 1)", group="training"
+        None, "ppo/is/exit: negative advantages are multiplied by this (1 = the plain policy gradient, 0 = the positive half only)", group="training"
     )
     strategy_weights: tuple[str, ...] | None = _s(
         None,
-        "stratified mixture weights STRATEGY=W, counted per policy over its training rows (none: every row weighs 1)",
+        "stratified mixture weights STRATEGY=W: each row scaled by w_s/n_s, n_s the rows strategy s sampled for the policy to train "
+        "(before the zero-advantage and reward filters), normalised so those rows' weights average 1 (none: every row weighs 1)",
         group="training",
         metavar="S=W",
     )
@@ -461,17 +475,22 @@ class Settings:
         )
 
     def loss_config(self) -> LossConfig:
-        # the kind's own handling (exit: none, the plan's; others: the mask) unless a setting says otherwise
-        kind_default = "none" if self.loss == "exit" else "mask"
+        # every row's sequence-ratio handling: the setting, or the kind's own where it is unset or
+        # the same (LossConfig's default: "mask" for ppo/is, "none" for exit); the hinted and
+        # feedback rows follow it unless their own setting says otherwise
+        kind_default = LossConfig(kind=self.loss).ratio
+        base = kind_default.mode if self.sequence_ratio is None else self.sequence_ratio
+        ratio = None if base == kind_default.mode else RatioConfig(mode=base)
         by_strategy = {
             sid: RatioConfig(mode=mode)
             for sid, mode in (("prompt_aug", self.hinted_rows), ("feedback", self.feedback_rows))
-            if mode not in (kind_default, "drop")
+            if mode not in (None, "drop", base)
         }
         return LossConfig(
             kind=self.loss,
             dual_clip=float(self.dual_clip) if self.dual_clip else None,
             anchor=self.anchor,
+            ratio=ratio,
             ratio_by_strategy=by_strategy,
             negative_weight=float(self.preset("negative_weight")),
             eps_low=float(self.clip_low),
@@ -518,6 +537,11 @@ class Settings:
                 f"relabel_verdicts trains Verifier rows on a verdict they did not sample, which has no sampling logprob "
                 f"for the importance ratio of loss {self.loss!r}: use it with --loss rs"
             )
+
+    def source_notes(self) -> list[str]:
+        """A line for each strategy of these settings that the algorithm's source does not sample
+        (`unsourced_strategies`)."""
+        return unsourced_strategies(self.algorithm, self.strategies, self.reward_mix()[0])
 
     def run_config(self) -> RunConfig:
         """The `RunConfig` of these settings (validated: a bad value raises `ConfigError` naming
@@ -568,6 +592,33 @@ class Settings:
             train_on=self.train_on,
             evaluation=self.eval_config(),
         )
+
+
+SOURCES = {"drmas": "DrMAS", "atgrpo": "AT-GRPO", "exit": "the expert-iteration plan", "grpo": "GRPO as DrMAS's code runs it"}
+"""The source each algorithm but maxit (the project's own) follows (docs/ALGORITHMS.md#presets)."""
+
+
+def unsourced_strategies(algorithm: str, strategies: Sequence[str], alpha: float) -> list[str]:
+    """A line for each of `strategies` that `algorithm`'s source does not sample (its preset's
+    `strategies`), naming it; none for maxit, whose strategies are all its own. Such a strategy
+    is allowed (a setting given explicitly wins over the preset, and its rows are well defined),
+    but the run is then no longer its source's. A tree row under a global reward (alpha > 0) is
+    said apart: it is scored right after its step, so the selected row of a path whose final
+    answer turns out otherwise keeps its step's reward, not the team's final one."""
+    if algorithm not in SOURCES:
+        return []
+    own = tuple(ALGORITHM_PRESETS[algorithm]["strategies"])
+    notes = []
+    for sid in dict.fromkeys(strategies):
+        if sid in own:
+            continue
+        note = (f"--algorithm {algorithm}: strategy {sid!r} is not {SOURCES[algorithm]}'s (it samples {' '.join(own)}); "
+                "its rows are trained with the preset's groups, reward and loss")
+        if sid == "tree" and alpha != 0:
+            note += (f"; a tree row's global reward is its state's right after its step, so with alpha {alpha:g} a selected row "
+                     "of a path whose final answer turns out otherwise keeps its step's reward, not the team's final reward")
+        notes.append(note)
+    return notes
 
 
 def parse_group_by(values: Sequence[str] | None, default: tuple[str, ...] = ("agent_id", "turn")) -> tuple[str, ...]:
@@ -645,26 +696,74 @@ def setting_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | None = None) -> None:
-    """One flag per setting (of the named groups; None = all): `--name-with-dashes`; booleans get
-    `--x` / `--no-x` (or their own negative flag); sequences take several values. Defaults are left
-    unset (None) so that `settings_from_args` can tell a flag given from one left alone."""
+_UNSET_MEANS = {
+    "clip_low": f"{_default(LossConfig, 'eps_low'):g}",
+    "dual_clip": "off",
+    "sequence_ratio": "the loss's (mask; exit: none)",
+    "hinted_rows": "as --sequence-ratio",
+    "feedback_rows": "as --sequence-ratio",
+    "zero_advantage_rows": "the loss's (rs: kept if rewarded; others: dropped)",
+    "balance_verdicts": "the loss's (rs: on; others: off)",
+}
+"""What a setting an algorithm leaves unset comes to, for the settings no loss presets."""
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return " ".join(value) or "none"
+    return str(value)
+
+
+def preset_summary(name: str) -> str | None:
+    """What each algorithm sets the setting `name` to, as its help says it ("drmas, atgrpo, grpo:
+    1; exit: 0; maxit: the loss's (rs 0, ppo 0, is 1, exit 1)"), from the presets themselves; None
+    for a setting that no algorithm and no loss presets."""
+    if not (any(name in preset for preset in ALGORITHM_PRESETS.values()) or name in LOSS_PRESETS["rs"]):
+        return None
+    by_text: dict[str, list[str]] = {}
+    for algorithm in ALGORITHMS:
+        value = ALGORITHM_PRESETS[algorithm].get(name)
+        if value is not None:
+            text = _shown(value)
+        elif name in LOSS_PRESETS["rs"]:
+            text = "the loss's (" + ", ".join(f"{loss} {_shown(LOSS_PRESETS[loss][name])}" for loss in LOSS_KINDS) + ")"
+        else:
+            text = _UNSET_MEANS[name]
+        by_text.setdefault(text, []).append(algorithm)
+    if len(by_text) == 1:
+        return next(iter(by_text))
+    return "; ".join(f"{', '.join(algorithms)}: {text}" for text, algorithms in by_text.items())
+
+
+def setting_help(name: str) -> str:
+    """The help text of the setting `name`, with what each algorithm sets it to where they do."""
+    meta = {f.name: f.metadata for f in fields(Settings)}[name]
+    summary = preset_summary(name)
+    return meta["help"] if summary is None else f"{meta['help']} (default by --algorithm: {summary})"
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | None = None, names: Sequence[str] = ()) -> None:
+    """One flag per setting (of the named groups, and the settings named in `names`; groups None
+    = all): `--name-with-dashes`; booleans get `--x` / `--no-x` (or their own negative flag);
+    sequences take several values. Defaults are left unset (None) so that `settings_from_args`
+    can tell a flag given from one left alone."""
     hints = _hints()
     arg_groups: dict[str, argparse._ArgumentGroup] = {}
     for f in fields(Settings):
         meta = f.metadata
-        if groups is not None and meta["group"] not in groups:
+        if groups is not None and meta["group"] not in groups and f.name not in names:
             continue
         g = arg_groups.get(meta["group"]) or arg_groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         flag = setting_flag(f.name)
         hint = _unoptional(hints[f.name])  # None ("the preset") is the unset flag's value
-        if f.default is None and any(f.name in preset for preset in ALGORITHM_PRESETS.values()):
-            default_text = "the algorithm's preset"
-        elif f.default is None and f.name in LOSS_PRESETS["rs"]:
-            default_text = "the loss's preset"
+        if preset_summary(f.name) is not None:
+            help_text = setting_help(f.name)
         else:
-            default_text = f.default
-        help_text = f"{meta['help']} (default: {' '.join(default_text) if isinstance(default_text, tuple) else default_text})"
+            help_text = f"{meta['help']} (default: {' '.join(f.default) if isinstance(f.default, tuple) else f.default})"
         help_text = help_text.replace("%", "%%")  # argparse formats help with %: a literal "30%" must not break --help
         if hint is bool:
             if meta["negative_flag"]:
@@ -688,4 +787,4 @@ def settings_from_args(args: argparse.Namespace, **overrides) -> Settings:
 def settings_fields() -> list[tuple[str, Any, Any, str]]:
     """(name, type hint, default, help) of every setting, in order (for the Dagster resource)."""
     hints = _hints()
-    return [(f.name, hints[f.name], f.default if f.default is not MISSING else None, f.metadata["help"]) for f in fields(Settings)]
+    return [(f.name, hints[f.name], f.default if f.default is not MISSING else None, setting_help(f.name)) for f in fields(Settings)]
