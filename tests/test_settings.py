@@ -55,7 +55,8 @@ def test_every_setting_is_a_flag_and_a_dagster_field():
         (["--group-by", "agent_id", "--strategies", "iid", "tree"], {"group_by": ("agent_id",), "strategies": ("iid", "tree")}),
         (["--loss", "ppo", "--alpha", "0.5", "--local-weight", "0"], {"loss": "ppo", "alpha": 0.5, "local_weight": 0.0}),
         (["--feedback-first-attempt", "skip", "--max-tokens", "8"], {"feedback_first_attempt": "skip", "max_tokens": 8}),
-        (["--strategy-weights", "iid=3", "tree=1", "--loss", "is", "--anchor", "proximal"], {"strategy_weights": ("iid=3", "tree=1"), "loss": "is", "anchor": "proximal"}),
+        (["--strategies", "iid", "tree", "--strategy-weights", "iid=3", "tree=1", "--loss", "is", "--anchor", "proximal"],
+         {"strategies": ("iid", "tree"), "strategy_weights": ("iid=3", "tree=1"), "loss": "is", "anchor": "proximal"}),
         (["--eval-max-tokens", "64", "--prompt-file", "p.toml"], {"eval_max_tokens": 64, "prompt_file": "p.toml"}),
     ],
 )
@@ -132,8 +133,12 @@ def test_strategy_options_reach_the_strategies(tmp_path):
 
 def test_strategy_weights_reach_the_view():
     assert Settings().run_config().view.strategy_weights is None
-    view = cli_settings("--strategy-weights", "iid=3", "tree=1").run_config().view
+    view = cli_settings("--strategies", "iid", "tree", "--strategy-weights", "iid=3", "tree=1").run_config().view
     assert dict(view.strategy_weights) == {"iid": 3.0, "tree": 1.0}
+    # a strategy of the run without a weight is refused when the config is built, not at the view stage mid-round
+    with pytest.raises(ConfigError, match=r"^--strategy-weights has no weight for strategy \['prompt_aug', 'feedback'\] of --strategies"):
+        cli_settings("--strategy-weights", "iid=3", "tree=1").run_config()
+    assert cli_settings("--strategy-weights", "iid=3", "tree=1", "feedback=1", "--hinted-rows", "drop").run_config().view.drop_strategies == ("prompt_aug",)
     with pytest.raises(ConfigError, match="STRATEGY=WEIGHT"):
         cli_settings("--strategy-weights", "iid").run_config()
 
@@ -163,7 +168,7 @@ def test_every_ablation_variant_is_a_valid_run():
 
 def test_relabel_verdicts_is_an_rs_setting():
     assert Settings(relabel_verdicts=True).view_config().relabel_verdicts
-    with pytest.raises(ConfigError, match="relabel_verdicts.*--loss rs"):
+    with pytest.raises(ConfigError, match=r"^--relabel-verdicts trains Verifier rows .* of --loss ppo: use it with --loss rs$"):
         Settings(relabel_verdicts=True, loss="ppo").run_config()
 
 

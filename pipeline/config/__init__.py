@@ -1,12 +1,22 @@
-"""maxit's configuration, one tree: `RunConfig` (`run.py`) nests the stage configs
-(`AdvantageConfig`, `ViewConfig`, `EvalConfig` in `run.py`; `TrainConfig`, `LossConfig`,
-`RatioConfig`, `LoraSettings` in `train.py`). Frozen dataclasses, each field documented where it
-is declared and validated at construction."""
+"""maxit's configuration, one tree: `RunConfig` (`run.py`) is the whole of a run and the algorithm
+it follows, nesting the stage configs (`AdvantageConfig`, `ViewConfig`, `EvalConfig` in
+`stages.py`; `TrainConfig`, `LossConfig`, `RatioConfig`, `LoraSettings` in `train.py`) and where
+it runs and reports (`ScaleConfig`, `TrackingConfig` in `scale.py`). The algorithms' and losses'
+presets are in `presets.py`; `flat.py` places the run's flat settings (the names of `maxit run`'s
+flags) in the tree. Frozen dataclasses, each field documented where it is declared and validated
+at construction; a combination of fields that would train the wrong rows is refused there too.
 
-from pipeline.config.run import BASE_GROUP_KEY, GROUP_COLUMNS, AdvantageConfig, EvalConfig, FrozenMapping, RunConfig, ViewConfig
+In a notebook: `RunConfig()` is the default run, `RunConfig(algorithm="drmas")` DrMAS's, and
+`RunConfig.for_algorithm("atgrpo", samples=8, alpha=0.5)` AT-GRPO's with settings over its preset."""
+
+from pipeline.config.presets import ALGORITHM_PRESETS, ALGORITHMS, DEFAULT_MIX, LOSS_KINDS, LOSS_PRESETS, SOURCES, unsourced_strategies
+from pipeline.config.run import RunConfig
+from pipeline.config.scale import TRACKERS, ScaleConfig, TrackingConfig
+from pipeline.config.stages import BASE_GROUP_KEY, GROUP_COLUMNS, AdvantageConfig, EvalConfig, FrozenMapping, ViewConfig
 from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
 
 __all__ = [
     "RunConfig", "AdvantageConfig", "ViewConfig", "EvalConfig", "TrainConfig", "LossConfig", "RatioConfig", "LoraSettings",
-    "FrozenMapping", "GROUP_COLUMNS", "BASE_GROUP_KEY",
+    "ScaleConfig", "TrackingConfig", "FrozenMapping", "GROUP_COLUMNS", "BASE_GROUP_KEY", "TRACKERS",
+    "ALGORITHMS", "ALGORITHM_PRESETS", "LOSS_KINDS", "LOSS_PRESETS", "DEFAULT_MIX", "SOURCES", "unsourced_strategies",
 ]

@@ -1,327 +1,48 @@
-"""maxit's configuration: frozen dataclasses, each field documented where it is declared and
-validated at construction (an invalid value raises `ConfigError` naming the field).
+"""`RunConfig`: the whole of an expert-iteration run, one tree nested by stage
+(`pipeline.config.stages`' `AdvantageConfig`, `ViewConfig`, `EvalConfig`; `pipeline.config.train`'s
+`TrainConfig`; `pipeline.config.scale`'s `ScaleConfig`, `TrackingConfig`), and the algorithm it
+follows (`pipeline.config.presets`).
 
-`RunConfig` is the whole of a run, nested by stage: `AdvantageConfig`, `ViewConfig`,
-`pipeline.config.train.TrainConfig` and `EvalConfig`. Their defaults are the default run's
-(`maxit run` with no flags: the maxit algorithm, the "rs" loss), so a stage called with its
-default config in a notebook (`compute_advantages(steps)`) computes what that run computes. The
-Dagster `Config` classes and the CLI flags (`pipeline.run.settings.Settings`) are a thin layer mapped
-onto these; they take their defaults from here. The stages' modules re-export their configs (`pipeline.learn.views.ViewConfig`,
-`pipeline.rollout.evaluation.EvalConfig`, `pipeline.run.rounds.RunConfig`).
+Its defaults are the default run's (`maxit run` with no flags: the maxit algorithm, the "rs"
+loss). The Dagster `Config` classes and the CLI flags (`pipeline.run.settings.Settings`) are a
+thin layer mapped onto it through `RunConfig.for_algorithm`; the stages' modules re-export their
+configs (`pipeline.learn.views.ViewConfig`, `pipeline.rollout.evaluation.EvalConfig`,
+`pipeline.run.rounds.RunConfig`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Mapping
+from typing import Any, Literal, Mapping
 
+from pipeline.config import flat
+from pipeline.config.presets import ALGORITHMS
+from pipeline.config.scale import ScaleConfig, TrackingConfig
+from pipeline.config.stages import AdvantageConfig, EvalConfig, FrozenMapping, ViewConfig, relabel_needs_rs
+from pipeline.config.train import TrainConfig
 from pipeline.errors import ConfigError
-from pipeline.strategies import STRATEGY_IDS, Feedback, make_strategy
-from pipeline.config.train import LossConfig, TrainConfig
+from pipeline.strategies import STRATEGY_IDS, make_strategy
 
-class FrozenMapping(Mapping):
-    """A read-only mapping that hashes and pickles (so frozen configs holding one do too)."""
-
-    __slots__ = ("_items", "_dict")
-
-    def __init__(self, data: Mapping):
-        self._dict = dict(data)
-        self._items = tuple(sorted(self._dict.items()))
-
-    def __getitem__(self, key):
-        return self._dict[key]
-
-    def __iter__(self) -> Iterator:
-        return iter(self._dict)
-
-    def __len__(self) -> int:
-        return len(self._dict)
-
-    def __hash__(self) -> int:
-        return hash(self._items)
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Mapping) and dict(self._dict) == dict(other)
-
-    def __reduce__(self):
-        return (FrozenMapping, (self._dict,))
-
-    def __repr__(self) -> str:
-        return f"FrozenMapping({self._dict!r})"
-
-__all__ = ["AdvantageConfig", "ViewConfig", "EvalConfig", "RunConfig", "FrozenMapping", "GROUP_COLUMNS", "BASE_GROUP_KEY"]
-
-BASE_GROUP_KEY = ("uid", "strategy")
-"""Columns every advantage group is keyed on: the problem and the strategy that sampled the row.
-A group never spans strategies: siblings sampled under one context (a tree node's candidates,
-iid samples, prompt-augmented samples, feedback retries) are compared only with each other, so
-one strategy's success rate never becomes another's baseline."""
-
-GROUP_COLUMNS = ("agent_id", "turn")
-"""Columns that `group_by` may add to `BASE_GROUP_KEY`."""
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True)
-class AdvantageConfig:
-    """How group-relative advantages are computed from rewards (docs/ALGORITHMS.md).
-
-    Grouping: the group key is `uid` + `strategy` + `group_by` (`group_key`). DrMAS =
-    ("agent_id",); AT-GRPO = ("agent_id", "turn") (the default); plain GRPO = (). `strategy` is
-    always part of the key, whatever `group_by` says (see `BASE_GROUP_KEY`).
-
-    Reward: reward = alpha * global_reward + local_weight * local_reward. DrMAS (every agent gets
-    the team's final reward) is alpha=1, local_weight=0; AT-GRPO's mixed reward is alpha=1,
-    local_weight=1; rejection sampling on each call's own correctness is alpha=0, local_weight=1
-    (the default: the default run's "rs" loss trains the calls whose own action was right).
-    """
-
-    # --- Parameters that control the groups -------------------------------------------------
-    group_by: tuple[str, ...] = GROUP_COLUMNS
-    """Columns added to `uid` + `strategy` to form a group: any subset of ("agent_id", "turn").
-    "strategy" is accepted for compatibility and dropped (it is always in the key), so
-    `group_by=("agent_id", "turn", "strategy")` equals the default."""
-    trajectory_mean: bool = False
-    """False (DrMAS, `group_by_agent_id=True`): every active row is a group member, so an agent
-    called k times in a trajectory counts k times. True (DrMAS's "standard GRPO",
-    `group_by_agent_id=False`): each trajectory (`traj_uid`) is one member whose value is the mean
-    reward of its rows in the group; `group_mean` and `group_std` are taken over those members,
-    so a trajectory with many calls weighs no more in the baseline than one with a single call.
-    `trajectory_score` says which value each row is then scored with."""
-    trajectory_score: Literal["own", "mean"] = "own"
-    """With `trajectory_mean=True`, the value a row's advantage is computed from:
-    "own": the row's own reward, A = (r_row - mean) / (std + eps), against the trajectory-level
-    statistics, as DrMAS's pseudo-code writes it (`advantage_i = (score_i - mean_group) /
-    (std_group + eps)` with `score_i` the row's own score). The default: the baseline is per
-    trajectory but the credit stays per call, so in a trajectory whose Solver was wrong in loop 0
-    and right in loop 1 the wrong call keeps a lower advantage than the right one (they differ by
-    their local rewards).
-    "mean": every row takes its trajectory's mean as its score, so all rows of a trajectory share
-    one advantage (what DrMAS's verl code does); a wrong first attempt is then credited with the
-    trajectory's eventual success.
-    Either way a group whose trajectory means all agree gets A = 0 (no trajectory beat another),
-    and the trajectories' mean advantages average to 0 in every group of two or more. "mean" needs
-    `trajectory_mean=True` (without it every row is its own member and scored by its own reward)."""
-
-    # --- Parameters that control normalization ----------------------------------------------
-    normalize: Literal["std", "center"] = "std"
-    """"std": A = (r - mean) / (std + eps) with the unbiased (ddof=1) std, as GRPO and DrMAS.
-    "center": A = r - mean (Dr. GRPO, the AT-GRPO pseudocode)."""
-    eps: float = 1e-6
-    """Added to the std before dividing."""
-    singleton: Literal["zero", "raw"] = "zero"
-    """Groups of one member: "zero" gives A = 0 (there is no baseline to compare against);
-    "raw" uses verl's rule mean 0, std 1, so A = r / (1 + eps) (r with "center")."""
-    baseline: Literal["group", "batch"] = "group"
-    """"group": the statistics of the row's group of samples of one problem (GRPO, DrMAS,
-    AT-GRPO). "batch": of all the round's rows of the same strategy (and `group_by` columns),
-    every problem together: REINFORCE with a mean-reward baseline, so a problem whose samples were
-    all right still has a positive advantage (its samples are above the round's mean) where the
-    group baseline gives it 0."""
-
-    # --- Parameters that control rewards ----------------------------------------------------
-    alpha: float = 0.0
-    """Weight of the global (team outcome) reward: reward = alpha * global_reward +
-    local_weight * local_reward, recomputed whenever both columns are present (a stored `reward`
-    is then ignored; either part null gives a null reward, as at rollout time). 0 by default:
-    the "rs" loss judges a call by its own action alone."""
-    local_weight: float = 1.0
-    """Weight of the local (own action) reward in the mixed reward (see `alpha`). 0 with alpha=1
-    gives DrMAS's reward: every agent of a trajectory gets the team's final reward. At least one
-    of `alpha` and `local_weight` must be non-zero."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.group_by, str):
-            raise ConfigError(f"group_by must be a tuple of column names, got the string {self.group_by!r}")
-        group_by = tuple(self.group_by)
-        allowed = (*GROUP_COLUMNS, "strategy")
-        bad = [c for c in group_by if c not in allowed]
-        if bad:
-            raise ConfigError(
-                f"group_by: unknown column(s) {bad}; choose from {list(GROUP_COLUMNS)} "
-                f"(uid and strategy are always part of the key)"
-            )
-        if len(set(group_by)) != len(group_by):
-            raise ConfigError(f"group_by has duplicates: {list(group_by)}")
-        object.__setattr__(self, "group_by", tuple(c for c in group_by if c != "strategy"))
-        if not isinstance(self.trajectory_mean, bool):
-            raise ConfigError(f"trajectory_mean must be True or False, got {self.trajectory_mean!r}")
-        if self.trajectory_score not in ("own", "mean"):
-            raise ConfigError(f"trajectory_score must be 'own' or 'mean', got {self.trajectory_score!r}")
-        if self.trajectory_score == "mean" and not self.trajectory_mean:
-            raise ConfigError("trajectory_score='mean' needs trajectory_mean=True (without it every row is scored by its own reward)")
-        if self.normalize not in ("std", "center"):
-            raise ConfigError(f"normalize must be 'std' or 'center', got {self.normalize!r}")
-        if self.baseline not in ("group", "batch"):
-            raise ConfigError(f"baseline must be 'group' or 'batch', got {self.baseline!r}")
-        if self.singleton not in ("zero", "raw"):
-            raise ConfigError(f"singleton must be 'zero' or 'raw', got {self.singleton!r}")
-        if not (_is_number(self.eps) and self.eps >= 0):
-            raise ConfigError(f"eps must be a finite number >= 0, got {self.eps!r}")
-        for name in ("alpha", "local_weight"):
-            if not _is_number(getattr(self, name)):
-                raise ConfigError(f"{name} must be a finite number, got {getattr(self, name)!r}")
-        if self.alpha == 0 and self.local_weight == 0:
-            raise ConfigError("alpha and local_weight are both 0: every reward would be 0; make at least one non-zero")
-
-    @property
-    def group_key(self) -> list[str]:
-        """The full group key: uid + strategy + group_by (without uid for the batch baseline)."""
-        base = [c for c in BASE_GROUP_KEY if c != "uid"] if self.baseline == "batch" else list(BASE_GROUP_KEY)
-        return [*base, *self.group_by]
-
-
-@dataclass(frozen=True)
-class ViewConfig:
-    """Which rows become training rows, and how long they may be."""
-
-    max_length: int | None = None
-    """Longest training prompt + completion in tokens (the model's context); longer rows are
-    dropped and counted. None = no limit here (the trainer still enforces the model's)."""
-    drop_zero_advantage: bool = True
-    """Leave out rows with |advantage| <= zero_advantage_tol (they carry no policy gradient; the
-    prototype dropped them). Set False for the "rs" loss, which trains on correct rows of
-    all-correct groups too, and to count every sample in a minibatch's mean as verl's token mean
-    and the expert-iteration plan's 1/N do (the source presets: the trainer skips those rows'
-    forward pass and counts them; dropped, the update is scaled by all rows / rows kept)."""
-    zero_advantage_tol: float = 0.0
-    """Advantages with absolute value at most this count as zero."""
-    check_identity_render: bool = False
-    """Also re-render contexts the strategy leaves unchanged and raise `DataError` if the ids
-    differ from the stored `prompt_ids` (catches a tokenizer or chat template that is not the
-    one the rows were sampled with)."""
-    policy_ids: tuple[str, ...] | None = None
-    """Keep only rows of these policies (None = all)."""
-    drop_strategies: tuple[str, ...] = ()
-    """Strategies whose rows are sampled (they shape the round's rollouts) but not trained, e.g.
-    ("prompt_aug",) to leave the hinted rows out instead of correcting their ratios; counted as
-    not trainable."""
-    min_reward: float | None = None
-    """Leave out rows whose reward is below this (None = keep all). The "rs" loss trains only on
-    rows at or above its threshold, so its view needs no forward pass over the others."""
-    strategy_weights: Mapping[str, float] | None = None
-    """Mixture weights w_s of the stratified estimator (the expert-iteration plan, see
-    docs/ALGORITHMS.md). None: every row keeps its weight (the plain stratified average).
-    Otherwise, per policy: sample_weight *= w_s * N / n_s, with w_s normalized over the
-    strategies present, n_s the rows strategy s sampled for that policy to train and N all of
-    them: the rows left after the activity, reward, policy, trainable and weight filters, and
-    before the zero-advantage and min-reward filters (the plan's n_s is what a strategy sampled;
-    counting after those filters would let a strategy's weight grow with its share of degenerate
-    groups, which changes from round to round). Rows a strategy does not train (feedback's
-    skipped first attempt) and another policy's rows are not counted. Every strategy present
-    needs a weight."""
-    reward_is_local: bool = False
-    """Require every row's `reward` to be its own action's correctness (`local_reward`), as the
-    "rs" loss does when it keeps rows with reward >= its threshold: with a global term mixed in, a
-    wrong first attempt of a trajectory that later succeeds would pass. A table whose reward is
-    not the local reward is then an error naming the rows."""
-    balance_verdicts: bool = False
-    """Give the Verifier's "yes" and "no" rows equal total weight (`balance_weights` over the
-    `verdict` column; unparsable verdicts keep their weight). The Verifier is called again on every
-    retry after a rejection and retries are mostly wrong, so its correct verdicts are mostly "no"
-    (about 2:1 in round 0 of the default run) while the answers it judges at test time are mostly
-    right: unbalanced, it learns to say "no"."""
-    relabel_verdicts: bool = False
-    """Train every parsable Verifier row on the right verdict: a row whose verdict was wrong
-    (local reward 0) gets the completion of the other verdict (the most common completion of the
-    round's right verdicts of that kind, e.g. "no" for a wrong "yes") and reward 1, instead of
-    being left out. The reward says which verdict was right, so this is the expert's label for
-    each judged answer; rejection sampling alone keeps only the verdicts the Verifier already got
-    right, which teaches it little it does not already know. The new completion's logprobs are
-    not q of that context, so only the "rs" loss (no ratio) may use it (`reward_is_local` and
-    `min_reward` set)."""
-
-    verifier_replay: int = 0
-    """Train the Verifier on its hindsight-labelled calls of the last `verifier_replay` rounds
-    (this one included) instead of this round's rows alone (`verifier_replay`; 0 = off). Every
-    judged answer is labelled by the reward with the right verdict, one row per distinct training
-    prompt (the newest call), "yes" and "no" rows balanced; the rows are trained by their NLL
-    (strategy `REPLAY_STRATEGY`, which every loss trains the rs way) and replace the round's own
-    Verifier rows in the view. The Solver's rows are untouched."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.verifier_replay, bool) or not isinstance(self.verifier_replay, int) or self.verifier_replay < 0:
-            raise ConfigError(f"ViewConfig.verifier_replay must be a whole number of rounds >= 0, got {self.verifier_replay!r}")
-        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
-            raise ConfigError(f"ViewConfig.max_length must be an integer >= 2 or None, got {self.max_length!r}")
-        if not (math.isfinite(self.zero_advantage_tol) and self.zero_advantage_tol >= 0):
-            raise ConfigError(f"ViewConfig.zero_advantage_tol must be finite and >= 0, got {self.zero_advantage_tol!r}")
-        object.__setattr__(self, "drop_strategies", tuple(self.drop_strategies))
-        if self.strategy_weights is not None:
-            weights = dict(self.strategy_weights)
-            if not weights:
-                raise ConfigError("ViewConfig.strategy_weights is empty; pass None for the plain stratified average")
-            for name, w in weights.items():
-                if isinstance(w, bool) or not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
-                    raise ConfigError(f"ViewConfig.strategy_weights[{name!r}] must be a finite number > 0, got {w!r}")
-            object.__setattr__(self, "strategy_weights", FrozenMapping(weights))
-        if self.relabel_verdicts and (not self.reward_is_local or self.min_reward is None):
-            raise ConfigError(
-                "ViewConfig.relabel_verdicts needs the rs loss's view (reward_is_local and min_reward set): "
-                "a relabelled completion has no sampling logprobs in its context for an importance ratio"
-            )
-
-    @classmethod
-    def for_loss(cls, loss: LossConfig, **fields) -> "ViewConfig":
-        """The view `loss` trains on (`fields` set the rest). "rs" keeps the rows at or above its
-        threshold whose reward is their own action's correctness, zero advantages included, with
-        the verdicts balanced; the policy-gradient losses keep every rewarded row but those of
-        zero advantage, unbalanced (rescaling rows after the advantages would break the groups'
-        zero-sum advantages). `ViewConfig()` alone is the latter's; the default run's view is
-        `ViewConfig.for_loss(LossConfig())`."""
-        rs = loss.kind == "rs"
-        own = {"drop_zero_advantage": not rs, "min_reward": loss.rs_threshold if rs else None, "reward_is_local": rs, "balance_verdicts": rs}
-        return cls(**{**own, **fields})
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """What the held-out evaluation samples."""
-
-    problems: int = 200
-    """Held-out problems (the same ones every round)."""
-    samples: int = 2
-    """Episodes (math: Solver samples) per problem at `temperature` (standard error ~2.5 points
-    at 200 x 2 near 50%)."""
-    temperature: float = 1.0
-    """Sampling temperature (the rollouts' temperature, so the number reads as what training sees)."""
-    max_tokens: int | None = None
-    """Completion budget of every agent call; None = the workflow's (math: the task's
-    `default_eval_max_tokens`, arithmetic 16, file tasks 512)."""
-    seed: int = 20_261_122
-    """Seed of the held-out problem draw and of the sampling."""
-    hint: bool = True
-    """Also measure with the prompt-augmentation hint shown (math: `accuracy_hint`)."""
-    reward_timeout: float | None = 10.0
-    """Seconds one call of the task's reward or verdict parser may take (as in the rollouts)."""
-    greedy: bool = True
-    """Also measure greedy decoding (one episode per problem at temperature 0)."""
-    reuse_base: bool = True
-    """Round -1 (the starting checkpoints' evaluation) is taken from the cache when a run with the
-    same model, task, evaluation, engine and code computed it before, and kept there when computed
-    (`pipeline.run.eval_cache`). False: always computed, the cache untouched."""
-
-    def __post_init__(self) -> None:
-        for name in ("problems", "samples", "max_tokens"):
-            v = getattr(self, name)
-            if name == "max_tokens" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"EvalConfig.{name} must be an integer >= 1, got {v!r}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ConfigError(f"EvalConfig.temperature must be > 0, got {self.temperature!r}")
+__all__ = ["RunConfig"]
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one expert-iteration run needs, nested by stage. Its defaults are the default
-    run's (`maxit run` with no flags): `pipeline.run.settings.Settings`, from which the CLI flags and
-    the Dagster settings come, takes its defaults from here, so `RunConfig() ==
-    Settings().run_config()`."""
+    """Everything one expert-iteration run needs, nested by stage, and the algorithm it follows.
+
+    `RunConfig(algorithm="atgrpo", samples=8)` is AT-GRPO's run: the fields that depend on the
+    algorithm (`strategies`, `strategy_options`, `advantage`, `view`, `train`) are its preset's
+    where left unset (None), for the loss of `train` where that is given. To change one setting
+    inside a stage's config (a reward weight, the learning rate, a clip), name it as `maxit run`'s
+    flag does: `RunConfig.for_algorithm("atgrpo", samples=8, alpha=0.5, lr=1e-4)`. `RunConfig()`
+    is the default run (the maxit algorithm), equal to `Settings().run_config()`. A combination
+    of fields that would train the wrong rows or fail mid-round is refused here, naming them."""
+
+    # --- Parameters that control the algorithm ------------------------------------------------
+    algorithm: str = "maxit"
+    """The algorithm whose preset (`pipeline.config.presets.ALGORITHM_PRESETS`) filled the fields
+    left unset: "maxit" (the measured best), "drmas", "atgrpo", "exit" (the expert-iteration
+    plan) or "grpo" (docs/ALGORITHMS.md#presets)."""
 
     # --- Parameters that control the team and the task ----------------------------------------
     workflow: str = "math"
@@ -342,19 +63,18 @@ class RunConfig:
     """The workflow's agents share one policy ("shared"), or each has its own (named after it)."""
 
     # --- Parameters that control sampling ------------------------------------------------------
-    engine: str = "auto"
+    engine: Literal["auto", "vllm", "hf"] = "auto"
     """"vllm", "hf", or "auto" (vLLM when importable)."""
     problems: int = 128
     """Training problems drawn per round."""
     samples: int = 4
     """Group size of every strategy (tree: candidates per node)."""
-    strategies: tuple[str, ...] = ("iid", "prompt_aug", "feedback", "tree")
-    """Search strategies interleaved in each round (pipeline.strategies)."""
-    strategy_options: Mapping[str, Mapping] = field(
-        default_factory=lambda: {"feedback": {"train_context": Feedback.train_context, "first_attempt": Feedback.first_attempt}}
-    )
-    """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}}); by default
-    the feedback strategy's own, spelled out as the settings pass them."""
+    strategies: tuple[str, ...] | None = None
+    """Search strategies interleaved in each round (pipeline.strategies); None = the algorithm's
+    (maxit: `DEFAULT_MIX`)."""
+    strategy_options: Mapping[str, Mapping] | None = None
+    """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}}); None = the
+    algorithm's (the feedback strategy's own for maxit, spelled out as the settings pass them)."""
     temperature: float = 1.0
     """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
     max_tokens: int | None = None
@@ -365,21 +85,64 @@ class RunConfig:
     """Seed of the problem draws and of sampling (each round derives its own)."""
 
     # --- Parameters that control learning ------------------------------------------------------
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    """Rewards (alpha, local weight), grouping and normalization of advantages."""
-    view: ViewConfig = field(default_factory=lambda: ViewConfig.for_loss(LossConfig()))
-    """Which rows are trained, with what weights (`pipeline.learn.views.build_training_view`); by default
-    the view of the default loss (`ViewConfig.for_loss`)."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """Loss, learning rate, epochs (`pipeline.learn.trainer.train_policy`)."""
-    train_on: str = "rollouts"
+    advantage: AdvantageConfig | None = None
+    """Rewards (alpha, local weight), grouping and normalization of advantages; None = the
+    algorithm's (maxit: `AdvantageConfig()`)."""
+    view: ViewConfig | None = None
+    """Which rows are trained, with what weights (`pipeline.learn.views.build_training_view`);
+    None = the algorithm's view of the loss of `train` (maxit: `ViewConfig.for_loss(LossConfig())`)."""
+    train: TrainConfig | None = None
+    """Loss, learning rate, epochs (`pipeline.learn.trainer.train_policy`); None = the
+    algorithm's at `temperature` (maxit: `TrainConfig()`)."""
+    train_on: Literal["rollouts", "ground_truth"] = "rollouts"
     """"rollouts" (expert iteration) or "ground_truth": the step-matched SFT baseline, which
     trains on the Solver's reference answers, as many rows as the rollouts' view has that round
     (same minibatches, same optimizer steps), with the "rs" (NLL) loss."""
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation after every round (and of the starting checkpoint, as round -1)."""
 
+    # --- Parameters that control where the run runs and reports (never its rows) --------------
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    """Rollout shards, the vLLM engines' parallelism, trainer processes."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """The experiment trackers each finished round is logged to."""
+
+    @classmethod
+    def for_algorithm(cls, algorithm: str = "maxit", **settings: Any) -> "RunConfig":
+        """The run of `algorithm` with `settings` over its preset, each named as `maxit run`'s flag
+        (`alpha`, `lr`, `clip_high`, `eval_problems`: `pipeline.config.flat.SETTING_PATHS` says
+        where each goes); a setting left out is the algorithm's, then the loss's, then its
+        config's default. `RunConfig.for_algorithm("drmas", samples=8)` is DrMAS with its own K."""
+        return cls(**flat.run_fields(algorithm, settings))
+
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"RunConfig.algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
+        self._fill_from_preset()
+        self._check_fields()
+        self._check_across_stages()
+
+    def _fill_from_preset(self) -> None:
+        """The fields left None, from the algorithm's preset (for the loss of `train` where given)."""
+        parts = ("strategies", "strategy_options", "advantage", "train", "view")
+        if all(getattr(self, name) is not None for name in parts):
+            return
+        given: dict[str, Any] = {"temperature": self.temperature}
+        if isinstance(self.train, TrainConfig):
+            given["loss"] = self.train.loss.kind
+        values = flat.resolve(self.algorithm, given)
+        fill = {
+            "strategies": lambda: values["strategies"],
+            "strategy_options": lambda: flat.strategy_options(values),
+            "advantage": lambda: flat.advantage_config(values),
+            "train": lambda: flat.train_config(values, flat.loss_config(values)),
+            "view": lambda: flat.view_config(values, self.train.loss),
+        }
+        for name in parts:  # train before view: the view is its loss's
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, fill[name]())
+
+    def _check_fields(self) -> None:
         for name in ("problems", "samples", "max_tokens", "max_loop_num"):
             v = getattr(self, name)
             if name in ("max_tokens", "max_loop_num") and v is None:  # the task's / the workflow's default
@@ -388,6 +151,8 @@ class RunConfig:
                 raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
         if self.engine not in ("auto", "vllm", "hf"):
             raise ConfigError(f"RunConfig.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
+        if isinstance(self.strategies, str):
+            raise ConfigError(f"RunConfig.strategies must be a sequence of strategy ids, got the string {self.strategies!r}")
         if not self.strategies:
             raise ConfigError("RunConfig.strategies must name at least one strategy")
         bad = [s for s in self.strategies if s not in STRATEGY_IDS]
@@ -405,10 +170,41 @@ class RunConfig:
             make_strategy(sid, group_size=self.samples, **self.strategy_options.get(sid, {}))
         if self.train_on not in ("rollouts", "ground_truth"):
             raise ConfigError(f"RunConfig.train_on must be 'rollouts' or 'ground_truth', got {self.train_on!r}")
-        if self.train_on == "ground_truth" and self.train.loss.kind != "rs":
+        for name, kind in (("advantage", AdvantageConfig), ("view", ViewConfig), ("train", TrainConfig), ("evaluation", EvalConfig),
+                           ("scale", ScaleConfig), ("tracking", TrackingConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"RunConfig.{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}")
+
+    def _check_across_stages(self) -> None:
+        """Combinations of fields of different stages that would train the wrong rows, or fail
+        mid-round, are refused here, naming the fields."""
+        kind, alpha, local_weight = self.train.loss.kind, self.advantage.alpha, self.advantage.local_weight
+        if self.train_on == "ground_truth" and kind != "rs":
             raise ConfigError("RunConfig.train_on='ground_truth' needs the 'rs' loss (its rows were not sampled: no importance ratio exists)")
         if self.train.temperature != self.temperature:
             raise ConfigError(
                 f"RunConfig.train.temperature ({self.train.temperature}) must equal RunConfig.temperature "
                 f"({self.temperature}): the stored logprobs are at the sampling temperature"
+            )
+        if (kind == "rs" or self.view.reward_is_local) and (alpha, local_weight) != (0.0, 1.0):
+            who = "RunConfig.train.loss.kind rs trains" if kind == "rs" else "RunConfig.view.reward_is_local keeps"
+            raise ConfigError(
+                f"{who} the rows whose own action was right, judged by the reward; with RunConfig.advantage.alpha {alpha:g} and "
+                f"RunConfig.advantage.local_weight {local_weight:g} the reward is not the row's own correctness (a wrong first attempt "
+                "of a trajectory that later succeeds would be fine-tuned on): it needs RunConfig.advantage.alpha 0 and "
+                "RunConfig.advantage.local_weight 1 (the rs loss's preset)"
+            )
+        if self.view.relabel_verdicts and kind != "rs":
+            raise ConfigError(relabel_needs_rs("RunConfig.view.relabel_verdicts", "RunConfig.train.loss.kind", kind))
+        if self.view.strategy_weights is not None:
+            missing = [s for s in self.strategies if s not in self.view.drop_strategies and s not in self.view.strategy_weights]
+            if missing:
+                raise ConfigError(
+                    f"RunConfig.view.strategy_weights has no weight for strategy {missing} of RunConfig.strategies "
+                    f"{' '.join(self.strategies)}: every strategy trained needs one"
+                )
+        if self.engine == "hf" and (self.scale.tensor_parallel_size, self.scale.data_parallel_size) != (1, 1):
+            raise ConfigError(
+                f"RunConfig.scale.tensor_parallel_size {self.scale.tensor_parallel_size} and RunConfig.scale.data_parallel_size "
+                f"{self.scale.data_parallel_size} are vLLM's: RunConfig.engine hf would ignore them (use vllm or auto, or leave them 1)"
             )

@@ -22,7 +22,8 @@ from pipeline.errors import ConfigError
 __all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS", "CHECKPOINTING_PARAMETERS", "ACTIVATION_VALUES_PER_TOKEN"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-LOSS_KINDS = ("ppo", "is", "exit", "rs")
+LOSS_KINDS = ("rs", "ppo", "is", "exit")
+"""The losses (`LossConfig.kind`); rs, the default run's, first."""
 ANCHORS = ("sampling", "proximal")
 CHECKPOINTING_PARAMETERS = 50_000_000
 """Models above this many parameters train with gradient checkpointing unless told otherwise."""
@@ -164,7 +165,7 @@ class LossConfig:
             if not (isinstance(self.dual_clip, (int, float)) and math.isfinite(self.dual_clip) and self.dual_clip > 1):
                 raise ConfigError(f"LossConfig.dual_clip must be None or a finite number > 1 (verl's clip_ratio_c), got {self.dual_clip!r}")
             if self.kind != "ppo":
-                raise ConfigError(f"LossConfig.dual_clip is a bound of the PPO clip: it needs kind='ppo', got kind={self.kind!r}")
+                raise ConfigError(f"LossConfig.dual_clip is a bound of the PPO clip: it needs LossConfig.kind ppo, got {self.kind}")
         if not (math.isfinite(self.beta) and self.beta >= 0):
             raise ConfigError(f"LossConfig.beta must be finite and >= 0, got {self.beta!r}")
         if self.anchor not in ANCHORS:

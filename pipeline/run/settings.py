@@ -1,33 +1,42 @@
-"""The one definition of a run's settings.
+"""The run's settings for the command line and the Dagster launchpad.
 
 `Settings` is a flat, frozen record of every knob a user sets for an expert-iteration run: its
-name, type, default and help text. It is the thin layer over the library's configs
-(`pipeline.config`): a setting's default is the one its config declares, so a setting left alone
-does what the library does without it, and the interfaces are made from it:
-- `Settings().run_config()` is the `pipeline.config.RunConfig` the stages run with, equal to
-  `RunConfig()` (so a notebook gets the same run);
-- the Dagster `settings` resource (`assets.config.RunSettings`) has one field per setting;
-- `maxit run` has one flag per setting (`add_setting_flags`).
+name, type, default, choices and help text, which make `maxit run`'s flags (`add_setting_flags`)
+and the launchpad's fields (`assets.config.RunSettings`). It is a thin layer over the library's
+config tree (`pipeline.config`), which holds the rest: a setting's default and choices are the
+ones its config declares; the algorithms' and losses' presets are `pipeline.config.presets`;
+where each setting goes in the tree is `pipeline.config.flat`; and the rules across settings are
+checked by the configs when they are built. `Settings(...).run_config()` is
+`RunConfig.for_algorithm(algorithm, **settings)`, so `Settings().run_config() == RunConfig()`,
+with a config's error reported by the flag of the setting it came from (`--problems must be ...`).
 
-Settings whose default depends on the loss (`alpha`, `local_weight`) default to None, which means
-"the loss's preset" (`LOSS_PRESETS`). A combination that would silently train the wrong rows is a
-`ConfigError` naming the settings.
+Settings that an algorithm or a loss presets default to None, which means "the preset's"; the
+algorithm's values are filled in when `Settings` is built (so `Settings(algorithm="drmas").loss`
+is "ppo"), the loss's where a config is made (`preset`).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from functools import lru_cache
+from typing import Any
 
-from pipeline.config import AdvantageConfig, EvalConfig, RunConfig, ViewConfig
+from pipeline.config import AdvantageConfig, EvalConfig, RunConfig, ScaleConfig, TrackingConfig, ViewConfig, flat
+from pipeline.config.flat import CHECKPOINTING, ZERO_ADVANTAGE_ROWS, parse_group_by, parse_options, parse_weights
+from pipeline.config.presets import ALGORITHM_PRESETS, ALGORITHMS, LOSS_KINDS, LOSS_PRESETS, SOURCES, unsourced_strategies
+from pipeline.config.presets import config_default as _default
+from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
 from pipeline.errors import ConfigError
 from pipeline.strategies import Feedback
-from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
 
-__all__ = ["Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "setting_flag", "setting_help", "preset_summary", "unsourced_strategies", "SOURCES", "settings_from_args", "setting_default", "parse_group_by"]
+__all__ = [
+    "Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "setting_flag", "setting_help", "preset_summary",
+    "unsourced_strategies", "SOURCES", "settings_from_args", "setting_default", "parse_group_by", "parse_options", "parse_weights",
+]
 
 
 def _s(
@@ -41,99 +50,19 @@ def _s(
     return field(default=default, metadata=meta)
 
 
-def _default(config: type, name: str) -> Any:
-    """The default that `config` (one of the library's configs) declares for its field `name`:
-    a setting left alone is what the library does without it."""
-    f = {f.name: f for f in fields(config)}[name]
-    return f.default if f.default is not MISSING else f.default_factory()
+def _field_type(config: type, name: str):
+    """The type of `config`'s field `name`, without its `| None`."""
+    hint = typing.get_type_hints(config)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
 
 
-_CHECKPOINTING = {"auto": None, "on": True, "off": False}
-"""The `gradient_checkpointing` setting -> `TrainConfig.gradient_checkpointing`."""
-
-LOSS_KINDS = ("rs", "ppo", "is", "exit")
-
-LOSS_PRESETS: Mapping[str, Mapping[str, Any]] = {
-    # rejection-sampling expert iteration: a row is trained when its own action was right (the
-    # Solver's answer, the Verifier's verdict), so the reward is the local reward alone (alpha 0,
-    # local_weight 1; `check` refuses any other mix). The library's defaults are this loss's: its
-    # preset is read from them
-    "rs": {
-        "alpha": _default(AdvantageConfig, "alpha"), "local_weight": _default(AdvantageConfig, "local_weight"), "lr": _default(TrainConfig, "lr"),
-        "baseline": _default(AdvantageConfig, "baseline"), "negative_weight": _default(LossConfig, "negative_weight"),
-        "clip_high": _default(LossConfig, "eps_high"),
-    },
-    # policy gradient with PPO clip: each call's own correctness as its reward (alpha 0), the
-    # round's mean reward per strategy/agent/turn as the baseline, at rs's learning rate, and the
-    # positive half of the gradient only (negative_weight 0: a wrong sample is not pushed down;
-    # docs/results/policy-gradient.md has why). `--negative-weight 1` is the plain gradient.
-    "ppo": {"alpha": 0.0, "local_weight": 1.0, "lr": 5e-4, "baseline": "batch", "negative_weight": 0.0, "clip_high": 0.28},
-    # per-token importance sampling without a clip (not the plan's estimator: see "exit"), with AT-GRPO's groups
-    "is": {"alpha": 1.0, "local_weight": 1.0, "lr": 2e-4, "baseline": "group", "negative_weight": 1.0, "clip_high": 0.28},
-    # the expert-iteration plan's estimator exactly: each row's sequence likelihood ratio times its
-    # advantage, averaged over the rows, no ratio mask
-    "exit": {"alpha": 1.0, "local_weight": 1.0, "lr": 2e-4, "baseline": "group", "negative_weight": 1.0, "clip_high": 0.28},
-}
-"""Defaults per loss, used where `alpha` / `local_weight` / `lr` / `baseline` / `negative_weight` are None."""
-
-ALGORITHMS = ("maxit", "drmas", "atgrpo", "exit", "grpo")
-
-ALGORITHM_PRESETS: Mapping[str, Mapping[str, Any]] = {
-    # the measured best on the embedded default (docs/ALGORITHMS.md#maxit-the-default): rejection
-    # sampling on each call's own correctness, AT-GRPO's groups and tree beside the plan's
-    # strategies. It is the default algorithm, so its values are the library's defaults (the
-    # configs of pipeline.config and pipeline.config.train declare them); the settings left out
-    # here come from the loss's preset. The hinted and feedback rows keep the sequence-ratio mask
-    # (it acts only under a loss with a ratio, not rs; docs/ALGORITHMS.md says why)
-    "maxit": {
-        "loss": _default(LossConfig, "kind"), "strategies": _default(RunConfig, "strategies"), "group_by": _default(AdvantageConfig, "group_by"),
-        "normalize": _default(AdvantageConfig, "normalize"), "trajectory_mean": _default(AdvantageConfig, "trajectory_mean"),
-        "trajectory_score": _default(AdvantageConfig, "trajectory_score"), "hinted_rows": "mask", "feedback_rows": "mask",
-        "feedback_first_attempt": _default(Feedback, "first_attempt"), "feedback_train_context": _default(Feedback, "train_context"),
-        "strategy_weights": (),
-    },
-    # The four below are their sources: no sequence-ratio mask (none of them has one), and every
-    # sample counted in the minibatch's mean (verl's token mean counts the tokens of zero-advantage
-    # rows, the plan's N is every sample): zero-advantage rows are kept in the view, where the
-    # trainer skips their forward pass and counts them.
-    # DrMAS: K copies of each problem, groups per (uid, agent), the team's final reward on every
-    # row, verl's PPO with the dual clip and std normalisation
-    "drmas": {
-        "loss": "ppo", "strategies": ("iid",), "group_by": ("agent_id",), "normalize": "std", "trajectory_mean": False,
-        "trajectory_score": "own", "feedback_first_attempt": "iid", "feedback_train_context": "problem", "balance_verdicts": False,
-        "strategy_weights": (), "alpha": 1.0, "local_weight": 0.0, "baseline": "group", "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2,
-        "dual_clip": 3.0, "sequence_ratio": "none", "zero_advantage_rows": "keep",
-    },
-    # AT-GRPO: tree sampling, groups per (uid, agent, turn), alpha * global + local, PPO clip
-    "atgrpo": {
-        "loss": "ppo", "strategies": ("tree",), "group_by": ("agent_id", "turn"), "normalize": "std", "trajectory_mean": False,
-        "trajectory_score": "own", "feedback_first_attempt": "iid", "feedback_train_context": "problem", "balance_verdicts": False,
-        "strategy_weights": (), "alpha": 1.0, "local_weight": 1.0, "baseline": "group", "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2,
-        "sequence_ratio": "none", "zero_advantage_rows": "keep",
-    },
-    # the expert-iteration plan: iid, hint and two-turn feedback samples, advantages centred
-    # within each strategy's group, the importance-sampling estimator over the N samples with
-    # stratified weights w_s / n_s, feedback's first attempt at weight 0, hint and feedback
-    # dropped from the training context
-    "exit": {
-        "loss": "exit", "strategies": ("iid", "prompt_aug", "feedback"), "group_by": ("agent_id", "turn"), "normalize": "center",
-        "trajectory_mean": False, "trajectory_score": "own", "feedback_first_attempt": "skip", "feedback_train_context": "problem",
-        "balance_verdicts": False, "strategy_weights": ("iid=1", "prompt_aug=1", "feedback=1"), "alpha": 0.0, "local_weight": 1.0,
-        "baseline": "group", "negative_weight": 1.0, "sequence_ratio": "none", "zero_advantage_rows": "keep",
-    },
-    # plain GRPO as DrMAS's code runs it (its GRPO baseline, group_by_agent_id=False): K samples of
-    # each problem, one group per problem over trajectories (one member per trajectory), the
-    # outcome reward, verl's PPO loss (its dual clip included)
-    "grpo": {
-        "loss": "ppo", "strategies": ("iid",), "group_by": (), "normalize": "std", "trajectory_mean": True, "trajectory_score": "own",
-        "feedback_first_attempt": "iid", "feedback_train_context": "problem", "balance_verdicts": False, "strategy_weights": (),
-        "alpha": 1.0, "local_weight": 0.0, "baseline": "group", "negative_weight": 1.0, "clip_low": 0.2, "clip_high": 0.2, "dual_clip": 3.0,
-        "sequence_ratio": "none", "zero_advantage_rows": "keep",
-    },
-}
-"""The settings each algorithm fixes, applied where a setting is left unset (None); a setting
-given explicitly wins. docs/ALGORITHMS.md#presets says which source each value comes from and
-where a preset departs from it."""
+def _choices(config: type, name: str) -> tuple:
+    """The values `config`'s field `name` takes, from its `Literal[...]` type."""
+    hint = _field_type(config, name)
+    if typing.get_origin(hint) is not typing.Literal:
+        raise TypeError(f"{config.__name__}.{name} is not a Literal")
+    return typing.get_args(hint)
 
 
 @dataclass(frozen=True)
@@ -176,14 +105,14 @@ class Settings:
         group="team and task",
         negative_flag=("--separate-policies", "each agent of the workflow gets its own policy (default: one shared policy)"),
     )
-    engine: str = _s(_default(RunConfig, "engine"), "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=("auto", "vllm", "hf"))
+    engine: str = _s(_default(RunConfig, "engine"), "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task", choices=_choices(RunConfig, "engine"))
     dtype: str = _s(
         _default(TrainConfig, "dtype"),
         "precision of the engines and of training (bf16 autocast over float32 weights): auto = bfloat16 on a GPU, and on a CPU with "
         "native bf16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo) for models of 20M parameters or more; float32 elsewhere and for the "
         "tiny default model (faster there, and sampled logprobs match training's)",
         group="team and task",
-        choices=("auto", "float32", "bfloat16"),
+        choices=_choices(TrainConfig, "dtype"),
     )
 
     # --- sampling ---------------------------------------------------------------------------
@@ -202,11 +131,11 @@ class Settings:
         None,
         "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt",
         group="sampling",
-        choices=("problem", "attempt"),
+        choices=_choices(Feedback, "train_context"),
     )
     feedback_first_attempt: str | None = _s(
         None, "the feedback strategy's first attempt: trained as an iid row, or not trained (the plan's weight 0)",
-        group="sampling", choices=("iid", "skip")
+        group="sampling", choices=_choices(Feedback, "first_attempt")
     )
 
     # --- rewards and advantages -------------------------------------------------------------
@@ -219,14 +148,14 @@ class Settings:
         metavar="COL",
     )
     normalize: str | None = _s(
-        None, "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages", choices=("std", "center")
+        None, "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages", choices=_choices(AdvantageConfig, "normalize")
     )
     baseline: str | None = _s(
         None,
         "advantage baseline: the statistics of the problem's group of samples (GRPO), or of the whole round's rows of that strategy "
         "(REINFORCE with a mean-reward baseline: all-right groups still count)",
         group="rewards and advantages",
-        choices=("group", "batch"),
+        choices=_choices(AdvantageConfig, "baseline"),
     )
     trajectory_mean: bool | None = _s(
         None, "group statistics over trajectory means (one member per trajectory)", group="rewards and advantages"
@@ -235,7 +164,7 @@ class Settings:
         None,
         "with trajectory_mean: each row scored by its own reward (own) or by its trajectory's mean (mean, as DrMAS's code)",
         group="rewards and advantages",
-        choices=("own", "mean"),
+        choices=_choices(AdvantageConfig, "trajectory_score"),
     )
 
     # --- training ---------------------------------------------------------------------------
@@ -251,7 +180,7 @@ class Settings:
         _default(LossConfig, "anchor"),
         "what the PPO clip compares with: the sampling logprobs q, or the policy at the start of the round's update (proximal: decoupled PPO)",
         group="training",
-        choices=("sampling", "proximal"),
+        choices=_choices(LossConfig, "anchor"),
     )
     sequence_ratio: str | None = _s(
         None,
@@ -259,14 +188,14 @@ class Settings:
         "counted in the mean), rows above 3 truncated to it, or left alone (the token clip only); --hinted-rows and --feedback-rows "
         "set their strategies' rows apart",
         group="training",
-        choices=("mask", "truncate", "none"),
+        choices=_choices(RatioConfig, "mode"),
     )
     hinted_rows: str | None = _s(
         None,
         "the prompt-augmentation rows (sampled with a hint, trained without): their sequence ratio masked to [1/3, 3], truncated at 3, "
         "left alone, or the rows dropped from training",
         group="training",
-        choices=("mask", "truncate", "none", "drop"),
+        choices=(*_choices(RatioConfig, "mode"), "drop"),
     )
     zero_advantage_rows: str | None = _s(
         None,
@@ -274,14 +203,14 @@ class Settings:
         "minibatch counts every sample as verl's token mean, the expert-iteration plan's 1/N and TRL's GRPOTrainer do (their loss "
         "is 0: the trainer skips their forward pass; they set how many rows make an optimizer step and the mean's denominator)",
         group="training",
-        choices=("drop", "keep"),
+        choices=ZERO_ADVANTAGE_ROWS,
     )
     feedback_rows: str | None = _s(
         None,
         "the feedback strategy's second-attempt rows (trained without the feedback): their sequence ratio masked to [1/3, 3], truncated at 3, "
         "or left alone",
         group="training",
-        choices=("mask", "truncate", "none"),
+        choices=_choices(RatioConfig, "mode"),
     )
     dual_clip: float | None = _s(
         None,
@@ -329,7 +258,7 @@ class Settings:
         metavar="S=W",
     )
     lora: bool = _s(
-        False,
+        _default(TrainConfig, "lora") is not None,
         "train LoRA adapters (peft) instead of all weights: a checkpoint is an adapter on the starting model; with separate policies each agent is "
         "its own adapter on one shared base, served by one vLLM engine with LoRA requests",
         group="training",
@@ -337,10 +266,10 @@ class Settings:
     lora_rank: int = _s(_default(LoraSettings, "r"), "LoRA rank r (with --lora)", group="training")
     lora_alpha: float = _s(_default(LoraSettings, "alpha"), "LoRA scaling alpha (with --lora; the update is scaled by alpha / r)", group="training")
     gradient_checkpointing: str = _s(
-        {v: k for k, v in _CHECKPOINTING.items()}[_default(TrainConfig, "gradient_checkpointing")],
+        {v: k for k, v in CHECKPOINTING.items()}[_default(TrainConfig, "gradient_checkpointing")],
         "recompute activations in the backward pass (less memory, ~30% more time); auto = on for models above 50M parameters",
         group="training",
-        choices=("auto", "on", "off"),
+        choices=tuple(CHECKPOINTING),
     )
     group_minibatches: bool = _s(
         _default(TrainConfig, "group_minibatches"),
@@ -352,7 +281,7 @@ class Settings:
         "fresh: a new AdamW every round; carry: its moments and step count continue from the parent checkpoint's "
         "(optimizer.pt in each checkpoint), one optimizer over the run as in TRL and verl",
         group="training",
-        choices=("fresh", "carry"),
+        choices=_choices(TrainConfig, "optimizer_state"),
     )
     micro_batch_tokens: int | None = _s(
         _default(TrainConfig, "micro_batch_tokens"),
@@ -360,26 +289,26 @@ class Settings:
         group="training",
     )
     train_on: str = _s(
-        _default(RunConfig, "train_on"), "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=("rollouts", "ground_truth")
+        _default(RunConfig, "train_on"), "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=_choices(RunConfig, "train_on")
     )
 
     # --- scale-out --------------------------------------------------------------------------
     shards: int = _s(
-        1,
+        _default(ScaleConfig, "shards"),
         "rollout shards per round: problems split by a stable hash of uid, each shard its own Dagster step and engine; "
         "above 1 the round runs on Dagster's multiprocess executor (one process per shard); the rows do not depend on it",
         group="scale-out",
     )
-    tensor_parallel_size: int = _s(1, "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out")
-    data_parallel_size: int = _s(1, "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out")
+    tensor_parallel_size: int = _s(_default(ScaleConfig, "tensor_parallel_size"), "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out")
+    data_parallel_size: int = _s(_default(ScaleConfig, "data_parallel_size"), "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out")
     train_processes: int = _s(
-        1, "trainer processes under `accelerate launch` (1: in-process; more: planned, `maxit train --processes N` only)", group="scale-out"
+        _default(ScaleConfig, "train_processes"), "trainer processes under `accelerate launch` (1: in-process; more: planned, `maxit train --processes N` only)", group="scale-out"
     )
     fsdp: str = _s(
-        "off",
+        _default(ScaleConfig, "fsdp"),
         "FSDP sharding of the trainer under accelerate launch (planned: untested without GPUs)",
         group="scale-out",
-        choices=("off", "full_shard", "shard_grad_op", "hybrid_shard"),
+        choices=_choices(ScaleConfig, "fsdp"),
     )
 
     # --- evaluation -------------------------------------------------------------------------
@@ -396,7 +325,7 @@ class Settings:
     )
 
     report_to: tuple[str, ...] = _s(
-        (),
+        _default(TrackingConfig, "report_to"),
         "experiment trackers every finished round is logged to, offline and inside the store: tensorboard, mlflow, wandb "
         "(several allowed; docs/TRACKING.md); the store stays the record",
         group="evaluation",
@@ -404,11 +333,9 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
-        for name, value in ALGORITHM_PRESETS[self.algorithm].items():  # what is left unset follows the algorithm
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
+        # what is left unset follows the algorithm
+        for name, value in flat.with_algorithm(self.algorithm, self.values()).items():
+            object.__setattr__(self, name, value)
         if self.clip_low is None:
             object.__setattr__(self, "clip_low", _default(LossConfig, "eps_low"))
         for f in fields(self):
@@ -420,11 +347,15 @@ class Settings:
             raise ConfigError(f"clip_low must be in [0, 1) (token ratios below 1 - clip_low stop the gradient), got {self.clip_low!r}")
         if self.clip_high is not None and not (isinstance(self.clip_high, (int, float)) and 0 <= self.clip_high < float("inf")):
             raise ConfigError(f"clip_high must be a finite number >= 0, got {self.clip_high!r}")
-        for name in ("strategies", "group_by", "strategy_weights"):
+        for name in ("strategies", "group_by", "strategy_weights", "report_to", "workflow_options"):
             value = getattr(self, name)
             if isinstance(value, str):
                 raise ConfigError(f"{name} must be a sequence of names, got the string {value!r}")
             object.__setattr__(self, name, tuple(value))
+
+    def values(self) -> dict[str, Any]:
+        """{setting: value} of every setting (None: left to the loss's preset)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     # -- the loss's presets -----------------------------------------------------------------
     def reward_mix(self) -> tuple[float, float]:
@@ -445,98 +376,33 @@ class Settings:
         """The `lr` setting, or the loss's preset where it is None."""
         return float(self.preset("lr"))
 
-    def advantage_config(self) -> AdvantageConfig:
-        alpha, local_weight = self.reward_mix()
-        group_by = parse_group_by(self.group_by)
-        return AdvantageConfig(
-            group_by=group_by,
-            normalize=self.normalize,
-            baseline=self.preset("baseline"),
-            trajectory_mean=self.trajectory_mean,
-            trajectory_score=self.trajectory_score,
-            alpha=alpha,
-            local_weight=local_weight,
-        )
+    # -- the stages' configs (each also part of `run_config()`) -------------------------------
+    def in_effect(self) -> dict[str, Any]:
+        """The settings with the loss's preset filled in (`pipeline.config.flat.resolve`)."""
+        return flat.resolve(self.algorithm, self.values())
 
-    def view_config(self) -> ViewConfig:
-        """The loss's view (`ViewConfig.for_loss`: which rows it trains, verdicts balanced for
-        "rs" only) with the view settings over it."""
-        rs = self.loss == "rs"
-        over = {} if self.balance_verdicts is None else {"balance_verdicts": self.balance_verdicts}
-        if self.zero_advantage_rows is not None:
-            over["drop_zero_advantage"] = self.zero_advantage_rows == "drop"
-        return ViewConfig.for_loss(
-            self.loss_config(),
-            relabel_verdicts=self.relabel_verdicts and rs,
-            strategy_weights=parse_weights(self.strategy_weights) if self.strategy_weights else None,
-            drop_strategies=("prompt_aug",) if self.hinted_rows == "drop" else (),
-            verifier_replay=self.verifier_replay,
-            **over,
-        )
+    def advantage_config(self) -> AdvantageConfig:
+        return flat.advantage_config(self.in_effect())
 
     def loss_config(self) -> LossConfig:
-        # every row's sequence-ratio handling: the setting, or the kind's own where it is unset or
-        # the same (LossConfig's default: "mask" for ppo/is, "none" for exit); the hinted and
-        # feedback rows follow it unless their own setting says otherwise
-        kind_default = LossConfig(kind=self.loss).ratio
-        base = kind_default.mode if self.sequence_ratio is None else self.sequence_ratio
-        ratio = None if base == kind_default.mode else RatioConfig(mode=base)
-        by_strategy = {
-            sid: RatioConfig(mode=mode)
-            for sid, mode in (("prompt_aug", self.hinted_rows), ("feedback", self.feedback_rows))
-            if mode not in (None, "drop", base)
-        }
-        return LossConfig(
-            kind=self.loss,
-            dual_clip=float(self.dual_clip) if self.dual_clip else None,
-            anchor=self.anchor,
-            ratio=ratio,
-            ratio_by_strategy=by_strategy,
-            negative_weight=float(self.preset("negative_weight")),
-            eps_low=float(self.clip_low),
-            eps_high=float(self.preset("clip_high")),
-        )
+        return flat.loss_config(self.in_effect())
+
+    def view_config(self) -> ViewConfig:
+        values = self.in_effect()
+        return flat.view_config(values, flat.loss_config(values))
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(
-            lr=self.learning_rate(),
-            epochs=self.epochs,
-            minibatch_size=self.minibatch_size,
-            micro_batch_size=self.micro_batch_size,
-            temperature=self.temperature,
-            loss=self.loss_config(),
-            lora=self.lora_settings(),
-            gradient_checkpointing=_CHECKPOINTING[self.gradient_checkpointing],
-            micro_batch_tokens=self.micro_batch_tokens,
-            optimizer_state=self.optimizer_state,
-            group_minibatches=self.group_minibatches,
-            dtype=self.dtype,
-            report_to="none",
-        )
+        values = self.in_effect()
+        return flat.train_config(values, flat.loss_config(values))
 
     def lora_settings(self) -> LoraSettings | None:
-        return LoraSettings(r=self.lora_rank, alpha=self.lora_alpha) if self.lora else None
+        return self.train_config().lora
 
     def eval_config(self) -> EvalConfig:
-        return EvalConfig(problems=self.eval_problems, samples=self.eval_samples, max_tokens=self.eval_max_tokens, reuse_base=self.base_eval_cache)
+        return flat.eval_config(self.in_effect())
 
     def strategy_options(self) -> dict[str, dict[str, Any]]:
-        return {"feedback": {"train_context": self.feedback_train_context, "first_attempt": self.feedback_first_attempt}}
-
-    def check(self) -> None:
-        """Combinations that would silently train the wrong rows are errors."""
-        alpha, local_weight = self.reward_mix()
-        if self.loss == "rs" and (alpha, local_weight) != (0.0, 1.0):
-            raise ConfigError(
-                f"loss 'rs' trains the rows whose own action was right, judged by the reward; with alpha={alpha} and "
-                f"local_weight={local_weight} the reward is not the row's own correctness (a wrong first attempt of a "
-                "trajectory that later succeeds would be fine-tuned on): leave alpha and local_weight unset with --loss rs"
-            )
-        if self.relabel_verdicts and self.loss != "rs":
-            raise ConfigError(
-                f"relabel_verdicts trains Verifier rows on a verdict they did not sample, which has no sampling logprob "
-                f"for the importance ratio of loss {self.loss!r}: use it with --loss rs"
-            )
+        return flat.strategy_options(self.in_effect())
 
     def source_notes(self) -> list[str]:
         """A line for each strategy of these settings that the algorithm's source does not sample
@@ -544,125 +410,54 @@ class Settings:
         return unsourced_strategies(self.algorithm, self.strategies, self.reward_mix()[0])
 
     def run_config(self) -> RunConfig:
-        """The `RunConfig` of these settings (validated: a bad value raises `ConfigError` naming
-        it: by its setting's flag where the config field is a setting, e.g. `--eval-problems` for
-        `EvalConfig.problems`)."""
-        self.check()
+        """The `RunConfig` of these settings (`RunConfig.for_algorithm`), validated: a bad value
+        or combination raises `ConfigError` naming each config field by the flag of the setting
+        it is made from (`RunConfig.problems` -> `--problems`, `EvalConfig.problems` ->
+        `--eval-problems`, `RunConfig.advantage.alpha` -> `--alpha`)."""
         try:
-            return self._run_config()
+            return RunConfig.for_algorithm(**self.values())
         except ConfigError as err:
-            raise ConfigError(self.flag_named(str(err))) from None
+            raise ConfigError(flag_named(str(err))) from None
 
     def flag_named(self, message: str) -> str:
-        """`message` with its leading "<Config>.<field>" replaced by the flag of the setting that
-        field is made from (the same name, or `eval_<name>` for `EvalConfig`); unchanged otherwise."""
-        import re
-
-        found = re.match(r"(RunConfig|EvalConfig|TrainConfig|LossConfig|AdvantageConfig|ViewConfig)\.([a-z_]+)\b", message)
-        if found is None:
-            return message
-        cls, name = found.groups()
-        names = {f.name for f in fields(self)}
-        for candidate in ((f"eval_{name}", name) if cls == "EvalConfig" else (name,)):
-            if candidate in names:
-                return setting_flag(candidate) + message[found.end():]
-        return message
-
-    def _run_config(self) -> RunConfig:
-        return RunConfig(
-            workflow=self.workflow,
-            workflow_options=parse_options(self.workflow_options),
-            task=self.task,
-            task_file=self.task_file,
-            prompt_file=self.prompt_file,
-            model_dir=self.model_dir,
-            shared_policy=self.shared_policy,
-            engine=self.engine,
-            problems=self.problems,
-            samples=self.samples,
-            strategies=self.strategies,
-            strategy_options=self.strategy_options(),
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            max_loop_num=self.max_loop_num,
-            seed=self.seed,
-            advantage=self.advantage_config(),
-            view=self.view_config(),
-            train=self.train_config(),
-            train_on=self.train_on,
-            evaluation=self.eval_config(),
-        )
+        return flag_named(message)
 
 
-SOURCES = {"drmas": "DrMAS", "atgrpo": "AT-GRPO", "exit": "the expert-iteration plan", "grpo": "GRPO as DrMAS's code runs it"}
-"""The source each algorithm but maxit (the project's own) follows (docs/ALGORITHMS.md#presets)."""
+_CONFIG_FIELD = re.compile(r"\b(RunConfig|[A-Z][A-Za-z]*(?:Config|Settings))((?:\.[a-z_]+)+)")
+"""A config field named in an error: `RunConfig.advantage.alpha`, `EvalConfig.problems`."""
 
 
-def unsourced_strategies(algorithm: str, strategies: Sequence[str], alpha: float) -> list[str]:
-    """A line for each of `strategies` that `algorithm`'s source does not sample (its preset's
-    `strategies`), naming it; none for maxit, whose strategies are all its own. Such a strategy
-    is allowed (a setting given explicitly wins over the preset, and its rows are well defined),
-    but the run is then no longer its source's. A tree row under a global reward (alpha > 0) is
-    said apart: it is scored right after its step, so the selected row of a path whose final
-    answer turns out otherwise keeps its step's reward, not the team's final one."""
-    if algorithm not in SOURCES:
-        return []
-    own = tuple(ALGORITHM_PRESETS[algorithm]["strategies"])
-    notes = []
-    for sid in dict.fromkeys(strategies):
-        if sid in own:
-            continue
-        note = (f"--algorithm {algorithm}: strategy {sid!r} is not {SOURCES[algorithm]}'s (it samples {' '.join(own)}); "
-                "its rows are trained with the preset's groups, reward and loss")
-        if sid == "tree" and alpha != 0:
-            note += (f"; a tree row's global reward is its state's right after its step, so with alpha {alpha:g} a selected row "
-                     "of a path whose final answer turns out otherwise keeps its step's reward, not the team's final reward")
-        notes.append(note)
-    return notes
+def flag_named(message: str) -> str:
+    """`message` with each config field it names ("RunConfig.advantage.alpha", "EvalConfig.problems")
+    replaced by the flag of the setting that field is made from (`--alpha`, `--eval-problems`);
+    fields no setting makes are left as they are."""
+
+    def flag(found: re.Match) -> str:
+        parts = found.group(2).split(".")[1:]
+        for end in range(len(parts), 0, -1):
+            name = _settings_of_fields().get(".".join([found.group(1), *parts[:end]]))
+            if name is not None:
+                return setting_flag(name) + "".join("." + p for p in parts[end:])
+        return found.group(0)
+
+    return _CONFIG_FIELD.sub(flag, message)
 
 
-def parse_group_by(values: Sequence[str] | None, default: tuple[str, ...] = ("agent_id", "turn")) -> tuple[str, ...]:
-    """`--group-by` values: None = `default`; `none` or nothing = () (plain GRPO groups)."""
-    if values is None:
-        return tuple(default)
-    values = tuple(values)
-    return () if values in (("none",), ()) else values
-
-
-def parse_options(items: Sequence[str]) -> dict[str, Any]:
-    """KEY=VALUE items -> {key: value}, with integers, floats and true/false parsed; a malformed
-    item is a `ConfigError` naming it."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = str(item).partition("=")
-        if not sep or not key.isidentifier():
-            raise ConfigError(f"workflow options take KEY=VALUE with a Python name as KEY, got {item!r}")
-        value: Any = text
-        if text.lower() in ("true", "false"):
-            value = text.lower() == "true"
-        else:
-            for kind in (int, float):
-                try:
-                    value = kind(text)
-                    break
-                except ValueError:
-                    pass
-        out[key] = value
+@lru_cache(maxsize=1)
+def _settings_of_fields() -> dict[str, str]:
+    """{config field: setting}: each setting's paths from `RunConfig` (`RunConfig.train.loss.kind`)
+    and the field of the config that declares it (`LossConfig.kind`)."""
+    out: dict[str, str] = {}
+    names = {f.name for f in fields(Settings)}
+    for name, paths in flat.SETTING_PATHS.items():
+        for path in paths if name in names else ():
+            out.setdefault(f"RunConfig.{path}", name)
+            owner, *parts = (RunConfig, *path.split("."))
+            for part in parts[:-1]:  # down to the config that declares the last part
+                owner = _field_type(owner, part) if is_dataclass(owner) and part in {f.name for f in fields(owner)} else None
+            if owner is not None and is_dataclass(owner) and parts[-1] in {f.name for f in fields(owner)}:
+                out.setdefault(f"{owner.__name__}.{parts[-1]}", name)
     return out
-
-
-def parse_weights(items: Sequence[str]) -> dict[str, float]:
-    """STRATEGY=WEIGHT items -> {strategy: weight}; a malformed item is a `ConfigError` naming it."""
-    weights: dict[str, float] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"strategy weights take STRATEGY=WEIGHT, got {item!r}")
-        try:
-            weights[name] = float(value)
-        except ValueError:
-            raise ConfigError(f"strategy weight {item!r}: {value!r} is not a number") from None
-    return weights
 
 
 def setting_default(name: str):

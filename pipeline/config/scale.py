@@ -1,0 +1,69 @@
+"""Where a run runs and where it reports: the scale-out (`ScaleConfig`: rollout shards, the vLLM
+engines' parallelism, trainer processes) and the experiment trackers (`TrackingConfig`). Neither
+changes a round's rows: the same run on one process or several, logged or not, trains the same
+policies. Frozen dataclasses validated at construction, like the rest of the tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeline.errors import ConfigError
+
+__all__ = ["ScaleConfig", "TrackingConfig", "TRACKERS"]
+
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+"""The experiment trackers a run can log its rounds to (`pipeline.run.tracking`)."""
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """How a run spreads over processes and devices (docs/SCALING.md)."""
+
+    shards: int = 1
+    """Rollout shards per round: the problems split by a stable hash of their uid, each shard its
+    own Dagster step and engine; above 1 the round runs on Dagster's multiprocess executor (one
+    process per shard). The rows do not depend on it."""
+    tensor_parallel_size: int = 1
+    """GPUs each vLLM engine splits its layers over (vLLM's `tensor_parallel_size`)."""
+    data_parallel_size: int = 1
+    """Engine replicas behind each vLLM engine (vLLM's `data_parallel_size`)."""
+    train_processes: int = 1
+    """Trainer processes under `accelerate launch` (1: in-process)."""
+    fsdp: Literal["off", "full_shard", "shard_grad_op", "hybrid_shard"] = "off"
+    """FSDP sharding of the trainer over its processes (`train_processes` > 1)."""
+
+    def __post_init__(self) -> None:
+        for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ScaleConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.fsdp not in ("off", "full_shard", "shard_grad_op", "hybrid_shard"):
+            raise ConfigError(f"ScaleConfig.fsdp must be 'off', 'full_shard', 'shard_grad_op' or 'hybrid_shard', got {self.fsdp!r}")
+        if self.fsdp != "off" and self.train_processes == 1:
+            raise ConfigError(
+                f"ScaleConfig.fsdp {self.fsdp} shards the trainer over its processes, but ScaleConfig.train_processes is 1: "
+                "give more processes, or leave fsdp off"
+            )
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """The experiment trackers every finished round is logged to (docs/TRACKING.md); the store
+    stays the record."""
+
+    report_to: tuple[str, ...] = ()
+    """Trackers by name (`TRACKERS`), offline and inside the store; () or ("none",) = none.
+    Whether a tracker's packages are installed is checked when a run starts
+    (`pipeline.run.tracking.check_targets`), not here: a config may be built on another machine."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.report_to, str):
+            raise ConfigError(f"TrackingConfig.report_to must be a sequence of tracker names, got the string {self.report_to!r}")
+        targets = tuple(dict.fromkeys(self.report_to))
+        if targets == ("none",):
+            targets = ()
+        for target in targets:
+            if target not in TRACKERS:
+                raise ConfigError(f"TrackingConfig.report_to {target}: unknown target; choose from {', '.join(TRACKERS)} (or none)")
+        object.__setattr__(self, "report_to", targets)
