@@ -1,0 +1,192 @@
+"""One config tree: the library's `RunConfig` knows its algorithm and its presets, refuses a bad
+combination of fields when it is built (naming them, or their flags where `Settings` built it),
+and holds the scale-out and tracking settings; `Settings` is a thin layer whose flags and
+launchpad fields are those of the layout before the presets moved (snapshotted here)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline.config import (
+    ALGORITHM_PRESETS, ALGORITHMS, DEFAULT_MIX, LOSS_KINDS, LOSS_PRESETS, TRACKERS, AdvantageConfig, LossConfig, RunConfig, ScaleConfig,
+    TrackingConfig, TrainConfig, ViewConfig, flat, presets,
+)
+from pipeline.errors import ConfigError
+from pipeline.run.settings import Settings
+
+
+# -- an algorithm's config in a notebook ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_an_algorithm_is_a_field_of_the_run_and_its_preset_fills_what_is_left_unset(algorithm):
+    settings = Settings(algorithm=algorithm).run_config()
+    assert RunConfig(algorithm=algorithm) == settings == RunConfig.for_algorithm(algorithm)
+    assert settings.algorithm == algorithm and settings.strategies == tuple(ALGORITHM_PRESETS[algorithm]["strategies"])
+    # a run field and a setting inside a stage's config, by the flag's name, over the preset
+    over = RunConfig.for_algorithm(algorithm, samples=8, lr=1e-4, eval_problems=20)
+    assert over == Settings(algorithm=algorithm, samples=8, lr=1e-4, eval_problems=20).run_config()
+    assert (over.samples, over.train.lr, over.evaluation.problems) == (8, 1e-4, 20)
+    assert over.advantage == settings.advantage and over.train.loss == settings.train.loss
+    assert RunConfig(algorithm=algorithm, samples=8) == dataclasses.replace(settings, samples=8)
+
+
+def test_a_stage_config_given_keeps_the_algorithms_preset_for_the_others():
+    drmas = RunConfig(algorithm="drmas")
+    assert (drmas.advantage.alpha, drmas.advantage.local_weight, drmas.advantage.group_by) == (1.0, 0.0, ("agent_id",))
+    assert drmas.train.loss.kind == "ppo" and drmas.train.loss.dual_clip == 3.0 and not drmas.view.drop_zero_advantage
+    # its own training at another learning rate: the rest is DrMAS's, the view the one of the loss given
+    slow = RunConfig(algorithm="drmas", train=dataclasses.replace(drmas.train, lr=1e-5))
+    assert slow == dataclasses.replace(drmas, train=dataclasses.replace(drmas.train, lr=1e-5))
+    # the loss given decides the loss's preset of the fields left unset (ppo's batch baseline here)
+    ppo = RunConfig(train=TrainConfig(loss=LossConfig(kind="ppo")))
+    assert ppo.advantage == Settings(loss="ppo").advantage_config() and ppo.view == Settings(loss="ppo").view_config()
+    # a sampling temperature reaches the training the preset fills in (it must equal it)
+    assert RunConfig(temperature=0.7).train.temperature == 0.7
+
+
+def test_unknown_settings_and_algorithms_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['alpah'\]; the settings are \[.*'alpha'"):
+        RunConfig.for_algorithm("atgrpo", alpah=0.5)
+    with pytest.raises(ConfigError, match=r"^RunConfig.algorithm must be one of \['maxit', 'drmas', 'atgrpo', 'exit', 'grpo'\], got 'ppo'$"):
+        RunConfig(algorithm="ppo")
+    with pytest.raises(ConfigError, match="algorithm must be one of"):
+        RunConfig.for_algorithm("ppo")
+    with pytest.raises(ConfigError, match="must be a sequence of strategy ids, got the string 'iid'"):
+        RunConfig(strategies="iid")
+
+
+def test_presets_and_names_are_defined_once_in_the_config():
+    import pipeline.config.train
+    import pipeline.run.settings as settings_module
+
+    assert settings_module.ALGORITHM_PRESETS is presets.ALGORITHM_PRESETS and settings_module.LOSS_PRESETS is presets.LOSS_PRESETS
+    assert settings_module.ALGORITHMS is presets.ALGORITHMS and LOSS_KINDS is pipeline.config.train.LOSS_KINDS
+    assert not hasattr(settings_module, "LOSS_KINDS") or settings_module.LOSS_KINDS is LOSS_KINDS
+    assert tuple(LOSS_PRESETS) == LOSS_KINDS == ("rs", "ppo", "is", "exit")
+    assert ALGORITHM_PRESETS["maxit"]["strategies"] == DEFAULT_MIX == RunConfig().strategies
+    # every setting has a place in the tree, and the tree's places are the settings'
+    assert set(flat.SETTING_PATHS) == {f.name for f in dataclasses.fields(Settings)}
+
+
+# -- cross-field rules: refused at construction -----------------------------------------------------
+
+RS_VIEW = ViewConfig.for_loss(LossConfig())
+PPO = TrainConfig(loss=LossConfig(kind="ppo"))
+
+
+@pytest.mark.parametrize(
+    "build, config_error, settings, flag_error",
+    [
+        # the issue's example: accepted before and failed mid-round at the view stage
+        (lambda: RunConfig(advantage=AdvantageConfig(alpha=1.0)),
+         r"^RunConfig.train.loss.kind rs trains the rows whose own action was right.*with RunConfig.advantage.alpha 1 and "
+         r"RunConfig.advantage.local_weight 1 the reward is not the row's own correctness",
+         {"alpha": 1.0}, r"^--loss rs trains the rows .* with --alpha 1 and --local-weight 1 the reward .*: it needs --alpha 0 and --local-weight 1"),
+        (lambda: RunConfig(train=PPO, view=RS_VIEW, advantage=AdvantageConfig(alpha=1.0)),
+         r"^RunConfig.view.reward_is_local keeps the rows whose own action was right.*RunConfig.advantage.alpha 1", None, None),
+        (lambda: RunConfig(train=PPO, view=ViewConfig.for_loss(LossConfig(), relabel_verdicts=True)),
+         r"^RunConfig.view.relabel_verdicts trains Verifier rows .* of RunConfig.train.loss.kind ppo: use it with RunConfig.train.loss.kind rs$",
+         {"loss": "ppo", "relabel_verdicts": True}, r"^--relabel-verdicts trains Verifier rows .* of --loss ppo: use it with --loss rs$"),
+        (lambda: RunConfig(strategies=("iid", "tree"), view=ViewConfig.for_loss(LossConfig(), strategy_weights={"iid": 1.0})),
+         r"^RunConfig.view.strategy_weights has no weight for strategy \['tree'\] of RunConfig.strategies iid tree",
+         {"strategies": ("iid", "tree"), "strategy_weights": ("iid=1",)}, r"^--strategy-weights has no weight for strategy \['tree'\] of --strategies iid tree"),
+        (lambda: RunConfig(engine="hf", scale=ScaleConfig(tensor_parallel_size=2)),
+         r"^RunConfig.scale.tensor_parallel_size 2 and RunConfig.scale.data_parallel_size 1 are vLLM's: RunConfig.engine hf would ignore them",
+         {"engine": "hf", "tensor_parallel_size": 2}, r"^--tensor-parallel-size 2 and --data-parallel-size 1 are vLLM's: --engine hf would ignore them"),
+        (lambda: ScaleConfig(fsdp="full_shard"),
+         r"^ScaleConfig.fsdp full_shard shards the trainer over its processes, but ScaleConfig.train_processes is 1",
+         {"fsdp": "full_shard"}, r"^--fsdp full_shard shards the trainer over its processes, but --train-processes is 1"),
+        (lambda: TrackingConfig(report_to=("tensorboard", "neptune")),
+         r"^TrackingConfig.report_to neptune: unknown target; choose from tensorboard, mlflow, wandb \(or none\)$",
+         {"report_to": ("neptune",)}, r"^--report-to neptune: unknown target"),
+        (lambda: ScaleConfig(shards=0), r"^ScaleConfig.shards must be an integer >= 1, got 0$", {"shards": 0}, r"^--shards must be an integer >= 1, got 0$"),
+        (lambda: LossConfig(kind="is", dual_clip=3.0), r"^LossConfig.dual_clip is a bound of the PPO clip: it needs LossConfig.kind ppo, got is$",
+         {"algorithm": "drmas", "loss": "is"}, r"^--dual-clip is a bound of the PPO clip: it needs --loss ppo, got is$"),
+    ],
+    ids=["rs-global-reward", "local-view-global-reward", "relabel-ratio-loss", "weights-missing", "hf-parallel", "fsdp-one-process",
+         "tracker", "shards", "dual-clip-kind"],
+)
+def test_a_bad_combination_is_refused_when_the_config_is_built(build, config_error, settings, flag_error):
+    with pytest.raises(ConfigError, match=config_error):
+        build()
+    if settings is not None:
+        with pytest.raises(ConfigError, match=flag_error):
+            Settings(**settings).run_config()
+
+
+def test_good_neighbours_of_the_refused_combinations_build():
+    RunConfig(train=PPO, advantage=AdvantageConfig(alpha=1.0))  # a ratio loss takes a global reward
+    RunConfig(view=ViewConfig.for_loss(LossConfig(), relabel_verdicts=True))  # relabelling under rs
+    RunConfig(strategies=("iid", "prompt_aug"), view=ViewConfig.for_loss(LossConfig(), strategy_weights={"iid": 1.0}, drop_strategies=("prompt_aug",)))
+    RunConfig.for_algorithm("exit", strategies=("iid", "prompt_aug"))  # a weight for a strategy not run is harmless
+    RunConfig(engine="vllm", scale=ScaleConfig(tensor_parallel_size=2, data_parallel_size=2))
+    ScaleConfig(fsdp="full_shard", train_processes=2)
+
+
+# -- scale-out and tracking in the tree -------------------------------------------------------------
+
+
+def test_scale_out_and_tracking_settings_have_a_place_in_the_tree():
+    s = Settings(shards=3, tensor_parallel_size=2, data_parallel_size=4, train_processes=2, fsdp="hybrid_shard", report_to=("tensorboard", "mlflow"))
+    config = s.run_config()
+    assert config.scale == ScaleConfig(shards=3, tensor_parallel_size=2, data_parallel_size=4, train_processes=2, fsdp="hybrid_shard")
+    assert config.tracking.report_to == ("tensorboard", "mlflow")
+    # the settings keep their attributes (the run layer reads them)
+    assert (s.shards, s.tensor_parallel_size, s.data_parallel_size, s.train_processes, s.fsdp, s.report_to) == (3, 2, 4, 2, "hybrid_shard", ("tensorboard", "mlflow"))
+    assert RunConfig().scale == ScaleConfig() and RunConfig().tracking == TrackingConfig() == Settings(report_to=("none",)).run_config().tracking
+    from pipeline.run.tracking import TARGETS
+
+    assert TRACKERS == tuple(TARGETS)  # the trackers the config accepts are those the run layer logs to
+
+
+# -- the thin layer: the flags and the launchpad as they were ----------------------------------------
+
+RUN_FLAGS = {
+    # the flags of `maxit run` (option strings -> choices) at 894bd8f, before the presets moved
+    ("--rounds",): None, ("--restart",): None, ("--verbose",): None, ("--store",): None,
+    ("--algorithm",): ("maxit", "drmas", "atgrpo", "exit", "grpo"), ("--workflow",): None, ("--workflow-options",): None, ("--task",): None,
+    ("--task-file",): None, ("--prompt-file",): None, ("--model-dir",): None, ("--separate-policies",): None,
+    ("--engine",): ("auto", "vllm", "hf"), ("--dtype",): ("auto", "float32", "bfloat16"), ("--problems",): None, ("--samples",): None,
+    ("--strategies",): None, ("--temperature",): None, ("--max-tokens",): None, ("--max-loop-num",): None, ("--seed",): None,
+    ("--feedback-train-context",): ("problem", "attempt"), ("--feedback-first-attempt",): ("iid", "skip"), ("--alpha",): None,
+    ("--local-weight",): None, ("--group-by",): None, ("--normalize",): ("std", "center"), ("--baseline",): ("group", "batch"),
+    ("--trajectory-mean", "--no-trajectory-mean"): None, ("--trajectory-score",): ("own", "mean"), ("--loss",): ("rs", "ppo", "is", "exit"),
+    ("--anchor",): ("sampling", "proximal"), ("--sequence-ratio",): ("mask", "truncate", "none"), ("--hinted-rows",): ("mask", "truncate", "none", "drop"),
+    ("--zero-advantage-rows",): ("drop", "keep"), ("--feedback-rows",): ("mask", "truncate", "none"), ("--dual-clip",): None, ("--clip-low",): None,
+    ("--clip-high",): None, ("--lr",): None, ("--epochs",): None, ("--minibatch-size",): None, ("--micro-batch-size",): None,
+    ("--balance-verdicts", "--no-balance-verdicts"): None, ("--relabel-verdicts", "--no-relabel-verdicts"): None, ("--verifier-replay",): None,
+    ("--negative-weight",): None, ("--strategy-weights",): None, ("--lora", "--no-lora"): None, ("--lora-rank",): None, ("--lora-alpha",): None,
+    ("--gradient-checkpointing",): ("auto", "on", "off"), ("--group-minibatches", "--no-group-minibatches"): None,
+    ("--optimizer-state",): ("fresh", "carry"), ("--micro-batch-tokens",): None, ("--train-on",): ("rollouts", "ground_truth"), ("--shards",): None,
+    ("--tensor-parallel-size",): None, ("--data-parallel-size",): None, ("--train-processes",): None,
+    ("--fsdp",): ("off", "full_shard", "shard_grad_op", "hybrid_shard"), ("--eval-problems",): None, ("--eval-samples",): None,
+    ("--eval-max-tokens",): None, ("--no-base-eval-cache",): None, ("--report-to",): None,
+}
+
+LAUNCHPAD_DEFAULTS = {
+    # the Dagster launchpad's settings fields and their defaults at 894bd8f (None: the preset's, or unset)
+    "algorithm": "maxit", "alpha": None, "anchor": "sampling", "balance_verdicts": None, "base_eval_cache": True, "baseline": None,
+    "clip_high": None, "clip_low": None, "data_parallel_size": 1, "dtype": "auto", "dual_clip": None, "engine": "auto", "epochs": 2,
+    "eval_max_tokens": None, "eval_problems": 200, "eval_samples": 2, "feedback_first_attempt": None, "feedback_rows": None,
+    "feedback_train_context": None, "fsdp": "off", "gradient_checkpointing": "auto", "group_by": None, "group_minibatches": False,
+    "hinted_rows": None, "local_weight": None, "lora": False, "lora_alpha": 32.0, "lora_rank": 16, "loss": None, "lr": None,
+    "max_loop_num": None, "max_tokens": None, "micro_batch_size": 64, "micro_batch_tokens": 8192, "minibatch_size": 256, "model_dir": None,
+    "negative_weight": None, "normalize": None, "optimizer_state": "fresh", "problems": 128, "prompt_file": None, "relabel_verdicts": False,
+    "report_to": [], "samples": 4, "seed": 0, "sequence_ratio": None, "shards": 1, "shared_policy": True, "strategies": None,
+    "strategy_weights": None, "task": "arithmetic", "task_file": None, "temperature": 1.0, "tensor_parallel_size": 1, "train_on": "rollouts",
+    "train_processes": 1, "trajectory_mean": None, "trajectory_score": None, "verifier_replay": 0, "workflow": "math", "workflow_options": [],
+    "zero_advantage_rows": None,
+}
+
+
+def test_the_flags_and_the_launchpad_fields_are_as_before():
+    from assets.config import RunSettings
+    from maxit.cli import build_parser
+
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    flags = {tuple(a.option_strings): (tuple(a.choices) if a.choices is not None else None) for a in run._actions if a.dest != "help"}
+    assert flags == RUN_FLAGS
+    assert {name: f.default for name, f in RunSettings.model_fields.items()} == LAUNCHPAD_DEFAULTS
