@@ -21,6 +21,7 @@ import argparse
 import re
 import types
 import typing
+from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from functools import lru_cache
 from typing import Any
@@ -50,11 +51,15 @@ def _s(
     return field(default=default, metadata=meta)
 
 
-def _field_type(config: type, name: str):
-    """The type of `config`'s field `name`, without its `| None`."""
-    hint = typing.get_type_hints(config)[name]
+def _unoptional(hint):
+    """`X | None` -> X (a setting whose None means "the preset" takes X on the command line)."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
+
+
+def _field_type(config: type, name: str):
+    """The type of `config`'s field `name`, without its `| None`."""
+    return _unoptional(typing.get_type_hints(config)[name])
 
 
 def _choices(config: type, name: str) -> tuple:
@@ -351,7 +356,8 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, str):
                 raise ConfigError(f"{name} must be a sequence of names, got the string {value!r}")
-            object.__setattr__(self, name, tuple(value))
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
 
     def values(self) -> dict[str, Any]:
         """{setting: value} of every setting (None: left to the loss's preset)."""
@@ -381,28 +387,31 @@ class Settings:
         """The settings with the loss's preset filled in (`pipeline.config.flat.resolve`)."""
         return flat.resolve(self.algorithm, self.values())
 
+    def _build(self, make):
+        """`make(self.in_effect())`, a config's error named by the settings' flags."""
+        with flags_named():
+            return make(self.in_effect())
+
     def advantage_config(self) -> AdvantageConfig:
-        return flat.advantage_config(self.in_effect())
+        return self._build(flat.advantage_config)
 
     def loss_config(self) -> LossConfig:
-        return flat.loss_config(self.in_effect())
+        return self._build(flat.loss_config)
 
     def view_config(self) -> ViewConfig:
-        values = self.in_effect()
-        return flat.view_config(values, flat.loss_config(values))
+        return self._build(lambda values: flat.view_config(values, flat.loss_config(values)))
 
     def train_config(self) -> TrainConfig:
-        values = self.in_effect()
-        return flat.train_config(values, flat.loss_config(values))
+        return self._build(lambda values: flat.train_config(values, flat.loss_config(values)))
 
     def lora_settings(self) -> LoraSettings | None:
         return self.train_config().lora
 
     def eval_config(self) -> EvalConfig:
-        return flat.eval_config(self.in_effect())
+        return self._build(flat.eval_config)
 
     def strategy_options(self) -> dict[str, dict[str, Any]]:
-        return flat.strategy_options(self.in_effect())
+        return self._build(flat.strategy_options)
 
     def source_notes(self) -> list[str]:
         """A line for each strategy of these settings that the algorithm's source does not sample
@@ -414,13 +423,21 @@ class Settings:
         or combination raises `ConfigError` naming each config field by the flag of the setting
         it is made from (`RunConfig.problems` -> `--problems`, `EvalConfig.problems` ->
         `--eval-problems`, `RunConfig.advantage.alpha` -> `--alpha`)."""
-        try:
+        with flags_named():
             return RunConfig.for_algorithm(**self.values())
-        except ConfigError as err:
-            raise ConfigError(flag_named(str(err))) from None
 
     def flag_named(self, message: str) -> str:
         return flag_named(message)
+
+
+@contextmanager
+def flags_named():
+    """A `ConfigError` raised inside is raised again with its config fields named by their
+    settings' flags (`flag_named`), in one line, without the config's traceback."""
+    try:
+        yield
+    except ConfigError as err:
+        raise ConfigError(flag_named(str(err))) from None
 
 
 _CONFIG_FIELD = re.compile(r"\b(RunConfig|[A-Z][A-Za-z]*(?:Config|Settings))((?:\.[a-z_]+)+)")
@@ -472,12 +489,6 @@ def setting_default(name: str):
 
 def _hints() -> dict[str, Any]:
     return typing.get_type_hints(Settings)
-
-
-def _unoptional(hint):
-    """`X | None` -> X (a setting whose None means "the preset" takes X on the command line)."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
 
 
 def _scalar_type(hint) -> type:
