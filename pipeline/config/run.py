@@ -40,9 +40,10 @@ class RunConfig:
 
     # --- Parameters that control the algorithm ------------------------------------------------
     algorithm: str = "maxit"
-    """The algorithm whose preset (`pipeline.config.presets.ALGORITHM_PRESETS`) filled the fields
+    """The algorithm whose preset (`pipeline.config.presets.ALGORITHM_PRESETS`) fills the fields
     left unset: "maxit" (the measured best), "drmas", "atgrpo", "exit" (the expert-iteration
-    plan) or "grpo" (docs/ALGORITHMS.md#presets)."""
+    plan) or "grpo" (docs/ALGORITHMS.md#presets). Only unset fields follow it: a field given, or
+    kept by `dataclasses.replace(config, algorithm=...)`, stays as it is."""
 
     # --- Parameters that control the team and the task ----------------------------------------
     workflow: str = "math"
