@@ -31,10 +31,10 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 from pipeline.errors import ConfigError
-from pipeline.models.sft import FastEncoder, batch_tensors
+from pipeline.models.sft import FastEncoder, generate_texts, seeded_sampling, sft_steps
 from pipeline.types import Message
 
 __all__ = [
@@ -209,8 +209,6 @@ def solver_accuracy(
 ) -> float:
     """Mean reward of the Solver on `problems` (`samples` each) with transformers sampling
     (top_k=0, top_p=1: the plain temperature distribution; temperature 0 = greedy)."""
-    import torch
-
     from pipeline.strategies import PromptAug
 
     aug = PromptAug()
@@ -220,33 +218,10 @@ def solver_accuracy(
         msgs = task.solver_messages(p)
         contexts.append(aug.augment(msgs, p) if hint else msgs)
     prompts = [pr for pr, _ in enc.encode([(m, "") for m in contexts])]
-    rows = [(i, prompts[i]) for i in range(len(prompts)) for _ in range(samples)]
-    total = 0.0
-    was_training = model.training
-    model.eval()
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            L = max(len(p) for _, p in chunk)
-            ids = torch.full((len(chunk), L), tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for j, (_, p) in enumerate(chunk):
-                ids[j, L - len(p) :] = torch.tensor(p)
-                mask[j, L - len(p) :] = 1
-            kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                **kw,
-            )
-            texts = tokenizer.batch_decode(out[:, L:], skip_special_tokens=True)
-            for (i, _), text in zip(chunk, texts):
-                total += task.reward(problems[i], text) or 0.0
-    model.train(was_training)
+    rows = [i for i in range(len(prompts)) for _ in range(samples)]
+    with seeded_sampling(model, seed):
+        texts = generate_texts(model, tokenizer, [prompts[i] for i in rows], temperature, max_new_tokens, batch_size)
+    total = sum(task.reward(problems[i], text) or 0.0 for i, text in zip(rows, texts))
     return total / max(1, len(rows))
 
 
@@ -262,41 +237,19 @@ def warm_start(model, tokenizer, config: WarmStartConfig = WarmStartConfig(), ta
     torch.manual_seed(config.seed)
     rng = random.Random(f"warm-start:{config.seed}")
     probe = task.problems("train", config.probe_size, seed=10_000 + config.seed)
-    enc = FastEncoder(tokenizer)
-    enc.check(sft_examples(task, random.Random(0), 16, config))
-
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
-    model.train()
+    FastEncoder(tokenizer).check(sft_examples(task, random.Random(0), 16, config))
+    steps = sft_steps(
+        model, tokenizer, lambda step: sft_examples(task, rng, config.batch_size, config), steps=config.max_steps, lr=config.lr,
+        lr_lambda=lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)), weight_decay=config.weight_decay,
+    )
     t0 = time.perf_counter()
     history: list[tuple[int, float]] = []
     acc = 0.0
     loss_avg = math.nan
     step = 0
     stopped = False
-    for step in range(1, config.max_steps + 1):
-        pairs = enc.encode(sft_examples(task, rng, config.batch_size, config))
-        # Two length buckets (short Solver prompts, long Verifier/feedback prompts) cut the
-        # padding; the loss is the mean over all completion tokens of the batch either way.
-        pairs.sort(key=lambda pc: len(pc[0]) + len(pc[1]))
-        n_tokens = sum(len(c) for _, c in pairs)
-        opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for part in (pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]):
-            if not part:
-                continue
-            ids, labels = batch_tensors(part, tokenizer.pad_token_id)
-            logits = model(input_ids=ids).logits[:, :-1]
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
-            ) / n_tokens
-            loss.backward()
-            loss_sum += loss.item()
-        loss = torch.tensor(loss_sum)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_avg = loss.item() if math.isnan(loss_avg) else 0.9 * loss_avg + 0.1 * loss.item()
+    for step, loss in steps:
+        loss_avg = loss if math.isnan(loss_avg) else 0.9 * loss_avg + 0.1 * loss
         if step % config.probe_every:
             continue
         line = f"warm start: step {step:4d}/{config.max_steps}  loss {loss_avg:.3f}  "
