@@ -385,7 +385,8 @@ def run_trainer(
     )
     trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
     # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
-    # that from walking the whole heap of a long-lived process (a fixed ~0.3 s per run here)
+    # that from walking the whole heap of a long-lived process, a fixed cost on every run
+    # (docs/results/benchmarks.md, "Training")
     gc.freeze()
     try:
         t0 = time.perf_counter()

@@ -12,11 +12,9 @@ warm-started in code (no download), cached under `<cache>/models/grid-<hash of t
   given a proposal. The first `clean_steps` train on right moves only (the skill); after them a
   share `noise` of the targets is wrong on purpose (the planner: a random letter; the mover: the
   proposal followed half the time, else a random letter), so sampling at T=1 is imperfect while
-  the greedy move is mostly right: the base team solves about a third of the held-out puzzles at
-  T=1 (57.5% greedy), and rejection sampling on the right moves has room to sharpen it (+34.8
-  points in five rounds at seed 0: docs/results/grid.md). Fixed step count, one torch thread,
-  deterministic from the seed.
-- `grid_model()` builds once (224 s on the shared 2-core machine), then reuses the cached build;
+  the greedy move is mostly right, and rejection sampling on the right moves has room to sharpen
+  it (docs/results/grid.md). Fixed step count, one torch thread, deterministic from the seed.
+- `grid_model()` builds once (minutes: docs/results/grid.md), then reuses the cached build;
   the build writes `maxit_build.json` with its settings, the SFT record and the held-out team
   success it measured (`play`: the team at T=1 and greedy on held-out puzzles with transformers'
   sampling).
@@ -63,8 +61,8 @@ class GridWarmStartConfig:
     clean_steps: int = 300
     """The first steps train on right targets only (the skill: reading the maze); the steps after
     them mix in `noise` (how often the model samples a wrong move at T=1). Trained noisy from the
-    start, the 1M model's onset came hundreds of steps later, at a step that varied with the data
-    seed; clean first, it reads mazes within ~150 steps and learns the noise within ~50."""
+    start, the 1M model's onset came late, at a step that varied with the data seed; clean first,
+    it learns to read mazes early and the noise soon after (docs/results/grid.md)."""
     batch_size: int = 128
     lr: float = 3e-3
     """Peak AdamW learning rate (linear warmup, then cosine to `lr_final`)."""
@@ -83,9 +81,9 @@ class GridWarmStartConfig:
     seed: int = 0
     threads: int | None = 1
     """torch threads of the build (restored afterwards; None: leave torch's setting); not part of
-    the build's key. One thread: on the 2-core machine shared with other jobs a step took 0.75 s
-    on one thread against 2-5 s on two (two threads spin-waiting for each other on a loaded
-    machine), and a result that does not depend on the machine's core count."""
+    the build's key. One thread: two threads spin-wait for each other on a machine whose cores
+    other jobs share, several times slower (docs/results/grid.md), and one thread gives a result
+    that does not depend on the machine's core count."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1:

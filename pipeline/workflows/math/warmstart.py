@@ -17,9 +17,9 @@ run as two length buckets so short Solver prompts are not padded to the Verifier
 - Feedback:       user q, assistant attempt1, user "That is wrong. Try again." -> right answer
                   (or a right attempt1, "That is right. Say it again." -> the same answer)
 
-Stopping point: the SFT accuracy curve is steep (docs/FINDINGS.md: 0.8% -> 25% within 80 steps, and
-its onset moves by hundreds of steps between seeds), so a fixed step count lands anywhere
-between 0% and 60%. Instead, every `probe_every` steps the plain Solver is sampled at T=1 on
+Stopping point: the SFT accuracy curve is steep and its onset moves by hundreds of steps between
+seeds (docs/FINDINGS.md, "Warm start"), so a fixed step count could stop anywhere from a Solver
+that is never right to one with little left to learn. Instead, every `probe_every` steps the plain Solver is sampled at T=1 on
 `probe_size` *train-split* problems, and training stops at the first probe at or above
 `target_accuracy` (or at `max_steps`). The probe is seeded, so the whole warm start is
 deterministic from the seed. Held-out problems are never trained on nor used to stop.
@@ -56,7 +56,8 @@ class WarmStartConfig:
     Parameters that control the optimizer."""
 
     batch_size: int = 128
-    """Examples per step (the prototype's setting, docs/FINDINGS.md; at 64 the Solver stayed below 8% for 800+ steps)."""
+    """Examples per step (the prototype's setting, docs/FINDINGS.md; a smaller batch kept the
+    Solver from taking off for hundreds of steps: docs/results/choices.md)."""
     lr: float = 3e-3
     """Peak AdamW learning rate (docs/FINDINGS.md: 3e-3 with batch 128)."""
     warmup_steps: int = 30
@@ -69,15 +70,15 @@ class WarmStartConfig:
     """No probe (and so no stopping) before this many steps."""
     # Parameters that control the stopping rule.
     target_accuracy: float = 0.35
-    """Stop at the first probe whose plain-Solver T=1 accuracy (train split) reaches this (35%:
-    on the 2-core machine the Verifier, which checks by working the sum out again, stayed at
-    chance when the Solver started near 25%)."""
+    """Stop at the first probe whose plain-Solver T=1 accuracy (train split) reaches this: a
+    Solver that starts weaker leaves the Verifier, which checks by working the sum out again, at
+    chance (docs/results/choices.md)."""
     probe_every: int = 25
     """Steps between probes."""
     probe_size: int = 512
-    """Train-split problems sampled once each at each probe. 512 (standard error ~2 points near
-    30%): with 128 the probe's noise (~4 points) decided where the model stopped, and the same
-    build gave held-out T=1 accuracies from 25.9% to 36.6% on two machines of one kind."""
+    """Train-split problems sampled once each at each probe. 512 (standard error about 2 points
+    near 30%): with a smaller probe its noise, not the model, decided where the warm start
+    stopped, and so how good the built model was (docs/results/choices.md)."""
     # Parameters that control the example mix (normalized to sum 1).
     mix_plain: float = 0.55
     """Share of plain Solver examples."""
@@ -89,10 +90,10 @@ class WarmStartConfig:
     """What a Verifier example teaches it to write: "answer_verdict" (the default): the right
     answer, then the verdict ("168 no"); the arithmetic task reads the Verifier's verdict by
     comparing the answer it writes with the proposal (verdict style "compare"). "verdict": "yes" /
-    "no" alone; "answer": the right answer alone. Measured on the main job (docs/results/verifier.md, "The
-    Verifier"): with "verdict" the 1M model's yes/no never discriminated (balanced accuracy ~50%);
-    its yes/no word after its own answer does not follow that answer either (51% of replies), but
-    the answer itself does the checking; "answer" alone made it copy the proposal more often.
+    "no" alone; "answer": the right answer alone. On the main job (docs/results/verifier.md, "The
+    Verifier") the 1M model's yes/no never discriminated, with "verdict" or after its own answer
+    (where the word does not follow the answer either), while the answer itself does the
+    checking; "answer" alone made it copy the proposal more often.
     A blind Verifier (a task template whose Verifier does not see the proposal,
     `PromptTemplate.verifier_sees_solution` False) is always taught the right answer alone."""
     verifier_right_share: float = 0.5
