@@ -64,6 +64,7 @@ INTEGRATION_TESTS = {
     "test_registry.py::test_parallel_registrations_of_one_round_all_survive": "registers from parallel subprocesses",
     "test_experiments.py::test_console_to_log_sends_library_output_to_the_log": "runs Python subprocesses",
     "test_trainer.py::test_trl_grpo_loss_equals_loss_py_on_a_fixed_batch": "imports TRL (seconds)",
+    "test_trainer.py::test_a_run_in_its_own_process_writes_the_weights_and_result_of_the_run_in_this_one": "trains in a subprocess",
     "test_trainer.py::test_rows_whose_loss_is_zero_are_skipped_with_the_same_update": "trains twice per case to compare the updates",
     "test_trainer.py::test_minibatches_keep_their_rows_when_sorted_by_length": "trains twice, two epochs each, to compare the runs",
     "test_trainer.py::test_a_minibatch_is_one_token_mean_whatever_its_micro_batches": "trains once per micro-batch size to compare the runs",

@@ -141,8 +141,8 @@ def test_a_bf16_autocast_step_is_finite_close_to_fp32_and_keeps_fp32_weights(tmp
     batch = tr.collate(_rows())
     cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
     seen = []
-    real_compute_loss = tr.compute_loss
-    monkeypatch.setattr(tr, "compute_loss", lambda b, c, **k: seen.append(b.logp.dtype) or real_compute_loss(b, c, **k))
+    real_compute_loss = tr.loop.compute_loss
+    monkeypatch.setattr(tr.loop, "compute_loss", lambda b, c, **k: seen.append(b.logp.dtype) or real_compute_loss(b, c, **k))
     out = {}
     for name, autocast in (("float32", None), ("bfloat16", torch.bfloat16)):
         model = load_model(d).train()

@@ -107,12 +107,59 @@ def test_config_errors_name_the_field():
         load_model("/nonexistent/model")
 
 
-def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+def test_default_cache_dir_is_the_projects_one_cache_folder(monkeypatch, tmp_path):
+    """Built models live in the cache folder of `pipeline.store.cache_root` (one rule, one place),
+    which MAXIT_CACHE_DIR names when set."""
+    from pipeline.store import cache_root
+
     monkeypatch.setenv("MAXIT_CACHE_DIR", str(tmp_path / "c"))
-    assert default_cache_dir() == (tmp_path / "c").resolve()
+    assert default_cache_dir() == (tmp_path / "c").resolve() == cache_root()
     monkeypatch.delenv("MAXIT_CACHE_DIR")
     monkeypatch.chdir(tmp_path)
-    assert default_cache_dir() == (tmp_path / ".cache" / "maxit").resolve()
+    assert default_cache_dir() == cache_root()
+
+
+def test_an_sft_step_trains_on_the_mean_token_cross_entropy_of_its_batch(tiny_model_dir, tok):
+    """`sft_step` returns the batch's mean cross-entropy over its completion tokens (EOS included),
+    whatever the two length buckets it runs as, and moves the weights; `sft_steps` yields each
+    step's loss on `examples(step)`, step numbers from 1."""
+    from pipeline.models.sft import FastEncoder, batch_tensors, sft_step, sft_steps
+
+    model = load_model(tiny_model_dir)
+    task = ArithmeticTask()
+    examples = [(task.solver_messages(p), p.answer) for p in task.problems("train", 6, seed=3)]
+    examples.append((task.verifier_messages(task.problems("train", 1, seed=4)[0], "12"), "12 no"))  # a longer prompt
+    pairs = FastEncoder(tok).encode(examples)
+    ids, labels = batch_tensors(pairs, tok.pad_token_id)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, :-1]
+        expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100).item()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    assert sft_step(model, optimizer, pairs, tok.pad_token_id) == pytest.approx(expected, rel=1e-5)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    asked: list[int] = []
+    losses = [loss for _, loss in sft_steps(model, tok, lambda step: asked.append(step) or examples, steps=3, lr=1e-3, lr_lambda=lambda s: 1.0)]
+    assert asked == [1, 2, 3] and len(losses) == 3 and losses[-1] < losses[0] and model.training
+
+
+def test_sampling_for_a_measurement_is_seeded_and_leaves_the_callers_state(tiny_model_dir, tok):
+    """`generate_texts` under `seeded_sampling` gives the same completions for the same seed (and
+    others for another), and leaves torch's random state and the model's mode as they were."""
+    from pipeline.models.sft import FastEncoder, generate_texts, seeded_sampling
+
+    model = load_model(tiny_model_dir).train()
+    task = ArithmeticTask()
+    prompts = [p for p, _ in FastEncoder(tok).encode([(task.solver_messages(p), "") for p in task.problems("train", 5, seed=1)])]
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    runs = []
+    for seed in (7, 7, 8):
+        with seeded_sampling(model, seed):
+            assert not model.training
+            runs.append(generate_texts(model, tok, prompts, 1.0, 6, batch_size=2))
+    assert model.training and torch.equal(torch.random.get_rng_state(), state)
+    assert runs[0] == runs[1] and runs[0] != runs[2] and len(runs[0]) == 5
 
 
 def test_default_model_is_cached_and_warm_started(default_model_dir, monkeypatch):

@@ -627,7 +627,7 @@ def test_a_shared_prompt_prefix_computed_once_gives_the_same_logprobs_and_gradie
     ]
     batch = collate(rows, 0)
     assert shared_prefix_length(batch) == 12  # the shortest prompt (13 tokens) keeps its last token
-    from pipeline.learn.trainer import _model_inputs
+    from pipeline.learn.trainer.forward import _model_inputs
 
     assert "past_key_values" in _model_inputs(model, batch, 8)[0]  # the prefix is shared, not run per row
     assert "past_key_values" not in _model_inputs(model, batch, 0)[0]
@@ -822,12 +822,14 @@ def test_micro_batches_follow_the_token_budget_and_checkpointing_is_automatic(to
     assert tr.sized_for(replace(cfg, micro_batch_tokens=1), table, model).micro_batch_size == 1
     assert tr.sized_for(replace(cfg, micro_batch_tokens=None), table, model).micro_batch_size == 12
     big = replace(cfg, micro_batch_tokens=None)
-    tr_threshold = tr.CHECKPOINTING_PARAMETERS
+    from pipeline.learn.trainer import memory
+
+    tr_threshold = memory.CHECKPOINTING_PARAMETERS
     try:
-        tr.CHECKPOINTING_PARAMETERS = 10  # the tiny model counts as large
+        memory.CHECKPOINTING_PARAMETERS = 10  # the tiny model counts as large
         assert tr.sized_for(big, table, model).gradient_checkpointing is True
     finally:
-        tr.CHECKPOINTING_PARAMETERS = tr_threshold
+        memory.CHECKPOINTING_PARAMETERS = tr_threshold
 
     # the activation budget: the tiny model's rows never reach the default; a model with the
     # width and depth of SmolLM2-135M (576 x 30: 276 KB a token) gets the micro-batch that fits
@@ -919,7 +921,7 @@ def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, in
         skipped_micro_batches.append(run.micro_batches_skipped)
         return run
 
-    monkeypatch.setattr(tr, "run_trainer", counting)
+    monkeypatch.setattr(tr.train, "run_trainer", counting)  # where `train_policy` finds it
     for skip in (False, True):
         grads = _Grads()
         cfg = TrainConfig(**{**FAST, "minibatch_size": 12, "micro_batch_size": 3, "epochs": 2, "loss": loss}, skip_zero_rows=skip)
@@ -1063,3 +1065,68 @@ def test_opsplit_sums_a_profile_into_kinds_without_counting_twice():
     assert kind_of("aten::_scaled_dot_product_flash_attention_for_cpu_backward", TRAIN_KINDS) == "attention"
     assert kind_of("aten::relu", TRAIN_KINDS) == "other"
     assert shares_line({"matmul": 3.0, "other": 1.0}) == "matmul 3.00 s (75%), other 1.00 s (25%)"
+
+
+# -- one run as its own process -----------------------------------------------------------------
+
+
+def test_a_train_config_crosses_the_process_boundary_as_json_unchanged():
+    """`config_to_json` / `config_from_dict` give back the config, nested configs included
+    (per-strategy ratios, LoRA, tuples); a field the config lacks, or a bad value, is named."""
+    from pipeline.learn.trainer.process import config_from_dict, config_to_json
+
+    loss = LossConfig(kind="ppo", dual_clip=3.0, ratio_by_strategy={"prompt_aug": RatioConfig(mode="truncate", high=2.0)}, sft_strategies=("replay", "x"))
+    config = TrainConfig(loss=loss, lora=LoraSettings(r=4, target_modules=("q_proj", "v_proj")), max_length=100, bf16=False, lr=1e-3)
+    back = config_from_dict(json.loads(config_to_json(config)))
+    assert back == config and back != replace(config, loss=replace(loss, ratio_by_strategy={"prompt_aug": RatioConfig(mode="mask")}))
+    assert isinstance(back.loss.ratio_by_strategy["prompt_aug"], RatioConfig) and back.lora.target_modules == ("q_proj", "v_proj")
+    assert config_from_dict(json.loads(config_to_json(TrainConfig()))) == TrainConfig()
+    assert config_from_dict({"epochs": 3}) == TrainConfig(epochs=3)
+    with pytest.raises(ConfigError, match=r"TrainConfig\.loss: unknown field\(s\) \['kindd'\]"):
+        config_from_dict({"loss": {"kindd": "ppo"}})
+    with pytest.raises(ConfigError, match="LoraSettings.r must be >= 1"):
+        config_from_dict({"lora": {"r": 0}})
+
+
+def test_a_run_in_its_own_process_writes_the_weights_and_result_of_the_run_in_this_one(tok, model, init_dir, tmp_path):
+    """`python -m pipeline.learn.trainer` on the view stored as Parquet and the config as JSON
+    writes bit for bit the weights `train_policy` writes here, and `train_in_subprocess` returns
+    the same `TrainResult`, its wall times aside."""
+    import pyarrow.parquet as pq
+
+    from pipeline.learn.trainer import train_in_subprocess
+    from pipeline.models import load_model
+
+    view, _ = build_training_view(advantages_table(rows_for(tok, model, 12, seed=41)), {"iid": IID()}, tok)
+    path = tmp_path / "view.parquet"
+    pq.write_table(view, path)
+    loss = LossConfig(kind="ppo", ratio_by_strategy={"iid": RatioConfig(mode="truncate", high=1.5)})
+    config = TrainConfig(**{**FAST, "epochs": 2, "minibatch_size": 4, "micro_batch_size": 2}, loss=loss, lr=1e-3)
+    here = train_policy(view, "shared", init_dir, tmp_path / "here", config, round_=3)
+    there = train_in_subprocess(path, "shared", init_dir, tmp_path / "there", config, round_=3)
+    assert here.steps == 6 and here.round == 3 and here.diagnostics.overall.n_rows == 24
+    wall = dict(train_seconds=0.0, tokens_per_second=0.0)
+    assert replace(there, checkpoint=here.checkpoint, **wall) == replace(here, **wall)
+    assert there.checkpoint == tmp_path / "there" and there.mean_loss == here.mean_loss
+    ours, theirs = load_model(here.checkpoint).state_dict(), load_model(there.checkpoint).state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert not all(torch.equal(ours[k], v) for k, v in load_model(init_dir).state_dict().items())  # it trained
+    assert read_checkpoint_meta(there.checkpoint).config == read_checkpoint_meta(here.checkpoint).config
+
+
+def test_a_run_in_its_own_process_names_bad_input_in_one_line(init_dir, tmp_path, capsys):
+    """Bad input to `python -m pipeline.learn.trainer` exits 2 with one line naming it, and
+    writes no checkpoint and no result."""
+    from pipeline.learn.trainer.process import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"epochs": 0}))
+    argv = ["--view", str(tmp_path / "none.parquet"), "--policy", "shared", "--init", str(init_dir), "--out", str(tmp_path / "out")]
+    argv += ["--config", str(config), "--result", str(tmp_path / "result.json")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == "python -m pipeline.learn.trainer: error: TrainConfig.epochs must be an integer >= 1, got 0"
+    config.write_text("{}")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no training view at" in err and "none.parquet" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "result.json").exists()

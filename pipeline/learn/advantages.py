@@ -155,9 +155,17 @@ def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: b
     # A table holding several rounds (e.g. read through a round=* glob) never mixes them.
     per_round = ["round"] if "round" in schema and "round" not in config.group_key else []
     keys = config.group_key + per_round
-    tkeys = [*keys, "traj_uid"]
-    eps = float(config.eps)
+    lf, g, t = _with_reward_and_keys(lf, schema, config, exact, keys)
+    lf, stat = _with_member_values(lf, config, exact, t)
+    lf = lf.with_columns(_group_windows(stat, g, config, exact))
+    return _with_advantages(lf, config)
 
+
+def _with_reward_and_keys(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: bool, keys: list[str]):
+    """`lf` with `reward` (alpha * global + local_weight * local when the parts are there),
+    `_member` (active rows with a finite reward) and, unless `exact`, the group key's two hashes
+    (and the trajectory key's); with the window keys of the groups and of the trajectories."""
+    tkeys = [*keys, "traj_uid"]
     if "global_reward" in schema:
         reward = float(config.alpha) * pl.col("global_reward").cast(pl.Float64) + float(config.local_weight) * pl.col(
             "local_reward"
@@ -174,32 +182,35 @@ def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: b
         prep += [pl.struct(keys).hash(_SEED_A).alias("_g"), pl.struct(keys).hash(_SEED_B).alias("_g2")]
         if config.trajectory_mean:
             prep += [pl.struct(tkeys).hash(_SEED_A).alias("_t"), pl.struct(tkeys).hash(_SEED_B).alias("_t2")]
-    lf = lf.with_columns(prep)
+    return lf.with_columns(prep), g, t
 
-    # Member values (`stat`): each active row (DrMAS), or each trajectory's mean, held by one
-    # row of it. Scores (`_val`, what a row's advantage is computed from): the row's own reward,
-    # or with trajectory_score="mean" its trajectory's mean.
+
+def _with_member_values(lf: pl.LazyFrame, config: AdvantageConfig, exact: bool, t):
+    """`lf` with `_val` (what a row's advantage is computed from: its own reward, or with
+    trajectory_score="mean" its trajectory's mean), and the member values the group statistics
+    run over (`stat`): each active row (DrMAS), or each trajectory's mean, held by one row of it."""
     own = pl.when("_member").then(pl.col("reward"))
-    if config.trajectory_mean:
-        row = pl.int_range(pl.len(), dtype=pl.UInt32)
-        lf = lf.with_columns(row.alias("_row"))
-        traj_mean = pl.when("_member").then(own.mean().over(t))
-        first_row = pl.when("_member").then(pl.col("_row")).min().over(t)
-        traj = [(pl.col("_member") & (pl.col("_row") == first_row)).alias("_rep")]
-        if config.trajectory_score == "mean":
-            traj.append(traj_mean.alias("_val"))
-            stat = pl.when("_rep").then(pl.col("_val"))
-        else:
-            traj += [traj_mean.alias("_tmean"), own.alias("_val")]
-            stat = pl.when("_rep").then(pl.col("_tmean"))
-        if not exact:
-            traj.append((pl.col("_t2").min().over(t) != pl.col("_t2").max().over(t)).alias("_tcollision"))
-        lf = lf.with_columns(traj)
+    if not config.trajectory_mean:
+        return lf.with_columns(own.alias("_val")), pl.col("_val")
+    row = pl.int_range(pl.len(), dtype=pl.UInt32)
+    lf = lf.with_columns(row.alias("_row"))
+    traj_mean = pl.when("_member").then(own.mean().over(t))
+    first_row = pl.when("_member").then(pl.col("_row")).min().over(t)
+    traj = [(pl.col("_member") & (pl.col("_row") == first_row)).alias("_rep")]
+    if config.trajectory_score == "mean":
+        traj.append(traj_mean.alias("_val"))
+        stat = pl.when("_rep").then(pl.col("_val"))
     else:
-        lf = lf.with_columns(own.alias("_val"))
-        stat = pl.col("_val")
+        traj += [traj_mean.alias("_tmean"), own.alias("_val")]
+        stat = pl.when("_rep").then(pl.col("_tmean"))
+    if not exact:
+        traj.append((pl.col("_t2").min().over(t) != pl.col("_t2").max().over(t)).alias("_tcollision"))
+    return lf.with_columns(traj), stat
 
-    # Group statistics: null-skipping aggregations over the member values, one window key.
+
+def _group_windows(stat: pl.Expr, g, config: AdvantageConfig, exact: bool) -> list[pl.Expr]:
+    """Group statistics: null-skipping aggregations over the member values, one window key
+    (`_n`, `_mean`, `_std`, `_flat`), and `_collision` (see `_plan`)."""
     windows = [
         stat.count().over(g).cast(pl.Int32).alias("_n"),
         stat.mean().over(g).alias("_mean"),
@@ -213,7 +224,12 @@ def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: b
         if config.trajectory_mean:
             collision = collision | pl.col("_tcollision")
         windows.append(collision.alias("_collision"))
-    lf = lf.with_columns(windows)
+    return windows
+
+
+def _with_advantages(lf: pl.LazyFrame, config: AdvantageConfig) -> pl.LazyFrame:
+    """`lf` with the advantage columns from the group statistics: a singleton group under
+    `singleton`, a flat group 0, non-members 0 with weight 0, else (value - mean) / (std + eps)."""
     n, val, mean, std = pl.col("_n"), pl.col("_val"), pl.col("_mean"), pl.col("_std")
     raw_singleton = config.singleton == "raw"
     group_mean = pl.when(n == 0).then(None).when((n == 1) & raw_singleton).then(0.0).otherwise(mean)
@@ -224,7 +240,7 @@ def _plan(lf: pl.LazyFrame, schema: pl.Schema, config: AdvantageConfig, exact: b
         .otherwise(std)
     )
     centered = val - pl.col("group_mean")
-    scaled = centered / (pl.col("group_std") + eps) if config.normalize == "std" else centered
+    scaled = centered / (pl.col("group_std") + float(config.eps)) if config.normalize == "std" else centered
     advantage = (
         pl.when(~pl.col("_member")).then(0.0)
         .when(n == 1).then(scaled if raw_singleton else pl.lit(0.0))

@@ -72,7 +72,7 @@ agent, per (agent, strategy).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping, Sequence
 
 import torch
@@ -274,17 +274,73 @@ def _ratio_tensors(strategies: Sequence[str], config: LossConfig, like: torch.Te
     return mode, low, high, use_sum
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """What the steps decide per row and per token of a batch, beside its loss (the diagnostics
+    count them)."""
+
+    row_factor: torch.Tensor
+    """(B,) step 3's factor of each row's loss: 0 masked, high / s truncated, else 1 (detached)."""
+    masked: torch.Tensor
+    """(B,) bool: rows a sequence-ratio mask zeroed."""
+    truncated: torch.Tensor
+    """(B,) bool: rows whose sequence ratio was truncated."""
+    seq_ratio: torch.Tensor
+    """(B,) the sequence likelihood ratio r_i = exp(sum_t log rho) (detached; the ESS's)."""
+    rs_rows: torch.Tensor
+    """(B,) 1.0 on rows trained by their NLL (the "rs" rows that passed, `sft_strategies` rows)."""
+    selected: torch.Tensor | None = None
+    """(B,) 0/1 rows `aggregate` counts ("rs": the rows that passed); None: every row."""
+    clipped_tok: torch.Tensor | None = None
+    """(B, T) bool: tokens whose gradient the clip (or the dual clip) stopped; None: none."""
+    dual_tok: torch.Tensor | None = None
+    """(B, T) bool: tokens where the dual clip binds; None: none."""
+
+
 def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None = None) -> LossOutput:
     """The loss of one batch under `config`, with its diagnostics (see the module docstring).
     `denominator`: the aggregation count of the whole minibatch (see `aggregation_count`)."""
     mask = batch.mask.to(batch.logp.dtype)
-    logq = batch.logq.to(batch.logp.dtype)
-    n_tok = mask.sum(-1)
     proximal = config.anchor == "proximal" and config.kind != "rs"
     if proximal and batch.old_logp is None:
         raise ValueError("LossConfig.anchor='proximal' needs old_logp (the policy at the start of the update) in the batch")
 
     # 1. token log ratio, zero on padding, clamped so exp() stays finite
+    log_ratio, rho, off_log_ratio, off_weight = _token_ratios(batch, config, mask, proximal)
+    # 3. sequence ratio of each row (detached: it only scales rows, like a weight)
+    rows = _sequence_ratios(batch, config, mask, log_ratio, off_log_ratio)
+    # 2. the per-token loss of the kind: PPO clip ("ppo"), the plain ratio ("is"), one sequence
+    # ratio per row ("exit"), or the NLL of the rows that passed ("rs")
+    weighted_adv = _weighted_advantage(batch, config)
+    if config.kind == "exit":
+        per_token, rows = _exit_loss(batch, config, mask, log_ratio, weighted_adv, rows)
+    elif config.kind in ("ppo", "is"):
+        per_token, rows = _token_loss(batch, config, mask, rho, off_weight, weighted_adv, rows)
+    else:
+        per_token, rows = _rs_loss(batch, config, rows)
+
+    # 4. KL to the reference model (k3), unweighted
+    kl = torch.zeros_like(mask)
+    if config.beta > 0:
+        kl = _k3(batch, mask)
+        if config.kind == "exit":
+            per_token = per_token + config.beta * (kl * mask).sum(-1, keepdim=True)
+        else:
+            per_token = per_token + config.beta * kl
+
+    # 5. aggregation ("exit": one "token" per row holding the row's loss, summed over rows / rows)
+    if config.kind == "exit":
+        loss = aggregate(per_token, torch.ones_like(per_token), config.aggregation, denominator=denominator)
+    else:
+        loss = aggregate(per_token, mask, config.aggregation, rows=rows.selected, denominator=denominator)
+    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, rows, kl))
+
+
+def _token_ratios(batch: LossBatch, config: LossConfig, mask: torch.Tensor, proximal: bool):
+    """Step 1: (log rho against the sampling logprobs, the ratio the clip sees, the log ratio
+    step 3 judges rows by, the off-policy weight): with the proximal anchor the clip sees p_theta /
+    p_old, rows are judged by p_old / q, and each token is weighted min(p_old / q, cap)."""
+    logq = batch.logq.to(batch.logp.dtype)
     log_ratio = ((batch.logp - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if proximal:
         old = batch.old_logp.to(batch.logp.dtype)
@@ -294,13 +350,16 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
             off_weight = torch.exp(off_log_ratio).clamp(max=config.off_policy_cap)
     else:
         clip_log_ratio, off_log_ratio, off_weight = log_ratio, log_ratio.detach(), None
-    rho = torch.exp(clip_log_ratio)
+    return log_ratio, torch.exp(clip_log_ratio), off_log_ratio, off_weight
 
-    # 3. sequence ratio of each row (detached: it only scales rows, like a weight)
+
+def _sequence_ratios(batch: LossBatch, config: LossConfig, mask: torch.Tensor, log_ratio: torch.Tensor, off_log_ratio: torch.Tensor) -> _Rows:
+    """Step 3: each row's sequence ratio s (geometric mean, or the sum under `level="sum"`) and
+    what its strategy's `RatioConfig` does with it (mask, truncate, nothing)."""
     mode, low, high, use_sum = _ratio_tensors(batch.strategy, config, batch.logp)
     with torch.no_grad():
         seq_sum = off_log_ratio.sum(-1)
-        seq_log = torch.where(use_sum, seq_sum, seq_sum / n_tok.clamp(min=1.0)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        seq_log = torch.where(use_sum, seq_sum, seq_sum / mask.sum(-1).clamp(min=1.0)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         s = torch.exp(seq_log)
         masked = (mode == _MODES["mask"]) & ((s < low) | (s > high))
         truncated = (mode == _MODES["truncate"]) & (s > high)
@@ -310,96 +369,95 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
         # the effective sample size is about the whole sequence's likelihood ratio, whatever
         # level the mask/truncate decision uses
         seq_ratio = torch.exp(log_ratio.detach().sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return _Rows(row_factor=row_factor, masked=masked, truncated=truncated, seq_ratio=seq_ratio, rs_rows=torch.zeros_like(s))
 
+
+def _weighted_advantage(batch: LossBatch, config: LossConfig) -> torch.Tensor:
+    """(B, 1) A w: the advantage (negative ones scaled by `negative_weight`) times the sample weight."""
     adv = batch.advantage.to(batch.logp.dtype)
     if config.negative_weight != 1.0:
         adv = torch.where(adv < 0, adv * config.negative_weight, adv)
-    weighted_adv = (adv * batch.sample_weight.to(batch.logp.dtype))[:, None]
-    clipped_tok = torch.zeros_like(mask, dtype=torch.bool)
-    dual_tok = torch.zeros_like(mask, dtype=torch.bool)
-    exit_rows = config.kind == "exit"
-    if exit_rows:
-        # the plan's estimator: one sequence likelihood ratio per row, r_i = exp(sum_t log rho),
-        # not detached, so d(-r A w) = -r A w * grad sum_t logp; the sum is clamped again
-        r = torch.exp(log_ratio.sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        seq_ratio = r.detach()
-        # one "token" per row holding the row's loss: summed over rows / rows (seq-mean-token-sum)
-        per_token = (-r * weighted_adv[:, 0] * row_factor)[:, None]
-        row_mask = torch.ones_like(per_token)
-        rows = None
-        rs_rows = torch.zeros_like(s)
-        if config.sft_strategies:
-            sft = torch.tensor([st in config.sft_strategies for st in batch.strategy], device=s.device)
-            if bool(sft.any()):
-                nll = -(batch.logp * mask).sum(-1) * batch.sample_weight.to(batch.logp.dtype)
-                per_token = torch.where(sft[:, None], nll[:, None], per_token)
-                rs_rows = sft.to(s.dtype)
-                masked = masked & ~sft
-                truncated = truncated & ~sft
-    elif config.kind in ("ppo", "is"):
-        if config.kind == "ppo":
-            # 2. PPO clip on the weighted advantage
-            unclipped = rho * weighted_adv
-            clipped = rho.clamp(1.0 - config.eps_low, 1.0 + config.eps_high) * weighted_adv
-            per_token = -torch.min(unclipped, clipped)
+    return (adv * batch.sample_weight.to(batch.logp.dtype))[:, None]
+
+
+def _sft_rows(batch: LossBatch, config: LossConfig, like: torch.Tensor) -> torch.Tensor | None:
+    """(B,) bool: the rows of `sft_strategies` (trained by their NLL), None when there are none."""
+    if not config.sft_strategies:
+        return None
+    sft = torch.tensor([st in config.sft_strategies for st in batch.strategy], device=like.device)
+    return sft if bool(sft.any()) else None
+
+
+def _exit_loss(batch: LossBatch, config: LossConfig, mask, log_ratio, weighted_adv, rows: _Rows) -> tuple[torch.Tensor, _Rows]:
+    """The plan's estimator: one sequence likelihood ratio per row, r_i = exp(sum_t log rho), not
+    detached, so d(-r A w) = -r A w * grad sum_t logp; the sum is clamped again. (B, 1): one
+    "token" per row holding the row's loss."""
+    r = torch.exp(log_ratio.sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    rows = replace(rows, seq_ratio=r.detach())
+    per_token = (-r * weighted_adv[:, 0] * rows.row_factor)[:, None]
+    sft = _sft_rows(batch, config, rows.row_factor)
+    if sft is not None:  # the row's NLL summed over its tokens, in the row mean
+        nll = -(batch.logp * mask).sum(-1) * batch.sample_weight.to(batch.logp.dtype)
+        per_token = torch.where(sft[:, None], nll[:, None], per_token)
+        rows = replace(rows, rs_rows=sft.to(rows.row_factor.dtype), masked=rows.masked & ~sft, truncated=rows.truncated & ~sft)
+    return per_token, rows
+
+
+def _token_loss(batch: LossBatch, config: LossConfig, mask, rho, off_weight, weighted_adv, rows: _Rows) -> tuple[torch.Tensor, _Rows]:
+    """Step 2 for "ppo" (the clip, and the dual clip) and "is" (no clip): the (B, T) per-token
+    loss, times the off-policy weight (proximal anchor) and each row's factor (step 3)."""
+    clipped_tok = dual_tok = torch.zeros_like(mask, dtype=torch.bool)
+    if config.kind == "ppo":
+        unclipped = rho * weighted_adv
+        clipped = rho.clamp(1.0 - config.eps_low, 1.0 + config.eps_high) * weighted_adv
+        per_token = -torch.min(unclipped, clipped)
+        with torch.no_grad():
+            clipped_tok = (((rho < 1.0 - config.eps_low) & (weighted_adv < 0)) | ((rho > 1.0 + config.eps_high) & (weighted_adv > 0))) & (mask > 0)
+        if config.dual_clip is not None:
+            # verl's dual clip: where A < 0, min(-A c, max(-rho A, -clip(rho) A))
+            bound = -config.dual_clip * weighted_adv
+            per_token = torch.where(weighted_adv < 0, torch.min(per_token, bound), per_token)
             with torch.no_grad():
-                clipped_tok = (((rho < 1.0 - config.eps_low) & (weighted_adv < 0)) | ((rho > 1.0 + config.eps_high) & (weighted_adv > 0))) & (mask > 0)
-            if config.dual_clip is not None:
-                # verl's dual clip: where A < 0, min(-A c, max(-rho A, -clip(rho) A))
-                bound = -config.dual_clip * weighted_adv
-                per_token = torch.where(weighted_adv < 0, torch.min(per_token, bound), per_token)
-                with torch.no_grad():
-                    dual_tok = (weighted_adv < 0) & (rho > config.dual_clip) & (mask > 0)
-                    clipped_tok = clipped_tok | dual_tok
-        else:
-            per_token = -rho * weighted_adv
-        if off_weight is not None:
-            per_token = per_token * off_weight
-        per_token = per_token * row_factor[:, None]
-        rows = None
-        rs_rows = torch.zeros_like(s)
-        if config.sft_strategies:
-            # rows without a sampling ratio in this context (relabelled replay): NLL, as "rs"
-            sft = torch.tensor([st in config.sft_strategies for st in batch.strategy], device=s.device)
-            if bool(sft.any()):
-                nll = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
-                per_token = torch.where(sft[:, None], nll, per_token)
-                rs_rows = sft.to(s.dtype)
-                clipped_tok = clipped_tok & ~sft[:, None]
-                dual_tok = dual_tok & ~sft[:, None]
-                masked = masked & ~sft
-                truncated = truncated & ~sft
+                dual_tok = (weighted_adv < 0) & (rho > config.dual_clip) & (mask > 0)
+                clipped_tok = clipped_tok | dual_tok
     else:
-        # rejection sampling: NLL of the rows that passed, weighted by their sample weight
-        reward = batch.reward.to(batch.logp.dtype)
-        rs_rows = (~torch.isnan(reward) & (reward >= config.rs_threshold)).to(batch.logp.dtype)
-        per_token = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
-        rows = rs_rows
-        masked = torch.zeros_like(masked)
-        truncated = torch.zeros_like(truncated)
-
-    # 4. KL to the reference model (k3), unweighted
-    kl = torch.zeros_like(mask)
-    if config.beta > 0:
-        if batch.ref_logp is None:
-            raise ValueError("LossConfig.beta > 0 needs ref_logp in the batch")
-        d = (batch.ref_logp.to(batch.logp.dtype) - batch.logp) * mask
-        kl = torch.exp(d) - d - 1.0
-        if exit_rows:
-            per_token = per_token + config.beta * (kl * mask).sum(-1, keepdim=True)
-        else:
-            per_token = per_token + config.beta * kl
-
-    # 5. aggregation
-    if exit_rows:
-        loss = aggregate(per_token, row_mask, config.aggregation, denominator=denominator)
-    else:
-        loss = aggregate(per_token, mask, config.aggregation, rows=rows, denominator=denominator)
-
-    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, clipped_tok, dual_tok, masked, truncated, rs_rows, seq_ratio, kl))
+        per_token = -rho * weighted_adv
+    if off_weight is not None:
+        per_token = per_token * off_weight
+    per_token = per_token * rows.row_factor[:, None]
+    sft = _sft_rows(batch, config, rows.row_factor)
+    if sft is not None:  # rows without a sampling ratio in this context (relabelled replay): NLL, as "rs"
+        nll = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
+        per_token = torch.where(sft[:, None], nll, per_token)
+        clipped_tok, dual_tok = clipped_tok & ~sft[:, None], dual_tok & ~sft[:, None]
+        rows = replace(rows, rs_rows=sft.to(rows.row_factor.dtype), masked=rows.masked & ~sft, truncated=rows.truncated & ~sft)
+    return per_token, replace(rows, clipped_tok=clipped_tok, dual_tok=dual_tok)
 
 
-def _diagnostics(batch: LossBatch, log_ratio, mask, clipped_tok, dual_tok, masked, truncated, rs_rows, seq_ratio, kl) -> LossDiagnostics:
+def _rs_loss(batch: LossBatch, config: LossConfig, rows: _Rows) -> tuple[torch.Tensor, _Rows]:
+    """Rejection sampling: the NLL of the rows that passed, weighted by their sample weight (no
+    ratio, so no mask or truncation)."""
+    reward = batch.reward.to(batch.logp.dtype)
+    rs_rows = (~torch.isnan(reward) & (reward >= config.rs_threshold)).to(batch.logp.dtype)
+    per_token = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
+    return per_token, replace(
+        rows, rs_rows=rs_rows, selected=rs_rows, masked=torch.zeros_like(rows.masked), truncated=torch.zeros_like(rows.truncated)
+    )
+
+
+def _k3(batch: LossBatch, mask: torch.Tensor) -> torch.Tensor:
+    """Step 4: (B, T) the k3 estimate of KL(p_train || p_ref) per token."""
+    if batch.ref_logp is None:
+        raise ValueError("LossConfig.beta > 0 needs ref_logp in the batch")
+    d = (batch.ref_logp.to(batch.logp.dtype) - batch.logp) * mask
+    return torch.exp(d) - d - 1.0
+
+
+def _diagnostics(batch: LossBatch, log_ratio, mask, rows: _Rows, kl) -> LossDiagnostics:
+    none = torch.zeros_like(mask, dtype=torch.bool)
+    clipped_tok = none if rows.clipped_tok is None else rows.clipped_tok
+    dual_tok = none if rows.dual_tok is None else rows.dual_tok
+    masked, truncated, rs_rows, seq_ratio = rows.masked, rows.truncated, rows.rs_rows, rows.seq_ratio
     with torch.no_grad():
         cols = torch.stack(
             [

@@ -182,6 +182,42 @@ def build_training_view(
     `strategies` maps a strategy id (the `strategy` column) to its Strategy object. The view has
     the `training_view` schema, rows in input order; its `ViewStats` are also kept in the schema
     metadata (key `maxit.view_stats`)."""
+    table, n_relabeled = _view_input(advantages, strategies, config)
+    keep, sampled, counts = _rows_to_keep(table, strategies, config)
+    contexts = _training_contexts(table, keep, strategies, tokenizer, config)
+    keep &= ~contexts.too_long
+    weight = table.column("sample_weight").to_numpy(zero_copy_only=False).astype(np.float64)
+    if config.strategy_weights is not None:
+        weight = _stratified_weights(table, weight, keep, sampled, config.strategy_weights)
+    kept = table.filter(pa.array(keep))
+    view = _view_table(kept, contexts, weight[keep])
+    if config.balance_verdicts:
+        view, info = balance_weights(view, kept.column("verdict").to_pylist())
+        log.info("verifier verdict balance: %s", {str(k): f"{n} rows x {sc:.3f}" for k, (n, sc) in info.items()})
+    by_strategy: dict[str, int] = {}
+    for s in view.column("strategy").to_pylist():
+        by_strategy[s] = by_strategy.get(s, 0) + 1
+    stats = ViewStats(
+        n_input=table.num_rows,
+        n_rows=view.num_rows,
+        n_too_long=int(contexts.too_long.sum()),
+        n_context_swapped=int(sum(contexts.swapped)),
+        n_rerendered=contexts.n_rerendered,
+        n_relabeled=n_relabeled,
+        by_strategy=by_strategy,
+        **counts,
+    )
+    meta = {STATS_METADATA_KEY: json.dumps(asdict(stats)).encode()}
+    view = view.replace_schema_metadata(meta)
+    validate(view, TRAINING_VIEW)
+    log.info("training view: %s", stats)
+    return view, stats
+
+
+def _view_input(advantages, strategies: Mapping[str, object], config: ViewConfig) -> tuple[pa.Table, int]:
+    """The advantages table checked (schema, the columns `config` needs, token ids against their
+    logprobs, finite values, a strategy object for every strategy id) and cut to the columns the
+    view reads, the Verifier's verdicts relabelled under `relabel_verdicts`; and how many were."""
     table = to_arrow(advantages)
     validate(table, VIEW_INPUT)
     use_verdict = config.balance_verdicts or config.relabel_verdicts
@@ -192,20 +228,25 @@ def build_training_view(
         _check_reward_is_local(table)
     columns = list(INPUT_COLUMNS) + (["verdict"] if use_verdict else [])
     table = table.select(columns).combine_chunks()
-    n = table.num_rows
     _check_lengths(table, "completion_ids", "completion_logprobs")
     n_relabeled = 0
     if config.relabel_verdicts:
         table, n_relabeled = relabel_verdicts(table)
     for col in ("advantage", "sample_weight", "reward"):
         _check_finite(table, col)
-
     strat_col = table.column("strategy").to_pylist()
     unknown = sorted(set(strat_col) - set(strategies))
     if unknown:
         bad = np.array([s in unknown for s in strat_col])
         raise ConfigError(f"no strategy object for strategy id(s) {unknown} (step_id {_ids(table, bad)}); known: {sorted(strategies)}")
+    return table, n_relabeled
 
+
+def _rows_to_keep(table: pa.Table, strategies: Mapping[str, object], config: ViewConfig) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """(the rows that enter the view before the length check, the rows the stratified weights
+    count as sampled, the `ViewStats` count of each reason a row was dropped)."""
+    n = table.num_rows
+    strat_col = table.column("strategy").to_pylist()
     active = table.column("active").to_numpy(zero_copy_only=False).astype(bool)
     has_reward = ~np.asarray(table.column("reward").is_null().to_numpy(zero_copy_only=False), dtype=bool)
     turns = table.column("turn").to_numpy(zero_copy_only=False)
@@ -242,37 +283,47 @@ def build_training_view(
             # the stratified weights' n_s counts what a strategy sampled for a policy to train,
             # before the advantage and reward filters (degenerate groups must not shift the mix)
             sampled = keep.copy()
+    return keep, sampled, counts
 
-    # the context swap: rebuild each kept row's training context through its strategy
+
+@dataclass(frozen=True)
+class _Contexts:
+    """The training contexts of the kept rows (`_training_contexts`)."""
+
+    train_prompts: list[list[int]]
+    """Training prompt ids of each kept row that fits `max_length`, in table order."""
+    swapped: list[bool]
+    """Per such row: its training prompt differs from the sampling prompt."""
+    n_rerendered: int
+    """Rows whose training context was rendered anew."""
+    too_long: np.ndarray
+    """Per input row: dropped because training prompt + completion exceed `max_length`."""
+
+
+def _training_contexts(table: pa.Table, keep: np.ndarray, strategies: Mapping[str, object], tokenizer, config: ViewConfig) -> _Contexts:
+    """The context swap: each kept row's training context rebuilt through its strategy (the
+    stored `prompt_ids` reused where the messages are unchanged), rows then too long dropped."""
+    strat_col = table.column("strategy").to_pylist()
+    turns = table.column("turn").to_numpy(zero_copy_only=False)
+    agents = table.column("agent_id").to_pylist()
     messages_col = table.column("sampling_messages")
     prompt_col = table.column("prompt_ids")
+    step_ids = table.column("step_id").to_pylist()
     n_completion = pc.list_value_length(table.column("completion_ids")).to_numpy(zero_copy_only=False)
     train_prompts: list[list[int]] = []
     swapped: list[bool] = []
     n_rerendered = 0
-    too_long = np.zeros(n, dtype=bool)
-    kept_idx = np.flatnonzero(keep)
-    for i in kept_idx:
-        i = int(i)
+    too_long = np.zeros(table.num_rows, dtype=bool)
+    for i in np.flatnonzero(keep):
+        i, step_id = int(i), step_ids[int(i)]
         sampling = messages_col[i].as_py()
-        strategy = strategies[strat_col[i]]
         try:
-            training = strategy.training_messages(sampling, int(turns[i]), agents[i])
+            training = strategies[strat_col[i]].training_messages(sampling, int(turns[i]), agents[i])
         except DataError as err:
-            raise DataError(f"training context of step_id {table.column('step_id')[i].as_py()!r} (strategy {strat_col[i]!r}): {err}") from None
+            raise DataError(f"training context of step_id {step_id!r} (strategy {strat_col[i]!r}): {err}") from None
         stored = prompt_col[i].as_py()
-        if [(m["role"], m["content"]) for m in training] == [(m["role"], m["content"]) for m in sampling]:
-            ids = stored
-            if config.check_identity_render:
-                rendered = encode_prompt(tokenizer, training)
-                if rendered != stored:
-                    raise DataError(
-                        f"re-rendering the sampling messages of step_id {table.column('step_id')[i].as_py()!r} gives "
-                        f"prompt ids that differ from 'prompt_ids': the tokenizer or chat template is not the sampling one"
-                    )
-        else:
-            ids = encode_prompt(tokenizer, training)
-            n_rerendered += 1
+        ids, rerendered = _training_prompt(training, sampling, stored, tokenizer, config, step_id)
+        n_rerendered += rerendered
         if config.max_length is not None and len(ids) + int(n_completion[i]) > config.max_length:
             too_long[i] = True
             continue
@@ -283,52 +334,44 @@ def build_training_view(
             "training view: dropped %d row(s) longer than max_length=%d (step_id %s)",
             int(too_long.sum()), config.max_length, _ids(table, too_long),
         )
-    keep &= ~too_long
+    return _Contexts(train_prompts=train_prompts, swapped=swapped, n_rerendered=n_rerendered, too_long=too_long)
 
-    weight = weight.astype(np.float64)
-    if config.strategy_weights is not None:
-        weight = _stratified_weights(table, weight, keep, sampled, config.strategy_weights)
-    kept = table.filter(pa.array(keep))
+
+def _training_prompt(training, sampling, stored: list[int], tokenizer, config: ViewConfig, step_id) -> tuple[list[int], bool]:
+    """(the prompt ids of the `training` messages, whether they were rendered anew): the stored
+    sampling prompt when the messages are the sampling ones (checked by rendering them under
+    `check_identity_render`), else the messages rendered with the chat template."""
+    if [(m["role"], m["content"]) for m in training] != [(m["role"], m["content"]) for m in sampling]:
+        return encode_prompt(tokenizer, training), True
+    if config.check_identity_render and encode_prompt(tokenizer, training) != stored:
+        raise DataError(
+            f"re-rendering the sampling messages of step_id {step_id!r} gives "
+            f"prompt ids that differ from 'prompt_ids': the tokenizer or chat template is not the sampling one"
+        )
+    return stored, False
+
+
+def _view_table(kept: pa.Table, contexts: _Contexts, weight: np.ndarray) -> pa.Table:
+    """The view's columns of the `kept` rows, their training prompts and sample weights."""
     view = pa.table(
         {
             "step_id": kept.column("step_id"),
             "policy_id": kept.column("policy_id"),
             "agent_id": kept.column("agent_id"),
             "strategy": kept.column("strategy"),
-            "train_prompt_ids": pa.array(train_prompts, type=pa.list_(pa.int32())),
+            "train_prompt_ids": pa.array(contexts.train_prompts, type=pa.list_(pa.int32())),
             "completion_ids": kept.column("completion_ids").cast(pa.list_(pa.int32())),
             "sampling_logprobs": kept.column("completion_logprobs").cast(pa.list_(pa.float32())),
             "advantage": kept.column("advantage"),
-            "sample_weight": pa.array(weight[keep], type=pa.float64()),
+            "sample_weight": pa.array(weight, type=pa.float64()),
             "reward": kept.column("reward"),
-            "context_swapped": pa.array(swapped, type=pa.bool_()),
+            "context_swapped": pa.array(contexts.swapped, type=pa.bool_()),
             "round": kept.column("round"),
             "turn": kept.column("turn"),
             "temperature": kept.column("temperature"),
         }
     )
-    view = view.cast(TRAINING_VIEW.schema)
-    if config.balance_verdicts:
-        view, info = balance_weights(view, kept.column("verdict").to_pylist())
-        log.info("verifier verdict balance: %s", {str(k): f"{n} rows x {sc:.3f}" for k, (n, sc) in info.items()})
-    by_strategy: dict[str, int] = {}
-    for s in view.column("strategy").to_pylist():
-        by_strategy[s] = by_strategy.get(s, 0) + 1
-    stats = ViewStats(
-        n_input=n,
-        n_rows=view.num_rows,
-        n_too_long=int(too_long.sum()),
-        n_context_swapped=int(sum(swapped)),
-        n_rerendered=n_rerendered,
-        n_relabeled=n_relabeled,
-        by_strategy=by_strategy,
-        **counts,
-    )
-    meta = {STATS_METADATA_KEY: json.dumps(asdict(stats)).encode()}
-    view = view.replace_schema_metadata(meta)
-    validate(view, TRAINING_VIEW)
-    log.info("training view: %s", stats)
-    return view, stats
+    return view.cast(TRAINING_VIEW.schema)
 
 
 def check_verdict_training(task, config: ViewConfig) -> None:

@@ -1,23 +1,19 @@
 """Models: loading any local Hugging Face model directory with a chat template (never from a
 hub), LoRA checkpoints over a local base, and building small models in code (`build.py`,
-`tokenizer.py`; the embedded models of the built-in workflows are built and warm-started beside
-their workflows, e.g. `pipeline.workflows.math.model`).
+`tokenizer.py`, `sft.py`; the embedded models of the built-in workflows are built and
+warm-started beside their workflows, e.g. `pipeline.workflows.math.model`).
 
 - `load_tokenizer(model_dir)`, `load_model(model_dir, dtype=torch.float32)`: any local model dir,
-  or a LoRA checkpoint (a peft adapter folder on a local base model: `adapter_base`).
-- `default_cache_dir()`: where built models are cached.
+  or a LoRA checkpoint (a peft adapter folder on a local base model: `adapter_base`) (`loading.py`).
+- `default_cache_dir()`: where built models are cached (`pipeline.store.cache_root`).
+- `cached_build(...)`: a model built in code once, under its settings' hash, then reused.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
-from pipeline.errors import ConfigError
-
-from .build import ModelConfig, build_untrained_model, count_parameters, weights_hash
+from .build import BUILD_INFO, ModelConfig, build_info, build_untrained_model, cached_build, count_parameters, default_cache_dir, weights_hash
 from .chat import encode_prompt, prompt_hash
+from .loading import ADAPTER_CONFIG, adapter_base, load_model, load_tokenizer
 from .tokenizer import TokenizerConfig
 
 __all__ = [
@@ -31,84 +27,9 @@ __all__ = [
     "weights_hash",
     "count_parameters",
     "build_untrained_model",
+    "cached_build",
     "encode_prompt",
     "prompt_hash",
     "BUILD_INFO",
     "build_info",
 ]
-
-BUILD_INFO = "maxit_build.json"
-"""File in a model dir built in code: the build settings, the warm start's record, held-out accuracies."""
-
-
-def default_cache_dir() -> Path:
-    """$MAXIT_CACHE_DIR, else ./.cache/maxit (relative to the working directory)."""
-    return Path(os.environ.get("MAXIT_CACHE_DIR") or Path.cwd() / ".cache" / "maxit").resolve()
-
-
-def load_tokenizer(model_dir: str | Path):
-    """The tokenizer of a local model dir (never downloads); it must have a chat template."""
-    from transformers import AutoTokenizer
-
-    model_dir = _local_dir(model_dir)
-    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    if not tok.chat_template:
-        raise ConfigError(f"model_dir {model_dir} has no chat template; maxit renders every prompt with one")
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def load_model(model_dir: str | Path, dtype=None):
-    """The causal LM of a local model dir (never downloads), in `dtype` (default float32), eval
-    mode. A LoRA checkpoint is loaded as its base model with the adapter merged in."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model_dir = _local_dir(model_dir)
-    base = adapter_base(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(base or model_dir), dtype=dtype or torch.float32, local_files_only=True
-    )
-    if base is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(model_dir)).merge_and_unload()
-    return model.eval()
-
-
-ADAPTER_CONFIG = "adapter_config.json"
-"""The file that makes a folder a LoRA checkpoint (peft's adapter config)."""
-
-
-def adapter_base(model_dir: str | Path) -> Path | None:
-    """The base model folder of a LoRA checkpoint (a folder with peft's `adapter_config.json`,
-    whose `base_model_name_or_path` names a local model folder), or None for a full model."""
-    path = Path(model_dir)
-    config_file = path / ADAPTER_CONFIG
-    if not config_file.is_file():
-        return None
-    try:
-        base = json.loads(config_file.read_text(encoding="utf-8")).get("base_model_name_or_path")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"LoRA checkpoint {path}: {ADAPTER_CONFIG} is not readable JSON ({err})") from None
-    if not base:
-        raise ConfigError(f"LoRA checkpoint {path}: {ADAPTER_CONFIG} names no base_model_name_or_path")
-    base = Path(base)
-    if not base.is_absolute():
-        base = (path / base).resolve()
-    if not (base / "config.json").is_file():
-        raise ConfigError(f"LoRA checkpoint {path}: its base model folder {base} ({ADAPTER_CONFIG}'s base_model_name_or_path) has no config.json")
-    return base
-
-
-def _local_dir(model_dir: str | Path) -> Path:
-    p = Path(model_dir)
-    if not (p / "config.json").is_file() and not (p / ADAPTER_CONFIG).is_file():
-        raise ConfigError(f"model_dir {str(model_dir)!r} is not a local model directory (no config.json)")
-    return p
-
-
-def build_info(model_dir: str | Path) -> dict:
-    """The record a build in code wrote beside its model (`BUILD_INFO`)."""
-    return json.loads((Path(model_dir) / BUILD_INFO).read_text())

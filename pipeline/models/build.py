@@ -1,12 +1,16 @@
 """Building a small model in code: a Llama with random weights over a tokenizer trained in code, saved as a Hugging Face model directory (safetensors, fp32,
-`generation_config.json` with eos/pad) that transformers, TRL and vLLM all load.
+`generation_config.json` with eos/pad) that transformers, TRL and vLLM all load; and the cache of
+such builds (`cached_build`: one folder per hash of the build's settings, built once, atomically).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from pipeline.errors import ConfigError
 
@@ -15,9 +19,18 @@ from .tokenizer import TokenizerConfig
 __all__ = [
     "ModelConfig",
     "build_untrained_model",
+    "untrained_model",
     "weights_hash",
     "count_parameters",
+    "BUILD_INFO",
+    "build_info",
+    "default_cache_dir",
+    "settings_key",
+    "cached_build",
 ]
+
+BUILD_INFO = "maxit_build.json"
+"""File in a model dir built in code: the build settings, the warm start's record, held-out accuracies."""
 
 
 @dataclass(frozen=True)
@@ -111,3 +124,61 @@ def weights_hash(model_dir: str | Path, length: int = 12) -> str:
 
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def untrained_model(config: ModelConfig, tokenizer, out_dir: str | Path):
+    """(tokenizer, model) of `build_untrained_model(config, tokenizer, out_dir)`, loaded back from
+    `out_dir` as every later user of the folder loads it."""
+    from .loading import load_model, load_tokenizer
+
+    build_untrained_model(config, tokenizer, out_dir)
+    return load_tokenizer(out_dir), load_model(out_dir)
+
+
+def build_info(model_dir: str | Path) -> dict:
+    """The record a build in code wrote beside its model (`BUILD_INFO`)."""
+    return json.loads((Path(model_dir) / BUILD_INFO).read_text())
+
+
+def default_cache_dir() -> Path:
+    """Where built models are cached: the project's cache folder (`pipeline.store.cache_root`)."""
+    from pipeline.store import cache_root
+
+    return cache_root()
+
+
+def settings_key(settings: Mapping[str, Any]) -> str:
+    """The cache key of a build: a short hash of its settings as sorted JSON. It hashes settings,
+    not code: a change to the build code that changes what it produces must change a setting
+    (each build's version number), or old cached models are reused."""
+    return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=6).hexdigest()
+
+
+def cached_build(
+    cache_dir: str | Path | None,
+    name: str,
+    settings: Mapping[str, Any],
+    build: Callable[[Path], dict],
+    *,
+    what: str,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """The model folder `<cache_dir>/models/<name>-<settings_key(settings)>` (`cache_dir` None:
+    `default_cache_dir()`): reused when a build wrote its `BUILD_INFO` there (unless `force`),
+    else built by `build(folder)`, which writes the model into the folder and returns its build
+    record; the record, with the build's `seconds`, is written as `BUILD_INFO` last, and the
+    folder is renamed into place (`pipeline.store.atomic_dir`: a failed build leaves nothing)."""
+    from pipeline.store import atomic_dir, atomic_write_text
+
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    out = cache / "models" / f"{name}-{settings_key(settings)}"
+    if (out / BUILD_INFO).is_file() and not force:
+        return out
+    t0 = time.perf_counter()
+    log(f"building {what} in {out}")
+    with atomic_dir(out) as tmp:
+        info = build(tmp)
+        info["seconds"] = time.perf_counter() - t0
+        atomic_write_text(tmp / BUILD_INFO, json.dumps(info, indent=2))
+    return out

@@ -110,9 +110,6 @@ def import_gguf(path: str | Path, out: str | Path, chat_template: str | Path | N
     mistake). Errors: `ConfigError` for a missing file, a missing `gguf` package or a taken
     `out`; `DataError` for a file that is not a GGUF, cannot be parsed, has an architecture
     transformers cannot load, or has no chat template when none is given."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
     from pipeline.store import atomic_dir, atomic_write_text
 
     src = Path(path).expanduser().resolve()
@@ -120,24 +117,62 @@ def import_gguf(path: str | Path, out: str | Path, chat_template: str | Path | N
     _check_gguf_file(src)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ConfigError(f"model import: --out {out} exists and is not empty (choose another folder, or --force to replace it)")
-    template_text = None
-    if chat_template is not None:
-        tpath = Path(chat_template)
-        if not tpath.is_file():
-            raise ConfigError(f"model import: --chat-template {str(tpath)!r} is not a file")
-        template_text = tpath.read_text(encoding="utf-8")
-        if not template_text.strip():
-            raise DataError(f"model import: --chat-template {tpath} is empty")
+    template_text = _read_template(chat_template)
     summary = _gguf_summary(src)
+    tokenizer, gguf_config = _load_tokenizer_and_config(src, summary)
+    template_source = _set_chat_template(tokenizer, template_text, chat_template, src)
+    model = _float32_model(src, gguf_config)
+    generation, eos_ids = _generation_config(tokenizer)
+    n_params = sum(p.numel() for p in model.parameters())
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        generation.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        info = {
+            "source": src.name,
+            "source_bytes": src.stat().st_size,
+            "source_sha256": _sha256(src),
+            "gguf": summary,
+            "model_type": model.config.model_type,
+            "parameters": n_params,
+            "dtype": "float32",
+            "chat_template": template_source,
+            "eos_token_ids": eos_ids,
+        }
+        atomic_write_text(Path(tmp) / IMPORT_INFO, json.dumps(info, indent=2) + "\n")
+    return ImportResult(model_dir=out, architecture=model.config.model_type, parameters=n_params, chat_template_source=template_source)
 
-    folder, name = str(src.parent), src.name
+
+def _read_template(chat_template: str | Path | None) -> str | None:
+    """The text of the Jinja file `chat_template` (None: none given); a missing or empty file is named."""
+    if chat_template is None:
+        return None
+    tpath = Path(chat_template)
+    if not tpath.is_file():
+        raise ConfigError(f"model import: --chat-template {str(tpath)!r} is not a file")
+    text = tpath.read_text(encoding="utf-8")
+    if not text.strip():
+        raise DataError(f"model import: --chat-template {tpath} is empty")
+    return text
+
+
+def _load_tokenizer_and_config(src: Path, summary: dict):
+    """(tokenizer, config) of the GGUF file `src` through transformers' GGUF loader."""
+    from transformers import AutoConfig, AutoTokenizer
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-        gguf_config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name, local_files_only=True)
+        gguf_config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name, local_files_only=True)
     except (ValueError, KeyError, NotImplementedError, RuntimeError) as exc:
         raise DataError(
             f"model import: transformers cannot load {src} (architecture {summary['architecture']!r}): {type(exc).__name__}: {exc}"
         ) from None
+    return tokenizer, gguf_config
+
+
+def _set_chat_template(tokenizer, template_text: str | None, chat_template: str | Path | None, src: Path) -> str:
+    """Give `tokenizer` the template given (it wins over the GGUF's), check it has one, an EOS
+    token and a pad token (the EOS when it has none); returns where the template came from."""
     if template_text is not None:
         tokenizer.chat_template = template_text
         template_source = str(Path(chat_template).resolve())
@@ -152,9 +187,17 @@ def import_gguf(path: str | Path, out: str | Path, chat_template: str | Path | N
         raise DataError(f"model import: the tokenizer of {src} has no end-of-sequence token")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return template_source
+
+
+def _float32_model(src: Path, gguf_config):
+    """The GGUF's model dequantised to float32, as a fresh model of its config without the
+    `quantization_config` (transformers refuses `save_pretrained` on the model it loaded)."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
+        loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32, local_files_only=True)
     except (ValueError, KeyError, NotImplementedError, RuntimeError) as exc:
         raise DataError(f"model import: the weights of {src} cannot be loaded: {type(exc).__name__}: {exc}") from None
     config_dict = loaded.config.to_dict()
@@ -170,8 +213,13 @@ def import_gguf(path: str | Path, out: str | Path, chat_template: str | Path | N
         raise DataError(f"model import: the weights of {src} do not fit its config: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if config.tie_word_embeddings:
         model.tie_weights()
-    model.eval()
-    del loaded
+    return model.eval()
+
+
+def _generation_config(tokenizer):
+    """(the generation config, its end-of-sequence ids): the tokenizer's EOS and, when the
+    template uses ChatML, `<|im_end|>` (the token that ends an assistant turn)."""
+    from transformers import GenerationConfig
 
     eos_ids = [int(tokenizer.eos_token_id)]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in (tokenizer.chat_template or "") else None
@@ -182,21 +230,4 @@ def import_gguf(path: str | Path, out: str | Path, chat_template: str | Path | N
         eos_token_id=eos_ids if len(eos_ids) > 1 else eos_ids[0],
         pad_token_id=tokenizer.pad_token_id,
     )
-    n_params = sum(p.numel() for p in model.parameters())
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        generation.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        info = {
-            "source": name,
-            "source_bytes": src.stat().st_size,
-            "source_sha256": _sha256(src),
-            "gguf": summary,
-            "model_type": config.model_type,
-            "parameters": n_params,
-            "dtype": "float32",
-            "chat_template": template_source,
-            "eos_token_ids": eos_ids,
-        }
-        atomic_write_text(Path(tmp) / IMPORT_INFO, json.dumps(info, indent=2) + "\n")
-    return ImportResult(model_dir=out, architecture=config.model_type, parameters=n_params, chat_template_source=template_source)
+    return generation, eos_ids

@@ -12,11 +12,9 @@ warm-started in code (no download), cached under `<cache>/models/grid-<hash of t
   given a proposal. The first `clean_steps` train on right moves only (the skill); after them a
   share `noise` of the targets is wrong on purpose (the planner: a random letter; the mover: the
   proposal followed half the time, else a random letter), so sampling at T=1 is imperfect while
-  the greedy move is mostly right: the base team solves about a third of the held-out puzzles at
-  T=1 (57.5% greedy), and rejection sampling on the right moves has room to sharpen it (+34.8
-  points in five rounds at seed 0: docs/results/grid.md). Fixed step count, one torch thread,
-  deterministic from the seed.
-- `grid_model()` builds once (224 s on the shared 2-core machine), then reuses the cached build;
+  the greedy move is mostly right, and rejection sampling on the right moves has room to sharpen
+  it (docs/results/grid.md). Fixed step count, one torch thread, deterministic from the seed.
+- `grid_model()` builds once (minutes: docs/results/grid.md), then reuses the cached build;
   the build writes `maxit_build.json` with its settings, the SFT record and the held-out team
   success it measured (`play`: the team at T=1 and greedy on held-out puzzles with transformers'
   sampling).
@@ -24,8 +22,6 @@ warm-started in code (no download), cached under `<cache>/models/grid-<hash of t
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import random
 import time
@@ -36,7 +32,7 @@ from typing import Callable, Sequence
 from pipeline.errors import ConfigError
 from pipeline.types import Message
 
-from pipeline.models.build import ModelConfig, build_untrained_model, count_parameters
+from pipeline.models.build import ModelConfig, cached_build, count_parameters, settings_key, untrained_model
 
 __all__ = ["GridGame", "GridWarmStartConfig", "build_grid_tokenizer", "grid_sft_examples", "grid_model", "build_grid_model", "play", "GRID_BUILD_VERSION"]
 
@@ -65,8 +61,8 @@ class GridWarmStartConfig:
     clean_steps: int = 300
     """The first steps train on right targets only (the skill: reading the maze); the steps after
     them mix in `noise` (how often the model samples a wrong move at T=1). Trained noisy from the
-    start, the 1M model's onset came hundreds of steps later, at a step that varied with the data
-    seed; clean first, it reads mazes within ~150 steps and learns the noise within ~50."""
+    start, the 1M model's onset came late, at a step that varied with the data seed; clean first,
+    it learns to read mazes early and the noise soon after (docs/results/grid.md)."""
     batch_size: int = 128
     lr: float = 3e-3
     """Peak AdamW learning rate (linear warmup, then cosine to `lr_final`)."""
@@ -85,9 +81,9 @@ class GridWarmStartConfig:
     seed: int = 0
     threads: int | None = 1
     """torch threads of the build (restored afterwards; None: leave torch's setting); not part of
-    the build's key. One thread: on the 2-core machine shared with other jobs a step took 0.75 s
-    on one thread against 2-5 s on two (two threads spin-waiting for each other on a loaded
-    machine), and a result that does not depend on the machine's core count."""
+    the build's key. One thread: two threads spin-wait for each other on a machine whose cores
+    other jobs share, several times slower (docs/results/grid.md), and one thread gives a result
+    that does not depend on the machine's core count."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1:
@@ -210,34 +206,17 @@ def play(model, tokenizer, puzzles: Sequence, temperature: float = 1.0, samples:
     """The team (planner then mover, one shared model) on `puzzles`, `samples` episodes each,
     sampled with transformers (plain temperature distribution; 0 = greedy) exactly as the
     workflow's environment plays them: team success and each agent's share of optimal moves."""
-    import torch
-
+    from pipeline.models.sft import encode_messages_fast, generate_texts, seeded_sampling
     from pipeline.workflows.grid.game import GridEnv, MOVER, PLANNER
-
-    from pipeline.models.sft import encode_messages_fast
 
     envs = [GridEnv(p, p.shortest + slack) for p in puzzles for _ in range(samples)]
     good = {PLANNER: [0, 0], MOVER: [0, 0]}
-    was_training = model.training
-    model.eval()
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
+    with seeded_sampling(model, seed):
         live = list(envs)
         while live:
             for agent in (PLANNER, MOVER):
                 prompts = [pr for pr, _ in encode_messages_fast(tokenizer, [(e.observe(agent), "") for e in live])]
-                texts: list[str] = []
-                for start in range(0, len(prompts), batch_size):
-                    chunk = prompts[start : start + batch_size]
-                    L = max(len(p) for p in chunk)
-                    ids = torch.full((len(chunk), L), tokenizer.pad_token_id, dtype=torch.long)
-                    mask = torch.zeros_like(ids)
-                    for j, p in enumerate(chunk):
-                        ids[j, L - len(p) :] = torch.tensor(p)
-                        mask[j, L - len(p) :] = 1
-                    kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
-                    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kw)
-                    texts += tokenizer.batch_decode(out[:, L:], skip_special_tokens=True)
+                texts = generate_texts(model, tokenizer, prompts, temperature, 4, batch_size)
                 still = []
                 for e, text in zip(live, texts):
                     res = e.step(agent, text)
@@ -246,7 +225,6 @@ def play(model, tokenizer, puzzles: Sequence, temperature: float = 1.0, samples:
                     if not res.done:
                         still.append(e)
                 live = still
-    model.train(was_training)
     return {
         "success": sum(e.team_reward() for e in envs) / len(envs),
         "planner_optimal": good[PLANNER][0] / max(1, good[PLANNER][1]),
@@ -261,13 +239,11 @@ def grid_warm_start(model, tokenizer, game: GridGame, config: GridWarmStartConfi
     """Train `model` in place by SFT on the game's prompts for `config.steps` steps."""
     import torch
 
-    from pipeline.models.sft import FastEncoder, batch_tensors
+    from pipeline.models.sft import FastEncoder, sft_steps
 
     torch.manual_seed(config.seed)
     rng = random.Random(f"grid-warm-start:{config.seed}")
-    enc = FastEncoder(tokenizer)
-    enc.check(grid_sft_examples(random.Random(0), 16, game, config))
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    FastEncoder(tokenizer).check(grid_sft_examples(random.Random(0), 16, game, config))
 
     def lr_at(s: int) -> float:
         if s < config.warmup_steps:
@@ -276,30 +252,15 @@ def grid_warm_start(model, tokenizer, game: GridGame, config: GridWarmStartConfi
         low = config.lr_final / config.lr
         return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     clean = replace(config, noise=0.0, hint_noise=0.0)
-    model.train()
+
+    def examples(step: int):
+        return grid_sft_examples(rng, config.batch_size, game, clean if step <= config.clean_steps else config)
+
     t0 = time.perf_counter()
     loss_avg = math.nan
-    for step in range(1, config.steps + 1):
-        pairs = enc.encode(grid_sft_examples(rng, config.batch_size, game, clean if step <= config.clean_steps else config))
-        pairs.sort(key=lambda pc: len(pc[0]) + len(pc[1]))
-        n_tokens = sum(len(c) for _, c in pairs)
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        # two length buckets (plain and hinted prompts) cut the padding
-        for part in (pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]):
-            if not part:
-                continue
-            ids, labels = batch_tensors(part, tokenizer.pad_token_id)
-            logits = model(input_ids=ids).logits[:, :-1]
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum") / n_tokens
-            loss.backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_avg = total if math.isnan(loss_avg) else 0.95 * loss_avg + 0.05 * total
+    for step, loss in sft_steps(model, tokenizer, examples, steps=config.steps, lr=config.lr, lr_lambda=lr_at):
+        loss_avg = loss if math.isnan(loss_avg) else 0.95 * loss_avg + 0.05 * loss
         if step % 50 == 0 or step == config.steps:
             log(f"grid warm start: step {step:4d}/{config.steps}  loss {loss_avg:.3f}  {time.perf_counter() - t0:5.1f}s")
     model.eval()
@@ -308,22 +269,23 @@ def grid_warm_start(model, tokenizer, game: GridGame, config: GridWarmStartConfi
 
 # -- build and cache ---------------------------------------------------------------------------
 
-BUILD_INFO = "maxit_build.json"
-
-
-def _key(model_config: ModelConfig, game: GridGame, warm: GridWarmStartConfig) -> str:
+def _build_settings(model_config: ModelConfig, game: GridGame, warm: GridWarmStartConfig) -> dict:
+    """What the grid model's cache key hashes (`pipeline.models.build.settings_key`)."""
     from pipeline.workflows.grid.game import MOVER_PREFIX, NO_PLAN, PLANNER_PREFIX
 
     warm_settings = asdict(warm)
     warm_settings.pop("threads", None)
-    settings = {
+    return {
         "version": GRID_BUILD_VERSION,
         "model": asdict(model_config),
         "game": asdict(game),
         "warm_start": warm_settings,
         "prompts": [PLANNER_PREFIX, MOVER_PREFIX, NO_PLAN],
     }
-    return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=6).hexdigest()
+
+
+def _key(model_config: ModelConfig, game: GridGame, warm: GridWarmStartConfig) -> str:
+    return settings_key(_build_settings(model_config, game, warm))
 
 
 def build_grid_model(
@@ -338,32 +300,21 @@ def build_grid_model(
     """Build the grid model (tokenizer, random Llama, warm start), measure its held-out team
     success (`measure`), and save it atomically under `<cache>/models/grid-<hash>`; an existing
     build of the same settings is reused unless `force`. Returns the model dir."""
-    import torch
-
-    from pipeline.store import atomic_dir, atomic_write_text
-    from pipeline.workflows.grid.game import generate_puzzles
-
-    from pipeline.models import default_cache_dir, load_model, load_tokenizer
-
     model_config = model_config or ModelConfig(seed=warm.seed)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    out = cache / "models" / f"grid-{_key(model_config, game, warm)}"
-    if (out / BUILD_INFO).is_file() and not force:
-        return out
-    t0 = time.perf_counter()
-    log(f"building the grid model in {out}")
-    with atomic_dir(out) as tmp:
-        tok = build_grid_tokenizer(model_config.max_position_embeddings)
-        build_untrained_model(model_config, tok, tmp)
-        tok, model = load_tokenizer(tmp), load_model(tmp)
+
+    def build(folder: Path) -> dict:
+        import torch
+
+        t0 = time.perf_counter()
+        tok, model = untrained_model(model_config, build_grid_tokenizer(model_config.max_position_embeddings), folder)
         log(f"grid model: {len(tok)} tokens, Llama {model_config.num_layers}x{model_config.hidden_size}, {count_parameters(model) / 1e6:.2f}M parameters")
         threads = torch.get_num_threads()
         if warm.threads:
             torch.set_num_threads(warm.threads)
-        try:
+        try:  # the held-out measurement too runs on the build's threads
             with torch.random.fork_rng(devices=[]):
                 record = grid_warm_start(model, tok, game, warm, log=log)
-            model.save_pretrained(str(tmp), safe_serialization=True)
+            model.save_pretrained(str(folder), safe_serialization=True)
             info = {
                 "build_version": GRID_BUILD_VERSION,
                 "model_config": asdict(model_config),
@@ -374,16 +325,25 @@ def build_grid_model(
                 "vocab_size": len(tok),
             }
             if measure:
-                heldout = generate_puzzles("heldout", 200, 20_261_122, game.size, game.walls, game.min_dist, game.max_dist, game.heldout_fraction)
-                info["heldout_t1"] = play(model, tok, heldout, 1.0, samples=2, seed=1, slack=game.slack)
-                info["heldout_greedy"] = play(model, tok, heldout, 0.0, samples=1, seed=1, slack=game.slack)
+                info.update(_heldout_success(model, tok, game))
+                log(f"grid model ready in {time.perf_counter() - t0:.0f}s: held-out team success {info['heldout_t1']['success']:.1%} at T=1, "
+                    f"{info['heldout_greedy']['success']:.1%} greedy")
         finally:
             torch.set_num_threads(threads)
-        info["seconds"] = time.perf_counter() - t0
-        atomic_write_text(tmp / BUILD_INFO, json.dumps(info, indent=2))
-    if measure:
-        log(f"grid model ready in {info['seconds']:.0f}s: held-out team success {info['heldout_t1']['success']:.1%} at T=1, {info['heldout_greedy']['success']:.1%} greedy")
-    return out
+        return info
+
+    return cached_build(cache_dir, "grid", _build_settings(model_config, game, warm), build, what="the grid model", force=force, log=log)
+
+
+def _heldout_success(model, tokenizer, game: GridGame) -> dict:
+    """The build's measurement: the team on 200 held-out puzzles, at T=1 (two episodes each) and greedy."""
+    from pipeline.workflows.grid.game import generate_puzzles
+
+    heldout = generate_puzzles("heldout", 200, 20_261_122, game.size, game.walls, game.min_dist, game.max_dist, game.heldout_fraction)
+    return {
+        "heldout_t1": play(model, tokenizer, heldout, 1.0, samples=2, seed=1, slack=game.slack),
+        "heldout_greedy": play(model, tokenizer, heldout, 0.0, samples=1, seed=1, slack=game.slack),
+    }
 
 
 def grid_model(cache_dir: str | Path | None = None, game: GridGame = GridGame(), seed: int = 0) -> Path:

@@ -10,16 +10,14 @@ formats and a tiny Llama, built in code (no download), warm-started on the task
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import random
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from pipeline.models import BUILD_INFO, build_info, default_cache_dir, load_model, load_tokenizer
-from pipeline.models.build import ModelConfig, build_untrained_model, count_parameters
+from pipeline.models import build_info, load_model, load_tokenizer
+from pipeline.models.build import ModelConfig, cached_build, count_parameters, settings_key, untrained_model
 from pipeline.models.tokenizer import train_tokenizer
 from pipeline.workflows.math.warmstart import WarmStartConfig, solver_accuracy, warm_start
 
@@ -55,7 +53,8 @@ def build_tokenizer(config: ModelConfig = ModelConfig()):
     return train_tokenizer(tokenizer_corpus(config.seed), config.tokenizer)
 
 
-def _build_key(model_config: ModelConfig, warm_config: WarmStartConfig) -> str:
+def _build_settings(model_config: ModelConfig, warm_config: WarmStartConfig) -> dict:
+    """What the default model's cache key hashes (`pipeline.models.build.settings_key`)."""
     from pipeline.tasks.prompts import ARITHMETIC_PROMPTS
 
     # the texts the warm start renders are part of what the model is trained on: a change to them
@@ -64,7 +63,11 @@ def _build_key(model_config: ModelConfig, warm_config: WarmStartConfig) -> str:
     prompts = {name: getattr(ARITHMETIC_PROMPTS, name) for name in trained}
     settings = {"version": BUILD_VERSION, "model": asdict(model_config), "warm_start": asdict(warm_config), "prompts": prompts}
     settings["warm_start"].pop("threads", None)  # does not change the result
-    return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=6).hexdigest()
+    return settings
+
+
+def _build_key(model_config: ModelConfig, warm_config: WarmStartConfig) -> str:
+    return settings_key(_build_settings(model_config, warm_config))
 
 
 def evaluate_solver(model_dir: str | Path, n: int = 500, samples: int = 4, seed: int = 0) -> dict[str, float]:
@@ -93,44 +96,36 @@ def build_default_model(
     """Build the default tokenizer and model, warm-start it, measure its held-out accuracy, and
     save it under `<cache_dir>/models/default-<hash of the settings>` (atomically; an existing
     build with the same settings is reused unless `force`). Returns the model dir."""
-    import torch
-
-    from pipeline.store import atomic_dir, atomic_write_text
-
     model_config = model_config or ModelConfig(seed=seed)
     warm_config = warm_config or WarmStartConfig(seed=seed)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    out = cache / "models" / f"default-{_build_key(model_config, warm_config)}"
-    if (out / BUILD_INFO).is_file() and not force:
-        return out
-    t0 = time.perf_counter()
-    log(f"building the default model (seed {seed}) in {out}")
-    with atomic_dir(out) as tmp:
-        tok = build_tokenizer(model_config)
-        build_untrained_model(model_config, tok, tmp)
-        tok, model = load_tokenizer(tmp), load_model(tmp)
+
+    def build(folder: Path) -> dict:
+        import torch
+
+        t0 = time.perf_counter()
+        tok, model = untrained_model(model_config, build_tokenizer(model_config), folder)
         log(f"tokenizer: {len(tok)} tokens; model: Llama {model_config.num_layers}x{model_config.hidden_size}, "
             f"{count_parameters(model) / 1e6:.2f}M parameters")
         with torch.random.fork_rng(devices=[]):
             result = warm_start(model, tok, warm_config, log=log)
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        model.save_pretrained(str(folder), safe_serialization=True)
         log(f"warm start: {result.steps} steps in {result.seconds:.0f}s; measuring held-out accuracy")
-        acc = evaluate_solver(tmp)
-        info = {
+        acc = evaluate_solver(folder)
+        log(f"default model ready in {time.perf_counter() - t0:.0f}s: held-out accuracy at T=1 "
+            f"{acc['heldout_acc_t1']:.1%} without hint, {acc['heldout_acc_t1_hint']:.1%} with hint "
+            f"({acc['heldout_acc_greedy']:.1%} greedy)")
+        return {
             "build_version": BUILD_VERSION,
             "model_config": asdict(model_config),
             "warm_start_config": asdict(warm_config),
             "warm_start": asdict(result),
             "parameters": count_parameters(model),
             "vocab_size": len(tok),
-            "seconds": time.perf_counter() - t0,
             **acc,
         }
-        atomic_write_text(tmp / BUILD_INFO, json.dumps(info, indent=2))
-    log(f"default model ready in {time.perf_counter() - t0:.0f}s: held-out accuracy at T=1 "
-        f"{acc['heldout_acc_t1']:.1%} without hint, {acc['heldout_acc_t1_hint']:.1%} with hint "
-        f"({acc['heldout_acc_greedy']:.1%} greedy)")
-    return out
+
+    settings = _build_settings(model_config, warm_config)
+    return cached_build(cache_dir, "default", settings, build, what=f"the default model (seed {seed})", force=force, log=log)
 
 
 def default_model(cache_dir: str | Path | None = None, seed: int = 0) -> Path:
@@ -142,7 +137,7 @@ def default_model(cache_dir: str | Path | None = None, seed: int = 0) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.workflows.math.model", description=__doc__)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache-dir", default=None, help="default: $MAXIT_CACHE_DIR or ./.cache/maxit")
+    ap.add_argument("--cache-dir", default=None, help="default: the project's cache folder (pipeline.store.cache_root)")
     ap.add_argument("--force", action="store_true", help="rebuild even if a cached build exists")
     args = ap.parse_args(argv)
     path = build_default_model(args.cache_dir, seed=args.seed, force=args.force)

@@ -17,9 +17,9 @@ run as two length buckets so short Solver prompts are not padded to the Verifier
 - Feedback:       user q, assistant attempt1, user "That is wrong. Try again." -> right answer
                   (or a right attempt1, "That is right. Say it again." -> the same answer)
 
-Stopping point: the SFT accuracy curve is steep (docs/FINDINGS.md: 0.8% -> 25% within 80 steps, and
-its onset moves by hundreds of steps between seeds), so a fixed step count lands anywhere
-between 0% and 60%. Instead, every `probe_every` steps the plain Solver is sampled at T=1 on
+Stopping point: the SFT accuracy curve is steep and its onset moves by hundreds of steps between
+seeds (docs/FINDINGS.md, "Warm start"), so a fixed step count could stop anywhere from a Solver
+that is never right to one with little left to learn. Instead, every `probe_every` steps the plain Solver is sampled at T=1 on
 `probe_size` *train-split* problems, and training stops at the first probe at or above
 `target_accuracy` (or at `max_steps`). The probe is seeded, so the whole warm start is
 deterministic from the seed. Held-out problems are never trained on nor used to stop.
@@ -31,10 +31,10 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 from pipeline.errors import ConfigError
-from pipeline.models.sft import FastEncoder, batch_tensors
+from pipeline.models.sft import FastEncoder, generate_texts, seeded_sampling, sft_steps
 from pipeline.types import Message
 
 __all__ = [
@@ -56,7 +56,8 @@ class WarmStartConfig:
     Parameters that control the optimizer."""
 
     batch_size: int = 128
-    """Examples per step (the prototype's setting, docs/FINDINGS.md; at 64 the Solver stayed below 8% for 800+ steps)."""
+    """Examples per step (the prototype's setting, docs/FINDINGS.md; a smaller batch kept the
+    Solver from taking off for hundreds of steps: docs/results/choices.md)."""
     lr: float = 3e-3
     """Peak AdamW learning rate (docs/FINDINGS.md: 3e-3 with batch 128)."""
     warmup_steps: int = 30
@@ -69,15 +70,15 @@ class WarmStartConfig:
     """No probe (and so no stopping) before this many steps."""
     # Parameters that control the stopping rule.
     target_accuracy: float = 0.35
-    """Stop at the first probe whose plain-Solver T=1 accuracy (train split) reaches this (35%:
-    on the 2-core machine the Verifier, which checks by working the sum out again, stayed at
-    chance when the Solver started near 25%)."""
+    """Stop at the first probe whose plain-Solver T=1 accuracy (train split) reaches this: a
+    Solver that starts weaker leaves the Verifier, which checks by working the sum out again, at
+    chance (docs/results/choices.md)."""
     probe_every: int = 25
     """Steps between probes."""
     probe_size: int = 512
-    """Train-split problems sampled once each at each probe. 512 (standard error ~2 points near
-    30%): with 128 the probe's noise (~4 points) decided where the model stopped, and the same
-    build gave held-out T=1 accuracies from 25.9% to 36.6% on two machines of one kind."""
+    """Train-split problems sampled once each at each probe. 512 (standard error about 2 points
+    near 30%): with a smaller probe its noise, not the model, decided where the warm start
+    stopped, and so how good the built model was (docs/results/choices.md)."""
     # Parameters that control the example mix (normalized to sum 1).
     mix_plain: float = 0.55
     """Share of plain Solver examples."""
@@ -89,10 +90,10 @@ class WarmStartConfig:
     """What a Verifier example teaches it to write: "answer_verdict" (the default): the right
     answer, then the verdict ("168 no"); the arithmetic task reads the Verifier's verdict by
     comparing the answer it writes with the proposal (verdict style "compare"). "verdict": "yes" /
-    "no" alone; "answer": the right answer alone. Measured on the main job (docs/results/verifier.md, "The
-    Verifier"): with "verdict" the 1M model's yes/no never discriminated (balanced accuracy ~50%);
-    its yes/no word after its own answer does not follow that answer either (51% of replies), but
-    the answer itself does the checking; "answer" alone made it copy the proposal more often.
+    "no" alone; "answer": the right answer alone. On the main job (docs/results/verifier.md, "The
+    Verifier") the 1M model's yes/no never discriminated, with "verdict" or after its own answer
+    (where the word does not follow the answer either), while the answer itself does the
+    checking; "answer" alone made it copy the proposal more often.
     A blind Verifier (a task template whose Verifier does not see the proposal,
     `PromptTemplate.verifier_sees_solution` False) is always taught the right answer alone."""
     verifier_right_share: float = 0.5
@@ -209,8 +210,6 @@ def solver_accuracy(
 ) -> float:
     """Mean reward of the Solver on `problems` (`samples` each) with transformers sampling
     (top_k=0, top_p=1: the plain temperature distribution; temperature 0 = greedy)."""
-    import torch
-
     from pipeline.strategies import PromptAug
 
     aug = PromptAug()
@@ -220,33 +219,10 @@ def solver_accuracy(
         msgs = task.solver_messages(p)
         contexts.append(aug.augment(msgs, p) if hint else msgs)
     prompts = [pr for pr, _ in enc.encode([(m, "") for m in contexts])]
-    rows = [(i, prompts[i]) for i in range(len(prompts)) for _ in range(samples)]
-    total = 0.0
-    was_training = model.training
-    model.eval()
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            L = max(len(p) for _, p in chunk)
-            ids = torch.full((len(chunk), L), tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for j, (_, p) in enumerate(chunk):
-                ids[j, L - len(p) :] = torch.tensor(p)
-                mask[j, L - len(p) :] = 1
-            kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                **kw,
-            )
-            texts = tokenizer.batch_decode(out[:, L:], skip_special_tokens=True)
-            for (i, _), text in zip(chunk, texts):
-                total += task.reward(problems[i], text) or 0.0
-    model.train(was_training)
+    rows = [i for i in range(len(prompts)) for _ in range(samples)]
+    with seeded_sampling(model, seed):
+        texts = generate_texts(model, tokenizer, [prompts[i] for i in rows], temperature, max_new_tokens, batch_size)
+    total = sum(task.reward(problems[i], text) or 0.0 for i, text in zip(rows, texts))
     return total / max(1, len(rows))
 
 
@@ -262,41 +238,19 @@ def warm_start(model, tokenizer, config: WarmStartConfig = WarmStartConfig(), ta
     torch.manual_seed(config.seed)
     rng = random.Random(f"warm-start:{config.seed}")
     probe = task.problems("train", config.probe_size, seed=10_000 + config.seed)
-    enc = FastEncoder(tokenizer)
-    enc.check(sft_examples(task, random.Random(0), 16, config))
-
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)))
-    model.train()
+    FastEncoder(tokenizer).check(sft_examples(task, random.Random(0), 16, config))
+    steps = sft_steps(
+        model, tokenizer, lambda step: sft_examples(task, rng, config.batch_size, config), steps=config.max_steps, lr=config.lr,
+        lr_lambda=lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps)), weight_decay=config.weight_decay,
+    )
     t0 = time.perf_counter()
     history: list[tuple[int, float]] = []
     acc = 0.0
     loss_avg = math.nan
     step = 0
     stopped = False
-    for step in range(1, config.max_steps + 1):
-        pairs = enc.encode(sft_examples(task, rng, config.batch_size, config))
-        # Two length buckets (short Solver prompts, long Verifier/feedback prompts) cut the
-        # padding; the loss is the mean over all completion tokens of the batch either way.
-        pairs.sort(key=lambda pc: len(pc[0]) + len(pc[1]))
-        n_tokens = sum(len(c) for _, c in pairs)
-        opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for part in (pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]):
-            if not part:
-                continue
-            ids, labels = batch_tensors(part, tokenizer.pad_token_id)
-            logits = model(input_ids=ids).logits[:, :-1]
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
-            ) / n_tokens
-            loss.backward()
-            loss_sum += loss.item()
-        loss = torch.tensor(loss_sum)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_avg = loss.item() if math.isnan(loss_avg) else 0.9 * loss_avg + 0.1 * loss.item()
+    for step, loss in steps:
+        loss_avg = loss if math.isnan(loss_avg) else 0.9 * loss_avg + 0.1 * loss
         if step % config.probe_every:
             continue
         line = f"warm start: step {step:4d}/{config.max_steps}  loss {loss_avg:.3f}  "

@@ -1,0 +1,426 @@
+"""The training loop: a `transformers.Trainer` subclass (`MaxitTrainer`) whose `compute_loss`
+is `pipeline.learn.loss.compute_loss` on view rows (`batch_loss`), each minibatch divided by its
+own count (`minibatch_count`), and one run of it (`run_trainer` -> `TrainerRun`).
+
+The Trainer brings the optimizer, schedule, gradient accumulation, accelerate (multi-GPU/FSDP)
+and `report_to` logging. maxit adds: bf16 autocast of the forward passes where the run's
+precision is bfloat16 (weights, optimizer and loss stay float32), rows whose loss is exactly 0 left
+out of the forward pass (`trainable_rows`; the minibatch's denominator still counts them), each
+minibatch's rows ordered by length before it is cut into micro-batches (`MinibatchSortedSampler`:
+the same minibatches, less padding), and an optimizer state carried from the parent checkpoint.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import torch
+from torch.utils.data import RandomSampler
+from transformers import PrinterCallback, Trainer, TrainingArguments
+
+from pipeline.config.train import LossConfig, TrainConfig
+from pipeline.errors import ConfigError
+from pipeline.learn.loss import LossBatch, LossDiagnostics, aggregation_count, compute_loss
+from pipeline.learn.trainer.forward import _precision, completion_logps
+from pipeline.learn.trainer.memory import _autocast_dtype, train_dtype
+from pipeline.learn.trainer.rows import _table_lengths, _table_trainable, collate, select_rows, trainable_rows
+from pipeline.learn.trainer.samplers import GroupShuffleSampler, MinibatchSortedSampler, prefix_groups, prompt_groups, row_sort_keys
+from pipeline.learn.views import to_dataset
+
+__all__ = ["batch_loss", "minibatch_count", "MaxitTrainer", "training_arguments", "throughput", "TrainerRun", "run_trainer"]
+
+log = logging.getLogger(__name__)
+
+
+def batch_loss(
+    model,
+    batch: Mapping[str, Any],
+    loss_config: LossConfig,
+    temperature: float,
+    ref_model=None,
+    denominator: float | None = None,
+    max_logit_elements: int | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    share_prefix: int = 0,
+):
+    """The loss.py loss of one collated batch under `model` (a `LossOutput`). `denominator`: the
+    aggregation count of the whole minibatch the batch belongs to (`minibatch_count`);
+    `max_logit_elements`, `share_prefix`: see `completion_logps`; `autocast_dtype` torch.bfloat16:
+    the forward passes run under bf16 autocast, the logprobs and the loss stay float32."""
+    device = batch["prompt_ids"].device
+    with _precision(autocast_dtype, device):
+        logp = completion_logps(model, batch, temperature, max_logit_elements, share_prefix)
+        ref_logp = None
+        if loss_config.beta > 0:
+            if ref_model is None:
+                raise ValueError("LossConfig.beta > 0 needs a reference model")
+            with torch.no_grad():
+                ref_logp = completion_logps(ref_model, batch, temperature, max_logit_elements, share_prefix).float()
+    # the ratios, clip and aggregation in float32, whatever precision the forward ran in
+    logp = logp.float()
+    return compute_loss(
+        LossBatch(
+            logp=logp,
+            logq=batch["sampling_logprobs"],
+            mask=batch["completion_mask"],
+            advantage=batch["advantages"],
+            sample_weight=batch["sample_weight"],
+            reward=batch["reward"],
+            strategy=batch["strategy"],
+            agent=batch["agent"],
+            ref_logp=ref_logp,
+            old_logp=batch.get("old_logp"),
+        ),
+        loss_config,
+        denominator=denominator,
+    )
+
+
+def minibatch_count(batches: Sequence[Mapping[str, Any]], loss_config: LossConfig) -> float:
+    """What the loss of a minibatch made of `batches` (its micro-batches) divides by: its
+    completion tokens for "token-mean", its rows otherwise; for the "rs" loss only the rows it
+    trains (reward >= threshold). Each micro-batch's loss is its share of that one mean."""
+    total = 0.0
+    for batch in batches:
+        rows = None
+        if loss_config.kind == "rs":
+            reward = batch["reward"]
+            rows = (~torch.isnan(reward) & (reward >= loss_config.rs_threshold)).to(batch["completion_mask"].dtype)
+        total += aggregation_count(batch["completion_mask"], loss_config.aggregation, rows)
+    return total
+
+
+class MaxitTrainer(Trainer):
+    """`transformers.Trainer` whose loss is `pipeline.learn.loss.compute_loss` on view rows.
+
+    `autocast_dtype` torch.bfloat16: forward passes under bf16 autocast. `skip_zero_rows`: rows
+    whose loss is exactly 0 (`trainable_rows`) are left out of each micro-batch's forward pass
+    (the minibatch's denominator, counted on all its rows, is unchanged). `sort_keys`: one key per
+    row of the dataset; each minibatch's rows are ordered by it before they are cut into
+    micro-batches (`MinibatchSortedSampler`)."""
+
+    # compute_loss divides by the whole minibatch's count (`minibatch_count`): each micro-batch's
+    # loss is its share of one token mean, so the Trainer must not divide by the accumulation steps
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        *args,
+        loss_config: LossConfig,
+        temperature: float,
+        ref_model=None,
+        max_logit_elements: int | None = None,
+        autocast_dtype: torch.dtype | None = None,
+        skip_zero_rows: bool = False,
+        sort_keys: Sequence[Any] | None = None,
+        share_prefix: int = 0,
+        optimizer_state: tuple[Mapping[str, Any], str] | None = None,
+        groups: Sequence[Any] | None = None,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.optimizer_state = optimizer_state
+        self.groups = groups
+        self.share_prefix = share_prefix
+        self.loss_config = loss_config
+        self.max_logit_elements = max_logit_elements
+        self.temperature = temperature
+        self.ref_model = ref_model
+        self.autocast_dtype = autocast_dtype
+        self.skip_zero_rows = skip_zero_rows
+        self.sort_keys = sort_keys
+        self.run_diagnostics = LossDiagnostics()
+        self.first_step_diagnostics = LossDiagnostics()
+        self._log_diagnostics = LossDiagnostics()
+        self.completion_tokens = 0
+        self.rows_seen: dict[str, int] = {}
+        self.rows_skipped = 0
+        self.micro_batches_skipped = 0
+        self.real_positions = 0
+        self.padded_positions = 0
+        self.loss_sum = 0.0
+        self.loss_count = 0
+
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        if type(sampler) is not RandomSampler or self.args.world_size > 1:
+            return sampler
+        minibatch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        if self.groups is not None:
+            grouped = GroupShuffleSampler(self.groups, self.args.data_seed if self.args.data_seed is not None else self.args.seed)
+            return grouped if self.sort_keys is None else MinibatchSortedSampler(grouped, self.sort_keys, minibatch)
+        if self.sort_keys is None:
+            return sampler
+        if self.args.accelerator_config.use_seedable_sampler:
+            # the shuffle accelerate would have put in its place (`prepare_data_loader`), so the
+            # minibatches hold the rows they hold unsorted
+            from accelerate.data_loader import SeedableRandomSampler
+
+            sampler = SeedableRandomSampler(
+                data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
+                generator=sampler.generator, data_seed=self.args.data_seed,
+            )
+        return MinibatchSortedSampler(sampler, self.sort_keys, minibatch)
+
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer; with `optimizer_state` (a state dict and the file it came from)
+        its moments and step counts continue from that state, under this run's hyperparameters."""
+        optimizer = super().create_optimizer(model)
+        if self.optimizer_state is not None:
+            state, source = self.optimizer_state
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+            try:
+                optimizer.load_state_dict(state)
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise ConfigError(f"{source}: the optimizer state does not fit this model's trainable parameters ({e})") from None
+            for group in optimizer.param_groups:  # load_state_dict counts the tensors, not their shapes
+                for param in group["params"]:
+                    moment = optimizer.state.get(param, {}).get("exp_avg")
+                    if moment is not None and moment.shape != param.shape:
+                        raise ConfigError(
+                            f"{source}: the optimizer state does not fit this model's trainable parameters "
+                            f"(a moment of shape {tuple(moment.shape)} for a parameter of shape {tuple(param.shape)})"
+                        )
+            for group, own in zip(optimizer.param_groups, groups):
+                # the parent's moments, this run's learning rate, betas and decay; no "initial_lr"
+                # of the parent's scheduler either, which this run's scheduler would keep
+                for key in [k for k in group if k != "params" and k not in own]:
+                    del group[key]
+                group.update(own)
+        return optimizer
+
+    def _get_num_items_in_batch(self, batch_samples, device):
+        return minibatch_count(batch_samples, self.loss_config)
+
+    def _rows_to_train(self, inputs) -> tuple[Mapping[str, Any], bool]:
+        """(the micro-batch to forward, whether it is only a stand-in of rows whose loss is 0);
+        the micro-batch is None when none of its rows needs a forward pass (one process)."""
+        keep = trainable_rows(inputs["advantages"].tolist(), inputs["sample_weight"].tolist(), inputs["reward"].tolist(), inputs["strategy"], self.loss_config)
+        skipped = len(keep) - sum(keep)
+        if not skipped:
+            return inputs, False
+        self.rows_skipped += skipped
+        index = [i for i, k in enumerate(keep) if k]
+        if index:
+            return select_rows(inputs, index), False
+        if self.args.world_size == 1:
+            return None, True  # nothing to forward: `compute_loss` returns a zero that reaches every weight
+        # several processes: the shortest row alone is forwarded (its gradient is exactly 0), so
+        # every process runs the forward and backward passes its gradient sync hooks into
+        lengths = inputs["prompt_mask"].sum(1) + inputs["completion_mask"].sum(1)
+        return select_rows(inputs, [int(lengths.argmin())]), True
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        denominator = None if num_items_in_batch is None else float(num_items_in_batch)
+        batch, stand_in = inputs, False
+        if self.skip_zero_rows and model.training:
+            batch, stand_in = self._rows_to_train(inputs)
+        if batch is None:
+            self.micro_batches_skipped += 1
+            # no row of this micro-batch can move the weights: a zero with a gradient (of zeros) for
+            # every trainable weight, so the optimizer step sees the same gradients as if the rows
+            # had been forwarded, without the forward and backward passes through the model
+            zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            out = SimpleNamespace(loss=zero)
+            batch = select_rows(inputs, [])
+        else:
+            out = batch_loss(
+                model, batch, self.loss_config, self.temperature, self.ref_model, denominator=denominator,
+                max_logit_elements=self.max_logit_elements, autocast_dtype=self.autocast_dtype, share_prefix=self.share_prefix,
+            )
+        if model.training:
+            if not stand_in:
+                if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
+                    self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
+                self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
+                self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
+            self.completion_tokens += int(inputs["completion_mask"].sum().item())
+            b = batch["prompt_ids"].shape[0]
+            self.real_positions += int(batch["prompt_mask"].sum().item() + batch["completion_mask"].sum().item())
+            self.padded_positions += b * (batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1])
+            for sid in inputs["step_id"]:
+                self.rows_seen[sid] = self.rows_seen.get(sid, 0) + 1
+            self.loss_sum += float(out.loss.detach())
+            self.loss_count += 1
+        return (out.loss, None) if return_outputs else out.loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._log_diagnostics.overall.n_rows:
+            overall = self._log_diagnostics.overall
+            log.info(
+                "step %d: loss %.4g, mean log ratio %.4g, clip %.3f, masked %.3f, ESS %.3f",
+                self.state.global_step, logs["loss"], overall.mean_log_ratio, overall.clip_fraction,
+                overall.masked_fraction, overall.ess_fraction,
+            )
+            logs = {**logs, **self._log_diagnostics.as_metrics()}
+            self._log_diagnostics = LossDiagnostics()
+        super().log(logs, start_time)
+
+
+def training_arguments(config: TrainConfig, output_dir: str | Path, *, use_cuda: bool) -> TrainingArguments:
+    """The `transformers.TrainingArguments` of a run under `config`, logging to `output_dir`:
+    no intermediate checkpoints, no stdout progress; accelerate's bf16 on a CUDA GPU when the run
+    trains in bf16 (`train_dtype`; on a CPU the trainer's own autocast does it, `MaxitTrainer`)."""
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=config.micro_batch_size,
+        gradient_accumulation_steps=config.grad_accum_steps,
+        num_train_epochs=config.epochs,
+        learning_rate=config.lr,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=config.warmup_steps,
+        logging_steps=config.logging_steps,
+        save_strategy="no",
+        report_to=config.report_to,
+        seed=config.seed,
+        data_seed=config.seed,
+        use_cpu=not use_cuda,
+        bf16=use_cuda and train_dtype(config, cuda=use_cuda) == "bfloat16",
+        remove_unused_columns=False,
+        gradient_checkpointing=bool(config.gradient_checkpointing),
+        # non-reentrant: works when the inputs need no gradient (frozen embeddings under LoRA)
+        gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def throughput(completion_tokens: int, seconds: float) -> float:
+    """Completion tokens per second of wall time (0 when no time was measured)."""
+    return completion_tokens / seconds if seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    """What one training loop did (`run_trainer`); `TrainerRun(model)` for a policy without rows."""
+
+    model: Any
+    """The model after the run (`Trainer.model`), or the untouched model when nothing ran."""
+    steps: int = 0
+    """Optimizer steps taken."""
+    seconds: float = 0.0
+    """Wall time of `Trainer.train`."""
+    mean_loss: float = math.nan
+    """Sum of the micro-batch losses / steps: each micro-batch's loss is its share of its
+    minibatch's mean, so this is the mean minibatch loss (NaN without steps)."""
+    completion_tokens: int = 0
+    """Completion tokens processed over all epochs."""
+    tokens_per_second: float = 0.0
+    """`throughput(completion_tokens, seconds)`."""
+    rows_seen: Mapping[str, int] = field(default_factory=dict)
+    """step_id -> times the row was trained on."""
+    diagnostics: LossDiagnostics = field(default_factory=LossDiagnostics)
+    """Ratio diagnostics over every micro-batch of the run."""
+    first_step_diagnostics: LossDiagnostics = field(default_factory=LossDiagnostics)
+    """Ratio diagnostics of the first optimizer step's micro-batches (see `TrainResult`)."""
+    rows_skipped: int = 0
+    """Row visits left out of the forward passes (`TrainResult.rows_skipped`)."""
+    micro_batches_skipped: int = 0
+    """Micro-batches with no row to forward, whose forward and backward passes did not run."""
+    padding_fraction: float = 0.0
+    """Share of the forward passes' token positions that were padding."""
+    dtype: str = "float32"
+    """Precision of the run (`train_dtype`)."""
+    optimizer_state: Mapping[str, Any] | None = None
+    """The optimizer's state dict at the end of the run, when `run_trainer` was asked to keep it."""
+
+
+def run_trainer(
+    model,
+    tokenizer,
+    table: pa.Table,
+    args: TrainingArguments,
+    loss_config: LossConfig,
+    temperature: float,
+    *,
+    pad_id: int,
+    ref_model=None,
+    callbacks: Sequence[Any] = (),
+    max_logit_elements: int | None = None,
+    dtype: str = "float32",
+    skip_zero_rows: bool = False,
+    sort_by_length: bool = False,
+    share_prefix: int = 0,
+    optimizer_state: tuple[Mapping[str, Any], str] | None = None,
+    keep_optimizer_state: bool = False,
+    group_minibatches: bool = False,
+) -> TrainerRun:
+    """Train `model` on the rows of `table` with a `MaxitTrainer` under `args`, the loss of
+    `loss_config` at `temperature` (and `ref_model` for its KL term); `callbacks` are
+    `transformers.TrainerCallback`s added to the run; `max_logit_elements`: see `completion_logps`;
+    `dtype` "bfloat16": forward passes under bf16 autocast; `skip_zero_rows`, `sort_by_length`,
+    `share_prefix`: see `TrainConfig`; `optimizer_state`: (state dict, its file) the optimizer
+    starts from; `keep_optimizer_state`: return the optimizer's final state dict;
+    `group_minibatches`: see `TrainConfig`."""
+    if ref_model is not None and not args.use_cpu:
+        ref_model = ref_model.to(args.device)
+    sort_keys = _sort_keys(table, loss_config, skip_zero_rows, share_prefix) if sort_by_length else None
+    trainer = MaxitTrainer(
+        model=model,
+        args=args,
+        train_dataset=to_dataset(table),
+        data_collator=lambda rows: collate(rows, pad_id),
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+        loss_config=loss_config,
+        temperature=temperature,
+        ref_model=ref_model,
+        max_logit_elements=max_logit_elements,
+        autocast_dtype=_autocast_dtype(dtype),
+        skip_zero_rows=skip_zero_rows,
+        sort_keys=sort_keys,
+        share_prefix=share_prefix,
+        optimizer_state=optimizer_state,
+        groups=prompt_groups(table) if group_minibatches else None,
+    )
+    trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
+    # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
+    # that from walking the whole heap of a long-lived process, a fixed cost on every run
+    # (docs/results/benchmarks.md, "Training")
+    gc.freeze()
+    try:
+        t0 = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - t0
+    finally:
+        gc.unfreeze()
+    return _trainer_run(trainer, seconds, dtype, keep_optimizer_state)
+
+
+def _sort_keys(table: pa.Table, loss_config: LossConfig, skip_zero_rows: bool, share_prefix: int) -> list[tuple]:
+    """The `MinibatchSortedSampler` keys of the rows of `table` (`row_sort_keys`)."""
+    return row_sort_keys(
+        _table_lengths(table), _table_trainable(table, loss_config) if skip_zero_rows else None,
+        prefix_groups(table, share_prefix) if share_prefix else None,
+    )
+
+
+def _trainer_run(trainer: MaxitTrainer, seconds: float, dtype: str, keep_optimizer_state: bool) -> TrainerRun:
+    """What `trainer` did in its run of `seconds` (`TrainerRun`)."""
+    steps = trainer.state.global_step
+    return TrainerRun(
+        model=trainer.model,
+        steps=steps,
+        seconds=seconds,
+        mean_loss=trainer.loss_sum / steps if steps else math.nan,
+        completion_tokens=trainer.completion_tokens,
+        tokens_per_second=throughput(trainer.completion_tokens, seconds),
+        rows_seen=trainer.rows_seen,
+        diagnostics=trainer.run_diagnostics,
+        first_step_diagnostics=trainer.first_step_diagnostics,
+        rows_skipped=trainer.rows_skipped,
+        micro_batches_skipped=trainer.micro_batches_skipped,
+        padding_fraction=1.0 - trainer.real_positions / trainer.padded_positions if trainer.padded_positions else 0.0,
+        dtype=dtype,
+        optimizer_state=trainer.optimizer.state_dict() if keep_optimizer_state and trainer.optimizer is not None else None,
+    )
