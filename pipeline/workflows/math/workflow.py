@@ -22,7 +22,7 @@ Evaluation (`evaluate_team`), on the held-out problems, without hints:
   wrong answers (saying "yes" to everything scores 50%); only when both kinds of answers occur;
 - Verifier `verdict_balanced_accuracy_greedy`: the same with its likelier verdict (greedy);
 - Verifier `approve_rate`: fraction of Solver answers it approves;
-- team `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
+- Solver `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
 Answers are scored and verdicts parsed as in the rollouts: guarded (`pipeline.rollout.rewards`) and
 with the one correctness rule `is_correct`.
 """
