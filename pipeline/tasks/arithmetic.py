@@ -35,7 +35,7 @@ from typing import Literal
 from pipeline.errors import ConfigError
 from pipeline.types import Problem
 
-from .base import MathTask, number_reward, parse_number, split_of
+from .base import MathTask, draw_distinct, number_reward, parse_number, split_of
 from .prompts import ARITHMETIC_PROMPTS, PromptTemplate
 
 __all__ = ["ArithmeticConfig", "ArithmeticTask", "make_hint"]
@@ -133,19 +133,14 @@ class ArithmeticTask(MathTask):
         if n < 0:
             raise ConfigError(f"n must be >= 0, got {n}")
         rng = random.Random(f"arithmetic:{split}:{seed}")
-        out: list[Problem] = []
-        seen: set[tuple[int, str, int]] = set()
-        tries = 0
-        while len(out) < n:
-            tries += 1
-            if tries > 200 * (n + 10):
-                raise ConfigError(f"cannot draw {n} distinct {split} problems from the configured operand range")
+
+        def draw() -> tuple:
             key = self.sample_operands(rng)
-            if key in seen or self.split_of(*key) != split:
-                continue
-            seen.add(key)
-            out.append(self.make_problem(*key))
-        return out
+            return key, key
+
+        keys = draw_distinct(n, draw, lambda key: self.split_of(*key) == split,
+                             f"cannot draw {n} distinct {split} problems from the configured operand range")
+        return [self.make_problem(*key) for key in keys]
 
     # -- scoring ----------------------------------------------------------------------------
     def reward(self, problem: Problem, completion_text: str) -> float | None:

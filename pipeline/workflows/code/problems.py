@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.rollout.contract import jsonl_objects
-from pipeline.tasks.base import split_of
+from pipeline.tasks.base import draw_distinct, split_of
 from pipeline.types import Problem
 
 __all__ = ["CodeSpec", "Template", "TEMPLATES", "HIDDEN_TESTS", "REQUIRED", "spec_of", "make_problem", "defines", "compiles", "ast_mutants",
@@ -285,19 +285,15 @@ def generate_problems(split: str, n: int, seed: int, heldout_fraction: float = 0
     if split not in ("train", "heldout"):
         raise ConfigError(f"split must be 'train' or 'heldout', got {split!r}")
     rng = random.Random(f"code:{split}:{seed}")
-    out: dict[str, Problem] = {}
-    tries = 0
-    while len(out) < n:
-        tries += 1
-        if tries > 200 * (n + 10):
-            raise ConfigError(f"workflow 'code': could not draw {n} distinct {split} problems")
+
+    def draw() -> tuple[str, Problem]:
         t = rng.choice(TEMPLATES)
         consts = t.consts(rng)
         p = _template_problem(t, consts, t.inputs(rng, consts), split)
-        if p.uid in out or split_of(p.question, heldout_fraction, salt="code:") != split:
-            continue
-        out[p.uid] = p
-    return list(out.values())
+        return p.uid, p
+
+    return draw_distinct(n, draw, lambda p: split_of(p.question, heldout_fraction, salt="code:") == split,
+                         f"workflow 'code': could not draw {n} distinct {split} problems")
 
 
 # -- HumanEval and task files -----------------------------------------------------------------
