@@ -4,7 +4,8 @@ is rebuilt from it.
 Each strategy is a frozen record with a `strategy_id` (written to the `strategy` column) and two
 pure functions over chat messages:
 
-- `augment(messages, problem)`: the Solver's first-turn sampling context, from the plain one;
+- `augment(messages, problem)`: the sampling context of a call of an agent the workflow shows
+  hints to (`Workflow.hinted_agents`), from the plain one;
 - `training_messages(sampling_messages, turn, agent_id)`: the context the completion is trained
   under (the context swap). Completion tokens and their logprobs are never touched here.
 
@@ -81,14 +82,15 @@ class Strategy:
 
     strategy_id: ClassVar[str] = "iid"
     tree: ClassVar[bool] = False
-    """True for the strategy that the orchestra runs as tree-structured best-of-N sampling."""
+    """True for the strategy the rollout loop runs as tree-structured best-of-N sampling."""
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ConfigError(f"{self.strategy_id}.group_size must be >= 1, got {self.group_size}")
 
     def augment(self, messages: Sequence[Message], problem: Problem) -> list[Message]:
-        """The Solver's first-turn sampling context built from the plain context."""
+        """The sampling context of a hinted agent's call (`Workflow.hinted_agents`), built
+        from the plain context the environment gave."""
         return _copy(messages)
 
     def training_messages(self, sampling_messages: Sequence[Message], turn: int, agent_id: str) -> list[Message]:
@@ -124,7 +126,8 @@ class PromptAug(Strategy):
 
 @dataclass(frozen=True)
 class Feedback(Strategy):
-    """Two-turn feedback: only the Solver's second attempt is context-swapped."""
+    """Two-turn feedback: only the feedback agent's (`agent_id`, the Solver by default) second
+    attempt is context-swapped."""
 
     strategy_id: ClassVar[str] = "feedback"
     train_context: Literal["problem", "attempt"] = "problem"

@@ -23,13 +23,13 @@ from pipeline.workflows.code import (
     TESTER,
     TEMPLATES,
     CodeSpec,
-    _template_problem,
     extract_code,
     make_problem,
     parse_tester_tests,
     read_task_file,
     spec_of,
 )
+from pipeline.workflows.code.problems import _template_problem
 
 DATA = Path(__file__).parent / "data" / "code" / "tasks.jsonl"
 FAST = {"sandbox_timeout": 1.0}

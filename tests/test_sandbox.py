@@ -1,4 +1,4 @@
-"""The sandbox for model-written code (pipeline/sandbox/__init__.py, docs/SANDBOX.md): hostile programs
+"""The sandbox for model-written code (pipeline/sandbox/, docs/SANDBOX.md): hostile programs
 get the named status and leave nothing behind (no process of the sandbox uid or still holding
 its folder, no temporary folder, no file outside its folder, no socket on this machine), and
 `run_tests` cannot be talked into a pass. Nothing here is skipped: on a machine that lacks a
@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import sandbox
+from pipeline.sandbox import isolation as layers
+from pipeline.sandbox import process, uids
 from pipeline.sandbox import SandboxError, SandboxUnavailable, parse_tests, run_many, run_program, run_tests, run_tests_many
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,9 +49,9 @@ def netns_python():
     folder only root can read, e.g. under /root)."""
     for python in (None, "/usr/bin/python3"):
         if python is None or os.path.exists(python):
-            if sandbox._probe("netns", python) is None:
+            if layers._probe("netns", python) is None:
                 return python
-    pytest.fail(f"no network namespace with a Python the sandbox uid can run: {sandbox._probe('netns', None)}")
+    pytest.fail(f"no network namespace with a Python the sandbox uid can run: {layers._probe('netns', None)}")
 
 
 def uid_of(result) -> int:
@@ -87,9 +89,9 @@ def processes_using(path: Path) -> list[str]:
 def assert_nothing_survives(result, work: Path) -> None:
     uid = uid_of(result)
     deadline = time.monotonic() + 3
-    while (sandbox._pids_of(uid) or processes_using(work)) and time.monotonic() < deadline:
+    while (uids.pids_of(uid) or processes_using(work)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not sandbox._pids_of(uid), f"processes of the sandbox uid {uid} survived: {sandbox._pids_of(uid)}"
+    assert not uids.pids_of(uid), f"processes of the sandbox uid {uid} survived: {uids.pids_of(uid)}"
     assert not processes_using(work), f"processes of the run survived: {processes_using(work)}"
     assert list(work.iterdir()) == [], f"the temporary folder was not removed: {list(work.iterdir())}"
     assert not host_sockets_of(uid), host_sockets_of(uid)
@@ -133,7 +135,7 @@ def test_failures_are_named(bwrap, work):
 
 
 def test_the_sandbox_itself_failing_is_an_error_not_a_program_failure(bwrap, work, monkeypatch):
-    monkeypatch.setattr(sandbox, "_bwrap_argv", lambda box, roots: ["bwrap", "--no-such-flag", "--"])
+    monkeypatch.setattr(process, "_bwrap_argv", lambda box, roots: ["bwrap", "--no-such-flag", "--"])
     r = run_program("print(1)", **T, isolation="bwrap", work_root=str(work))
     assert (r.status, r.exit_code) == ("error", None) and "could not start" in r.reason, r
     assert list(work.iterdir()) == []
@@ -359,7 +361,7 @@ def test_nothing_survives_a_timeout_with_the_network_namespace_alone(netns_pytho
 
 def test_no_isolation_is_refused_unless_allowed(work, monkeypatch, netns_python):
     missing = {"bwrap": "bwrap: not installed (apt-get install bubblewrap)", "netns": "netns: unshare(CLONE_NEWNET) failed"}
-    monkeypatch.setattr(sandbox, "_probe", lambda kind, python=None: missing[kind])
+    monkeypatch.setattr(layers, "_probe", lambda kind, python=None: missing[kind])
     with pytest.raises(SandboxUnavailable) as err:
         run_program("print(1)", **T, work_root=str(work))
     message = str(err.value)

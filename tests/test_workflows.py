@@ -202,6 +202,63 @@ def test_feedback_on_a_workflow_without_it_is_refused_naming_the_workflow():
         run_rollouts(relay().problems("train", 1, 0), relay(), [Feedback()], Echo(), RolloutConfig())
 
 
+SEEN: dict = {}
+
+
+def relay_of(turns: int = 3, *, label: str = "relay"):
+    """A factory function: its parameters are its options."""
+    SEEN.update(turns=turns, label=label)
+    return relay()
+
+
+def relay_of_anything(**settings):
+    """A factory that takes any keyword: it gets every option and every run setting."""
+    SEEN.update(settings)
+    return relay()
+
+
+def test_an_unknown_workflow_option_is_a_one_line_error_naming_it_and_the_options_it_takes():
+    with pytest.raises(ConfigError) as err:
+        load_workflow(f"{RELAY}:Relay", no_such_option=7)
+    assert str(err.value) == f"workflow '{RELAY}:Relay': unknown option 'no_such_option' (it takes no options)"
+    with pytest.raises(ConfigError) as err:
+        load_workflow("grid", size=5, sise=5, wals=2)
+    message = str(err.value)
+    assert message.startswith("workflow 'grid': unknown options 'sise', 'wals' (it takes: task_file, max_loop_num, size, walls, ") and "\n" not in message
+    with pytest.raises(ConfigError, match=r"^workflow 'math': unknown option 'loops' \(it takes: task, agents, max_loop_num, orchestra\)$"):
+        load_workflow("math", loops=2)
+    with pytest.raises(ConfigError, match=r"unknown option 'turn' \(it takes: turns, label\)$"):
+        load_workflow(f"{__name__}:relay_of", turn=2)
+    with pytest.raises(ConfigError, match=r"^workflow 'relay': unknown option 'size' \(it takes no options\)$"):
+        load_workflow(relay(), size=2)  # a workflow already built takes no option
+
+
+def test_the_runs_settings_go_only_to_a_workflow_that_takes_them():
+    """`task`, `task_file` and `max_loop_num` are offered to every workflow by the run: a
+    workflow without such a parameter is built without them; one with it gets it."""
+    assert load_workflow(f"{RELAY}:Relay", task=FakeTask(), task_file="tasks.jsonl", max_loop_num=4).name == "relay"
+    assert load_workflow("grid", size=5, max_loop_num=7, task=FakeTask()).max_loop_num == 7
+    assert load_workflow("math", task=FakeTask(), max_loop_num=3, task_file=None).max_loop_num == 3
+    SEEN.clear()
+    load_workflow(f"{__name__}:relay_of", turns=5, max_loop_num=2)
+    assert SEEN == {"turns": 5, "label": "relay"}
+    SEEN.clear()
+    load_workflow(f"{__name__}:relay_of_anything", colour="red", max_loop_num=2, task_file=None)
+    assert SEEN == {"colour": "red", "max_loop_num": 2}  # None: not set
+
+
+def test_an_unknown_workflow_option_on_the_command_line_stops_the_run_before_any_work(tmp_path):
+    store = tmp_path / "store"
+    out = subprocess.run(
+        [sys.executable, "-m", "maxit.cli", "run", "--workflow", f"{RELAY}:Relay", "--workflow-options", "no_such_option=7", "--store", str(store)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("unknown option 'no_such_option' (it takes no options)"), out.stderr[-2000:]
+    assert not store.exists() or not any(store.iterdir())
+
+
 def test_separate_policies_name_each_agents_policy():
     assert load_workflow(f"{RELAY}:Relay", shared_policy=False).policy_ids == ("first", "second", "third")
     assert load_workflow("math", shared_policy=False).policy_ids == ("solver", "verifier")

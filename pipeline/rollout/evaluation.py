@@ -11,8 +11,7 @@ episode. The math workflows report the Solver's and the Verifier's own metrics
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import polars as pl
 

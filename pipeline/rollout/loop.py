@@ -6,6 +6,14 @@ a tree step is a row), validated against `schemas.STEPS`. `write_steps` stores i
 `<store>/round=<r>/steps.parquet`. The workflow contract (what an environment observes, steps and
 rewards) is in `pipeline.rollout.workflow`.
 
+`run_rollouts` is a loop over named steps: set-up (`_start`: the episodes and their resets), the
+schedule (`_schedule`), then per agent step tokenising (`_prompts`), sampling
+(`pipeline.rollout.sampling.sample_requests`), row building (`pipeline.rollout.rows.build_rows`),
+env stepping (`_step_envs`), tree selection (`_select`) and, at the end of the first turn, the
+feedback credit (`_credit_first_attempts`); the final rewards (`_final_rewards`) close the round.
+The rollout config, request seeds and shards live in `pipeline.rollout.sampling` (re-exported
+here), the rows and the table in `pipeline.rollout.rows`.
+
 Strategies (pipeline.strategies) and what they sample:
 - `iid`, `prompt_aug`, `feedback`: `group_size` independent episodes per problem (`sample_idx`
   0..K-1), each from its own `workflow.reset(problem, strategy)`. Under `prompt_aug` the agents
@@ -53,279 +61,222 @@ the engine draws sample j of it with its own seed derived from it
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Mapping, Sequence
 
 import pyarrow as pa
 
-from pipeline.rollout.agent import Agent
-from pipeline.config import AdvantageConfig
 from pipeline.errors import ConfigError, DataError
-from pipeline.models.chat import encode_prompt, prompt_hash
+from pipeline.models.chat import encode_prompt
+from pipeline.rollout.agent import Agent
+from pipeline.rollout.contract import StepResult, check_messages, check_workflow, finite_reward
 from pipeline.rollout.rewards import Outcome, row_reward, safe_map
+from pipeline.rollout.rows import Episode, Row, build_rows, to_table
+from pipeline.rollout.sampling import CallPlan, RolloutConfig, merge_shards, plan_call, request_seed, sample_requests, shard_of, step_seed
 from pipeline.store import table_path, write_table
 from pipeline.strategies import Feedback, Strategy
-from pipeline.rollout.contract import StepResult, check_messages, check_workflow, finite_reward
-from pipeline.types import GenerateCall, Message, Problem, Sample, Sampler, generate_calls
+from pipeline.types import Message, Problem, Sampler
 from schemas import STEPS, validate
 
 __all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "write_steps", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
 
 
-@dataclass(frozen=True)
-class RolloutConfig:
-    """How one round of rollouts is sampled and scored."""
+def run_rollouts(
+    problems: Sequence[Problem],
+    workflow,
+    strategies: Sequence[Strategy],
+    sampler: Sampler | Mapping[str, Sampler],
+    config: RolloutConfig,
+    *,
+    tokenizer=None,
+) -> pa.Table:
+    """Run one round of `workflow` (`pipeline.workflows.Workflow`) and return its `steps` table
+    (validated).
 
-    round: int = 0
-    """Expert-iteration round (written to `round`, part of every id)."""
-    temperature: float = 1.0
-    """Sampling temperature of every agent call (the stored logprobs are under it)."""
-    max_tokens: int = 64
-    """Completion budget of an agent call, for agents not in `max_tokens_by_agent`."""
-    max_tokens_by_agent: Mapping[str, int] = field(default_factory=dict)
-    """Per-agent completion budgets, e.g. {"verifier": 16}."""
-    alpha: float = AdvantageConfig.alpha
-    """Mixed reward: reward = alpha * global_reward + local_weight * local_reward (the run passes
-    its advantage settings' values; the tree strategy selects its best candidate by it). The
-    default is `AdvantageConfig`'s, the default run's."""
-    local_weight: float = AdvantageConfig.local_weight
-    """Weight of the local reward in the mixed reward (default: `AdvantageConfig`'s)."""
-    seed: int = 0
-    """Base seed; each request of an agent step gets a seed derived from it, the round, the step
-    and the request's trajectory (`request_seed`), recorded in the `seed` column."""
-    reward_timeout: float | None = 10.0
-    """Seconds one call of the task's reward or verdict parser may take before its reward is
-    null with a `reward_error`; None runs them unguarded by time (exceptions are still caught)."""
-
-    def __post_init__(self) -> None:
-        def whole(name: str, value, low: int) -> None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"RolloutConfig.{name} must be an integer >= {low}, got {value!r}")
-
-        whole("round", self.round, 0)
-        whole("max_tokens", self.max_tokens, 1)
-        whole("seed", self.seed, 0)
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ConfigError(f"RolloutConfig.temperature must be a finite number >= 0, got {self.temperature!r}")
-        for name in ("alpha", "local_weight"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"RolloutConfig.{name} must be a finite number, got {value!r}")
-        if self.reward_timeout is not None and (
-            isinstance(self.reward_timeout, bool) or not isinstance(self.reward_timeout, (int, float)) or not self.reward_timeout > 0 or not math.isfinite(self.reward_timeout)
-        ):
-            raise ConfigError(f"RolloutConfig.reward_timeout must be a finite number of seconds > 0 or None, got {self.reward_timeout!r}")
-        if not isinstance(self.max_tokens_by_agent, Mapping):
-            raise ConfigError(f"RolloutConfig.max_tokens_by_agent must be a mapping agent_id -> int, got {self.max_tokens_by_agent!r}")
-        budgets = dict(self.max_tokens_by_agent)
-        for agent_id, value in budgets.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"RolloutConfig.max_tokens_by_agent[{agent_id!r}] must be an integer >= 1, got {value!r}")
-        object.__setattr__(self, "max_tokens_by_agent", MappingProxyType(budgets))
-
-    def max_tokens_for(self, agent_id: str) -> int:
-        """The completion budget of `agent_id`."""
-        return self.max_tokens_by_agent.get(agent_id, self.max_tokens)
+    `sampler` is one engine for every policy, or a mapping policy_id -> engine when agents have
+    their own policies. `tokenizer` renders prompts (`encode_prompt`); by default the sampler's
+    `tokenizer` attribute, else `pipeline.models.load_tokenizer(sampler.model_dir)`."""
+    round_ = _start(problems, workflow, strategies, sampler, config, tokenizer)
+    for turn, step, agent_id in _schedule(workflow):
+        live = [e for e in round_.episodes if e.active]
+        if not live:
+            break
+        _agent_step(round_, live, turn, step, agent_id)
+    _final_rewards(round_.episodes, config.reward_timeout)
+    return validate(to_table(round_.rows, config), STEPS)
 
 
-def step_seed(seed: int, round_: int, step: int) -> int:
-    """The engine seed of agent step `step` of round `round_` (stable across runs, < 2**31)."""
-    digest = hashlib.blake2b(f"{seed}/{round_}/{step}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (2**31 - 1)
+@dataclass
+class _Round:
+    """What one `run_rollouts` call carries from agent step to agent step."""
+
+    config: RolloutConfig
+    agents: dict[str, Agent]
+    samplers: dict[str, Sampler]
+    tokenizer: object
+    """The caller's tokenizer, or None (each policy's sampler's, loaded at its first step)."""
+    hinted: frozenset[str]
+    last_agent: str
+    episodes: list[Episode]
+    tokenizers: dict[str, object] = field(default_factory=dict)
+    encoded: dict[tuple, list[int]] = field(default_factory=dict)
+    """(policy_id, messages) -> prompt ids: identical contexts are tokenised once."""
+    rows: list[Row] = field(default_factory=list)
+    """Every row of the round, in the order they were sampled."""
 
 
-def request_seed(seed: int, round_: int, step: int, traj_uid: str) -> int:
-    """The engine seed of one request: the samples agent step `step` of round `round_` draws for
-    the trajectory (or tree) `traj_uid` and the requests merged with it (identical prompts of one
-    problem, keyed by the first one's `traj_uid`). It depends on the request alone, never on its
-    place in an engine call, so a round split into shards draws the same samples (< 2**31)."""
-    digest = hashlib.blake2b(f"{seed}/{round_}/{step}/{traj_uid}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (2**31 - 1)
+def _start(problems, workflow, strategies, sampler, config, tokenizer) -> _Round:
+    """Set-up: check the inputs, make every episode and reset its environment (guarded)."""
+    if not isinstance(config, RolloutConfig):
+        raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
+    _check_inputs(problems, workflow, strategies)
+    episodes = _episodes(problems, strategies, config.round)
+    resets = safe_map(workflow.reset, [(e.problem, e.strategy) for e in episodes], config.reward_timeout, label="reset")
+    for e, env in zip(episodes, resets):
+        if env.ok and env.value is not None:
+            e.env = env.value
+        else:
+            e.active, e.error = False, f"reset: {env.error or 'returned None'}"
+    return _Round(
+        config=config, agents={a.agent_id: a for a in workflow.agents}, samplers=_samplers(sampler, workflow.agents), tokenizer=tokenizer,
+        hinted=frozenset(workflow.hinted_agents), last_agent=tuple(workflow.turn_order)[-1], episodes=episodes,
+    )
 
 
-def shard_of(uid: str, shards: int) -> int:
-    """The shard (0..shards-1) of problem `uid`: a stable hash of the uid (not Python's salted
-    `hash`), so every row of a problem, and so every advantage group and tree, is in one shard."""
-    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-        raise ConfigError(f"shards must be an integer >= 1, got {shards!r}")
-    digest = hashlib.blake2b(str(uid).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % shards
+def _episodes(problems: Sequence[Problem], strategies: Sequence[Strategy], round_: int) -> list[Episode]:
+    """Every strategy's episodes, strategy by strategy, problem by problem: one tree per problem,
+    or `group_size` trajectories."""
+    episodes: list[Episode] = []
+    for strategy in strategies:
+        sid = strategy.strategy_id
+        for problem in problems:
+            if strategy.tree:
+                episodes.append(Episode(problem, strategy, f"r{round_}-{sid}-{problem.uid}", 0))
+            else:
+                for k in range(strategy.group_size):
+                    episodes.append(Episode(problem, strategy, f"r{round_}-{sid}-{problem.uid}-s{k}", k))
+    return episodes
 
 
-def _sample_requests(eng, live, prompts, config: "RolloutConfig", step: int, agent_id: str) -> list[tuple[int, list[Sample]]]:
-    """Draw every live episode's samples of one agent step: (request seed, its `width` samples)
-    per episode, in `live` order.
-
-    Identical prompts of one problem (the K first attempts of a group, say) are merged into one
-    request of count c (the sum of their widths) with one seed (`request_seed` of the first
-    one's traj_uid) and handed out in episode order. Requests are sent in one engine call per
-    distinct count (n = c), each with its own seed: what a request draws depends only on the
-    request, not on which other problems share the call (sharding cannot change a row). An engine
-    that batches several calls (`generate_calls`) runs a step's counts as one batch."""
-    r = config.round
-    groups: dict[tuple[str, tuple[int, ...]], int] = {}
-    group_prompt: list[list[int]] = []
-    group_count: list[int] = []
-    group_seed: list[int] = []
-    member: list[int] = []
-    for e, p in zip(live, prompts):
-        key = (e.problem.uid, tuple(p))
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = len(group_prompt)
-            group_prompt.append(p)
-            group_count.append(0)
-            group_seed.append(request_seed(config.seed, r, step, e.traj_uid))
-        group_count[g] += e.width
-        member.append(g)
-    drawn: list[list[Sample]] = [[] for _ in group_prompt]
-    by_count: dict[int, list[int]] = {}
-    for g, c in enumerate(group_count):
-        by_count.setdefault(c, []).append(g)
-    counts = sorted(by_count.items())
-    calls = [GenerateCall([group_prompt[g] for g in gs], n, float(config.temperature), config.max_tokens_for(agent_id), [group_seed[g] for g in gs]) for n, gs in counts]
-    for (n, gs), out in zip(counts, generate_calls(eng, calls)):
-        if len(out) != len(gs) or any(len(o) != n for o in out):
-            raise DataError(
-                f"engine {eng.engine!r} returned {[len(o) for o in out][:8]}... samples for {len(gs)} prompts "
-                f"with n={n} at round {r} step {step}"
-            )
-        for g, samples in zip(gs, out):
-            drawn[g] = list(samples)
-    taken = [0] * len(group_prompt)
-    result = []
-    for e, g in zip(live, member):
-        result.append((group_seed[g], drawn[g][taken[g] : taken[g] + e.width]))
-        taken[g] += e.width
-    return result
+def _schedule(workflow) -> list[tuple[int, int, str]]:
+    """(turn, step, agent_id) of every agent step: `max_turns` turns of `turn_order`."""
+    order = tuple(workflow.turn_order)
+    return [(t, t * len(order) + i, agent_id) for t in range(int(workflow.max_turns)) for i, agent_id in enumerate(order)]
 
 
-def merge_shards(tables: Sequence[pa.Table], problem_uids: Sequence[str], strategy_ids: Sequence[str]) -> pa.Table:
-    """The `steps` tables of a round's shards as the one table `run_rollouts` gives on all the
-    problems at once: concatenated, then in its row order (agent step, strategy, problem in the
-    problems table's order, sample). Validated; a step_id in two shards is an error."""
-    tables = [t for t in tables if t.num_rows] or list(tables[:1])
-    if not tables:
-        raise DataError("merge_shards: no shard tables")
-    table = pa.concat_tables(tables)
-    ids = table.column("step_id").to_pylist()
-    if len(set(ids)) != len(ids):
-        raise DataError("merge_shards: a step_id appears in two shards (a problem was sampled twice)")
-    strategy_pos = {s: i for i, s in enumerate(strategy_ids)}
-    uid_pos = {u: i for i, u in enumerate(problem_uids)}
-    keys = list(zip(
-        table.column("step").to_pylist(),
-        [strategy_pos[s] for s in table.column("strategy").to_pylist()],
-        [uid_pos[u] for u in table.column("uid").to_pylist()],
-        table.column("sample_idx").to_pylist(),
-    ))
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-    return validate(table.take(pa.array(order, type=pa.int64())), STEPS)
+def _agent_step(round_: _Round, live: list[Episode], turn: int, step: int, agent_id: str) -> None:
+    """One agent step of every live episode: its context, its samples, its rows, the
+    environments' steps and, in a tree, the selected candidate."""
+    config = round_.config
+    agent = round_.agents[agent_id]
+    eng = round_.samplers[agent.policy_id]
+    acting, contexts, prompts = _prompts(round_, live, agent, turn)
+    if not acting:
+        return
+    drawn = sample_requests(eng, acting, prompts, config, step, agent_id)
+    new_rows = [build_rows(e, agent, turn, step, msgs, prompt, seed, samples, eng) for e, msgs, prompt, (seed, samples) in zip(acting, contexts, prompts, drawn)]
+    for e, rows in zip(acting, new_rows):
+        round_.rows.extend(rows)
+        e.rows.extend(rows)
+    stepped = _step_envs(acting, new_rows, agent_id, config.reward_timeout)
+    for e, rows, results in zip(acting, new_rows, stepped):
+        best = _select(e, rows, config)
+        _follow(e, rows[best], results[best])
+    if turn == 0 and agent_id == round_.last_agent:
+        _credit_first_attempts(acting, config.reward_timeout)
 
 
-@dataclass(frozen=True)
-class CallPlan:
-    """One engine call serving many requests (see `plan_call`)."""
-
-    prompts: list[list[int]]
-    """The prompts sent, distinct prompts repeated count/n times."""
-    n: int
-    """Samples per prompt."""
-    slots: list[list[tuple[int, int]]]
-    """For each request, the (prompt index, sample index) of each of its samples."""
-
-
-def plan_call(requests: Sequence[tuple[Sequence[int], int]]) -> CallPlan:
-    """Merge requests (prompt_ids, count) into one `generate(prompts, n)` call: identical prompts
-    are merged, n = gcd of the merged counts, each distinct prompt repeated count/n times."""
-    order: dict[tuple[int, ...], int] = {}
-    ids: list[list[int]] = []
-    counts: list[int] = []
-    for prompt, count in requests:
-        if count < 1:
-            raise ValueError(f"a request needs at least one sample, got {count}")
-        key = tuple(prompt)
-        if key not in order:
-            order[key] = len(ids)
-            ids.append(list(prompt))
-            counts.append(0)
-        counts[order[key]] += count
-    if not ids:
-        return CallPlan([], 1, [])
-    n = math.gcd(*counts)
+def _prompts(round_: _Round, live: list[Episode], agent: Agent, turn: int) -> tuple[list[Episode], list[list[Message]], list[list[int]]]:
+    """Tokenising: what each live episode's agent sees (workflow code, guarded; the hinted agents
+    see the strategy's augmentation) and its prompt ids. An episode whose `observe` failed ends;
+    the others are returned as (acting episodes, their messages, their prompt ids)."""
+    agent_id = agent.agent_id
+    tok = _tokenizer(round_, agent.policy_id)
+    seen = safe_map(_observe, [(e.env, agent_id) for e in live], round_.config.reward_timeout, label="observe")
+    acting: list[Episode] = []
+    contexts: list[list[Message]] = []
     prompts: list[list[int]] = []
-    pool: list[list[tuple[int, int]]] = []
-    for d, count in enumerate(counts):
-        slots = []
-        for _ in range(count // n):
-            slots.extend((len(prompts), j) for j in range(n))
-            prompts.append(ids[d])
-        pool.append(slots)
-    taken = [0] * len(ids)
-    out = []
-    for prompt, count in requests:
-        d = order[tuple(prompt)]
-        out.append(pool[d][taken[d] : taken[d] + count])
-        taken[d] += count
-    return CallPlan(prompts, n, out)
+    for e, out in zip(live, seen):
+        if not out.ok:
+            e.active, e.error = False, f"observe({agent_id!r}) at turn {turn}: {out.error}"
+            continue
+        msgs = e.strategy.augment(out.value, e.problem) if agent_id in round_.hinted else out.value
+        key = (agent.policy_id, tuple((m["role"], m["content"]) for m in msgs))
+        if key not in round_.encoded:
+            round_.encoded[key] = encode_prompt(tok, msgs)
+        acting.append(e)
+        contexts.append(msgs)
+        prompts.append(round_.encoded[key])
+    return acting, contexts, prompts
 
 
-@dataclass(slots=True)
-class _Row:
-    step_id: str
-    strategy: str
-    uid: str
-    traj_uid: str
-    sample_idx: int
-    agent_id: str
-    policy_id: str
-    turn: int
-    step: int
-    parent_node_id: str | None
-    messages: list[Message]
-    prompt_ids: list[int]
-    sample: Sample
-    model_version: str
-    engine: str
-    seed: int
-    selected: bool = True
-    verdict: bool | None = None
-    global_: Outcome | None = None
-    local: Outcome | None = None
+def _tokenizer(round_: _Round, policy_id: str):
+    """The tokenizer of `policy_id`'s prompts: the caller's, else its sampler's (loaded once)."""
+    if policy_id not in round_.tokenizers:
+        round_.tokenizers[policy_id] = round_.tokenizer if round_.tokenizer is not None else _tokenizer_of(round_.samplers[policy_id])
+    return round_.tokenizers[policy_id]
 
 
-@dataclass(slots=True)
-class _Episode:
-    """One trajectory (ordinary strategies) or one tree (tree strategy); mutable while sampled."""
+def _step_envs(acting: list[Episode], new_rows: list[list[Row]], agent_id: str, timeout: float | None) -> list[list[tuple | None]]:
+    """Env stepping: the environment takes every completion (workflow code, guarded, one batch;
+    a tree candidate steps its own copy). Each row gets its local reward and verdict, a tree row
+    its team reward right after the step; per episode, per row: (env, StepResult) or None when
+    the workflow's code failed (the row says why)."""
+    calls = [(e.env, agent_id, row.sample.text, e.tree) for e, rows in zip(acting, new_rows) for row in rows]
+    outcomes = iter(safe_map(_advance, calls, timeout, label="step"))
+    stepped = []
+    for e, rows in zip(acting, new_rows):
+        results = []
+        for row in rows:
+            out = next(outcomes)
+            if not out.ok:
+                row.local = Outcome(None, f"step({agent_id!r}): {out.error}")
+                row.global_ = Outcome(None, "the episode ended at this step")
+                results.append(None)
+                continue
+            env, result, reward, team = out.value
+            row.local = Outcome(reward, result.error) if reward is not None else Outcome(None, result.error or "step returned reward None")
+            row.verdict = result.verdict
+            if e.tree:
+                row.global_ = Outcome(team) if team is not None else Outcome(None, "team_reward returned None")
+            results.append((env, result))
+        stepped.append(results)
+    return stepped
 
-    problem: Problem
-    strategy: Strategy
-    traj_uid: str
-    """Trajectory id; for a tree, the prefix of its branches' ids."""
-    sample_idx: int
-    env: object = None
-    """The workflow's environment state (`Env`); for a tree, the selected branch's."""
-    active: bool = True
-    parent: str | None = None
-    rows: list[_Row] = field(default_factory=list)
-    error: str | None = None
-    """Why the episode stopped early (the workflow's code raised, hung or returned nonsense):
-    its team reward is null with this message in `reward_error`."""
-    first_team: Outcome | None = None
-    """Feedback episodes: the team reward at the end of the first turn, before the feedback (the
-    first attempt's own outcome, the global reward of the first turn's rows)."""
 
-    @property
-    def tree(self) -> bool:
-        return self.strategy.tree
+def _select(e: Episode, rows: list[Row], config: RolloutConfig) -> int:
+    """Tree selection: the index of the row the episode goes on from (marked `selected` in a
+    tree, by `_best` over the mixed rewards); an ordinary trajectory's one row."""
+    if not e.tree:
+        return 0
+    mixed = [row_reward(config.alpha, row.global_, row.local, config.local_weight).reward for row in rows]
+    best = _best(mixed, getattr(e.strategy, "greedy", True))
+    for i, row in enumerate(rows):
+        row.selected = i == best
+    return best
 
-    @property
-    def width(self) -> int:
-        return self.strategy.group_size if self.tree else 1
+
+def _follow(e: Episode, chosen: Row, outcome: tuple | None) -> None:
+    """The episode goes on from `chosen`: its next row's parent, its environment state; it ends
+    when the step failed (with the row's error) or the environment is done."""
+    e.parent = chosen.step_id
+    if outcome is None:
+        e.active, e.error = False, chosen.local.error
+        return
+    e.env = outcome[0]
+    if outcome[1].done:
+        e.active = False
+
+
+def _credit_first_attempts(acting: list[Episode], timeout: float | None) -> None:
+    """Feedback credit: the feedback strategy's first attempt is an episode of its own that ends
+    at the end of turn 0; its rows are credited with the team reward before the feedback, not
+    with the second attempt's."""
+    firsts = [e for e in acting if isinstance(e.strategy, Feedback) and e.error is None]
+    for e, out in zip(firsts, safe_map(_team_reward, [(e.env,) for e in firsts], timeout, label="team_reward")):
+        e.first_team = _team_outcome(out)
 
 
 def _samplers(sampler: Sampler | Mapping[str, Sampler], agents: Sequence[Agent]) -> dict[str, Sampler]:
@@ -405,152 +356,7 @@ def _team_reward(env):
     return finite_reward(env.team_reward(), "team_reward")
 
 
-def run_rollouts(
-    problems: Sequence[Problem],
-    workflow,
-    strategies: Sequence[Strategy],
-    sampler: Sampler | Mapping[str, Sampler],
-    config: RolloutConfig,
-    *,
-    tokenizer=None,
-) -> pa.Table:
-    """Run one round of `workflow` (`pipeline.workflows.Workflow`) and return its `steps` table
-    (validated).
-
-    `sampler` is one engine for every policy, or a mapping policy_id -> engine when agents have
-    their own policies. `tokenizer` renders prompts (`encode_prompt`); by default the sampler's
-    `tokenizer` attribute, else `pipeline.models.load_tokenizer(sampler.model_dir)`."""
-    if not isinstance(config, RolloutConfig):
-        raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
-    _check_inputs(problems, workflow, strategies)
-    agents = {a.agent_id: a for a in workflow.agents}
-    samplers = _samplers(sampler, workflow.agents)
-    tokenizers: dict[str, object] = {}
-    r = config.round
-    timeout = config.reward_timeout
-    order = tuple(workflow.turn_order)
-    hinted = set(workflow.hinted_agents)
-    max_turns = int(workflow.max_turns)
-
-    episodes: list[_Episode] = []
-    for strategy in strategies:
-        sid = strategy.strategy_id
-        for problem in problems:
-            if strategy.tree:
-                episodes.append(_Episode(problem, strategy, f"r{r}-{sid}-{problem.uid}", 0))
-            else:
-                for k in range(strategy.group_size):
-                    episodes.append(_Episode(problem, strategy, f"r{r}-{sid}-{problem.uid}-s{k}", k))
-    resets = safe_map(workflow.reset, [(e.problem, e.strategy) for e in episodes], timeout, label="reset")
-    for e, env in zip(episodes, resets):
-        if env.ok and env.value is not None:
-            e.env = env.value
-        else:
-            e.active, e.error = False, f"reset: {env.error or 'returned None'}"
-
-    all_rows: list[_Row] = []
-    encoded: dict[tuple, list[int]] = {}
-    schedule = [(t, t * len(order) + i, agent_id) for t in range(max_turns) for i, agent_id in enumerate(order)]
-    for turn, step, agent_id in schedule:
-        live = [e for e in episodes if e.active]
-        if not live:
-            break
-        agent = agents[agent_id]
-        eng = samplers[agent.policy_id]
-        if agent.policy_id not in tokenizers:
-            tokenizers[agent.policy_id] = tokenizer if tokenizer is not None else _tokenizer_of(eng)
-        tok = tokenizers[agent.policy_id]
-
-        # what each live episode's agent sees (workflow code: guarded)
-        seen = safe_map(_observe, [(e.env, agent_id) for e in live], timeout, label="observe")
-        contexts: list[list[Message]] = []
-        prompts: list[list[int]] = []
-        acting: list[_Episode] = []
-        for e, out in zip(live, seen):
-            if not out.ok:
-                e.active, e.error = False, f"observe({agent_id!r}) at turn {turn}: {out.error}"
-                continue
-            msgs = e.strategy.augment(out.value, e.problem) if agent_id in hinted else out.value
-            key = (agent.policy_id, tuple((m["role"], m["content"]) for m in msgs))
-            if key not in encoded:
-                encoded[key] = encode_prompt(tok, msgs)
-            acting.append(e)
-            contexts.append(msgs)
-            prompts.append(encoded[key])
-        if not acting:
-            continue
-
-        drawn = _sample_requests(eng, acting, prompts, config, step, agent_id)
-        version, engine_name = eng.model_version, eng.engine
-
-        new_rows: list[list[_Row]] = []
-        for e, msgs, prompt, (seed, samples) in zip(acting, contexts, prompts, drawn):
-            rows = []
-            for c, sample in enumerate(samples):
-                sample_idx = c if e.tree else e.sample_idx
-                traj_uid = f"{e.traj_uid}-s{c}" if e.tree else e.traj_uid
-                step_id = f"{traj_uid}-{agent_id}-t{turn}"
-                if len(sample.token_ids) != len(sample.logprobs):
-                    raise DataError(
-                        f"engine {engine_name!r} returned {len(sample.token_ids)} token ids but {len(sample.logprobs)} logprobs for step_id {step_id!r}"
-                    )
-                rows.append(
-                    _Row(
-                        step_id=step_id, strategy=e.strategy.strategy_id, uid=e.problem.uid, traj_uid=traj_uid, sample_idx=sample_idx,
-                        agent_id=agent_id, policy_id=agent.policy_id, turn=turn, step=step, parent_node_id=e.parent, messages=msgs,
-                        prompt_ids=prompt, sample=sample, model_version=version, engine=engine_name, seed=seed,
-                    )
-                )
-            new_rows.append(rows)
-            all_rows.extend(rows)
-            e.rows.extend(rows)
-
-        # the environment takes every completion (workflow code: guarded, one batch)
-        calls = [(e.env, agent_id, row.sample.text, e.tree) for e, rows in zip(acting, new_rows) for row in rows]
-        outcomes = iter(safe_map(_advance, calls, timeout, label="step"))
-        for e, rows in zip(acting, new_rows):
-            results = []
-            for row in rows:
-                out = next(outcomes)
-                if not out.ok:
-                    row.local = Outcome(None, f"step({agent_id!r}): {out.error}")
-                    row.global_ = Outcome(None, "the episode ended at this step")
-                    results.append(None)
-                    continue
-                env, result, reward, team = out.value
-                row.local = Outcome(reward, result.error) if reward is not None else Outcome(None, result.error or "step returned reward None")
-                row.verdict = result.verdict
-                if e.tree:
-                    row.global_ = Outcome(team) if team is not None else Outcome(None, "team_reward returned None")
-                results.append((env, result))
-            if e.tree:
-                mixed = [row_reward(config.alpha, row.global_, row.local, config.local_weight).reward for row in rows]
-                best = _best(mixed, getattr(e.strategy, "greedy", True))
-                for i, row in enumerate(rows):
-                    row.selected = i == best
-                chosen, outcome = rows[best], results[best]
-            else:
-                chosen, outcome = rows[0], results[0]
-            e.parent = chosen.step_id
-            if outcome is None:
-                e.active, e.error = False, chosen.local.error
-                continue
-            e.env = outcome[0]
-            if outcome[1].done:
-                e.active = False
-
-        if turn == 0 and agent_id == order[-1]:
-            # the feedback strategy's first attempt is an episode of its own that ends here: its
-            # rows are credited with the outcome before the feedback, not with the second attempt's
-            firsts = [e for e in acting if isinstance(e.strategy, Feedback) and e.error is None]
-            for e, out in zip(firsts, safe_map(_team_reward, [(e.env,) for e in firsts], timeout, label="team_reward")):
-                e.first_team = _team_outcome(out)
-
-    _final_rewards(episodes, timeout)
-    return validate(_to_table(all_rows, r, config), STEPS)
-
-
-def _final_rewards(episodes: list[_Episode], timeout: float | None) -> None:
+def _final_rewards(episodes: list[Episode], timeout: float | None) -> None:
     """Ordinary trajectories: every row gets the episode's team reward at its end as its global
     reward (tree rows were scored right after their step)."""
     ordinary = [e for e in episodes if not e.tree and e.rows]
@@ -567,44 +373,6 @@ def _team_outcome(out: Outcome) -> Outcome:
     if out.ok and out.value is None:
         return Outcome(None, "team_reward returned None")
     return out
-
-
-def _to_table(rows: list[_Row], round_: int, config: RolloutConfig) -> pa.Table:
-    cols: dict[str, list] = {f.name: [] for f in STEPS.schema}
-    for row in rows:
-        rew = row_reward(config.alpha, row.global_, row.local, config.local_weight)
-        cols["round"].append(round_)
-        cols["step_id"].append(row.step_id)
-        cols["strategy"].append(row.strategy)
-        cols["uid"].append(row.uid)
-        cols["traj_uid"].append(row.traj_uid)
-        cols["sample_idx"].append(row.sample_idx)
-        cols["agent_id"].append(row.agent_id)
-        cols["policy_id"].append(row.policy_id)
-        cols["turn"].append(row.turn)
-        cols["step"].append(row.step)
-        cols["node_id"].append(row.step_id)
-        cols["parent_node_id"].append(row.parent_node_id)
-        cols["selected"].append(row.selected)
-        cols["active"].append(True)
-        cols["sampling_messages"].append(row.messages)
-        cols["prompt_hash"].append(prompt_hash(row.prompt_ids))
-        cols["prompt_ids"].append(row.prompt_ids)
-        cols["completion_ids"].append(list(row.sample.token_ids))
-        cols["completion_logprobs"].append(list(row.sample.logprobs))
-        cols["completion_text"].append(row.sample.text)
-        cols["finish_reason"].append(row.sample.finish_reason)
-        cols["global_reward"].append(rew.global_reward)
-        cols["local_reward"].append(rew.local_reward)
-        cols["reward"].append(rew.reward)
-        cols["reward_error"].append(rew.reward_error)
-        cols["verdict"].append(row.verdict)
-        cols["model_version"].append(row.model_version)
-        cols["engine"].append(row.engine)
-        cols["seed"].append(row.seed)
-        cols["temperature"].append(float(config.temperature))
-    arrays = [pa.array(cols[f.name], type=f.type) for f in STEPS.schema]
-    return pa.Table.from_arrays(arrays, schema=STEPS.schema)
 
 
 def write_steps(table: pa.Table, store: str | Path, round_: int) -> Path:

@@ -2,8 +2,8 @@
 `MathTask` (`pipeline.tasks.base`: the shared prompts, feedback turn and verdict parsing) and
 keep only their problems and reward; the `Task` protocol is the contract the pipeline relies on.
 
-- `arithmetic` (default): synthetic 2-3 digit addition/subtraction, no download
-  (`pipeline.tasks.arithmetic`).
+- `arithmetic` (default): synthetic two-digit addition (three digits and subtraction as
+  options), no download (`pipeline.tasks.arithmetic`).
 - `file`: problems from a local JSONL/Parquet file, GSM8K-style files included
   (`pipeline.tasks.files.load_task_file`).
 

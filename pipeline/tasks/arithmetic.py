@@ -1,16 +1,17 @@
-"""The default task: synthetic 2-3 digit addition and subtraction, generated from a seed.
+"""The default task: synthetic two-digit addition, generated from a seed (by default operands
+10..99 and the operator "+"; `max_operand=999` gives three digits, `ops="+-"` adds subtraction).
 
 Formats (what the default model is warm-started on, see `pipeline.workflows.math.warmstart`):
-- Solver: one user message with the question, e.g. "123+45="; the answer is the bare number
-  ("168") and the assistant turn ends with EOS.
+- Solver: one user message with the question, e.g. "12+45="; the answer is the bare number
+  ("57") and the assistant turn ends with EOS.
 - Verifier: user message "<question>\\nCheck it: work it out again." (it is not shown the
-  Solver's answer); it replies with the sum ("168"), and its verdict is whether that sum equals
+  Solver's answer); it replies with the sum ("57"), and its verdict is whether that sum equals
   the Solver's answer (verdict style "compare").
 - Hint (`Problem.hint`, shown by the `prompt_aug` strategy as a system message "Hint: ..."): by
-  default the tens digit of the answer ("the tens digit is 6"). Errors of a small model sit in
+  default the tens digit of the answer ("the tens digit is 5"). Errors of a small model sit in
   the middle digits (the carries), not in the first one, so the hint names exactly the digit
   most often wrong while leaving the rest to the model; `hint="prefix"` gives every digit but
-  the last ("16_"), a stronger hint that leaves little to learn from; `hint="none"` gives none.
+  the last ("5_"), a stronger hint that leaves little to learn from; `hint="none"` gives none.
 - Feedback: after a wrong attempt "That is wrong. Try again.", after a right one
   "That is right. Say it again.".
 These are `pipeline.tasks.prompts.ARITHMETIC_PROMPTS`; a prompt file (`prompts=`) replaces them,
@@ -34,7 +35,7 @@ from typing import Literal
 from pipeline.errors import ConfigError
 from pipeline.types import Problem
 
-from .base import MathTask, number_reward, parse_number, split_of
+from .base import MathTask, draw_distinct, number_reward, parse_number, split_of
 from .prompts import ARITHMETIC_PROMPTS, PromptTemplate
 
 __all__ = ["ArithmeticConfig", "ArithmeticTask", "make_hint"]
@@ -49,8 +50,8 @@ class ArithmeticConfig:
     min_operand: int = 10
     """Smallest operand (10 = two digits)."""
     max_operand: int = 99
-    """Largest operand (99 = two digits, the default: the embedded ~1M-parameter model warms up
-    on it in about a minute on 2 CPU cores; 999 gives three digits)."""
+    """Largest operand (99, the default: two digits, small enough for the embedded default model
+    to learn in its warm start on a CPU; 999 gives three digits)."""
     ops: str = "+"
     """Operators to draw from: any of "+" and "-" (default "+"; "+-" adds subtraction).
     Subtractions keep a >= b (no negative answers)."""
@@ -132,19 +133,14 @@ class ArithmeticTask(MathTask):
         if n < 0:
             raise ConfigError(f"n must be >= 0, got {n}")
         rng = random.Random(f"arithmetic:{split}:{seed}")
-        out: list[Problem] = []
-        seen: set[tuple[int, str, int]] = set()
-        tries = 0
-        while len(out) < n:
-            tries += 1
-            if tries > 200 * (n + 10):
-                raise ConfigError(f"cannot draw {n} distinct {split} problems from the configured operand range")
+
+        def draw() -> tuple:
             key = self.sample_operands(rng)
-            if key in seen or self.split_of(*key) != split:
-                continue
-            seen.add(key)
-            out.append(self.make_problem(*key))
-        return out
+            return key, key
+
+        keys = draw_distinct(n, draw, lambda key: self.split_of(*key) == split,
+                             f"cannot draw {n} distinct {split} problems from the configured operand range")
+        return [self.make_problem(*key) for key in keys]
 
     # -- scoring ----------------------------------------------------------------------------
     def reward(self, problem: Problem, completion_text: str) -> float | None:

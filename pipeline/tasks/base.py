@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from typing import Protocol, runtime_checkable
+from typing import Callable, Hashable, Protocol, TypeVar, runtime_checkable
 
+from pipeline.errors import ConfigError
 from pipeline.types import Message, Problem
 
 from .answers import last_number, numbers_equal, parse_number, parse_verdict
@@ -30,6 +31,7 @@ __all__ = [
     "parse_verdict",
     "verifier_prompt",
     "split_of",
+    "draw_distinct",
     "WRONG_FEEDBACK",
     "RIGHT_FEEDBACK",
 ]
@@ -88,6 +90,26 @@ def split_of(key: str, heldout_fraction: float, salt: str = "") -> str:
     """"heldout" or "train", decided by a hash of `key` alone, so one problem can never be in both."""
     h = int.from_bytes(hashlib.blake2b(f"{salt}{key}".encode(), digest_size=8).digest(), "big")
     return "heldout" if (h / 2**64) < heldout_fraction else "train"
+
+
+T = TypeVar("T")
+
+
+def draw_distinct(n: int, draw: Callable[[], tuple[Hashable, T] | None], keep: Callable[[T], bool], refusal: str, tries_per_item: int = 200) -> list[T]:
+    """`n` items with distinct keys, in the order drawn: `draw()` gives (key, item) or None (no
+    item this time), `keep(item)` whether it belongs (e.g. its split). After
+    `tries_per_item * (n + 10)` draws without enough of them, a `ConfigError` saying `refusal`."""
+    out: dict[Hashable, T] = {}
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > tries_per_item * (n + 10):
+            raise ConfigError(refusal)
+        drawn = draw()
+        if drawn is None or drawn[0] in out or not keep(drawn[1]):
+            continue
+        out[drawn[0]] = drawn[1]
+    return list(out.values())
 
 
 def budget_of(task, setting: int | None, kind: str = "rollout") -> int:

@@ -7,7 +7,7 @@ is downloaded. The reference answer is extracted from the answer column by `answ
 - "auto" (default): "gsm8k" where the cell holds "####", else "plain";
 - any other string: a regular expression whose first group (or whole match) is the answer.
 
-Splits: a `split_col` names a column holding "train"/"heldout" (also "test"/"validation" ->
+Splits: a `split_col` names a column holding "train"/"heldout" (also "test"/"validation"/"val" ->
 "heldout"); without it, a problem's split is a hash of its question, so the two never overlap.
 
 Reward (`math_answer_reward`): 1.0 when the completion's answer equals the reference, checked

@@ -1,9 +1,7 @@
 """Small arithmetic in words: one-step word problems ("Mia has 7 apples. She buys 5 more. How many
 apples does Mia have now?") written to a GSM8K-style JSONL file, for a task where a small real
-chat model has headroom: SmolLM2-135M-Instruct gets 6 of 24 held-out problems of a 2,000-problem
-file right greedily, and 8 of 48 samples at T=1, with the file tasks' prompt (its worked
-examples) and 64 tokens: every greedy answer ends with a "####" line, the arithmetic is what goes
-wrong ("14 - 14 = 1"; measured once, vLLM on CPU, fp32).
+chat model has headroom: it follows the "####" format and gets some of the arithmetic wrong
+(docs/results/real-models.md has the measurement).
 
 `word_problems(n, seed)` returns the rows (question, answer "<one-line solution>\\n#### <number>");
 `write_word_problems(path, n, seed)` writes them; `maxit run --task-file` then trains on the file

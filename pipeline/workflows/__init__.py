@@ -10,8 +10,8 @@ Built in:
 
 A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
 (a `Workflow` subclass or a function returning a workflow), or the name of a `maxit.workflows`
-entry point. docs/WORKFLOWS.md has the
-contract and a complete example.
+entry point, built with the options its constructor takes (any other is refused, naming the
+options it takes). docs/WORKFLOWS.md has the contract and a complete example.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from pipeline.rollout.agent import SHARED_POLICY, Agent
 from pipeline.rollout.contract import Env, StepResult, check_workflow
 from pipeline.rollout.workflow import Workflow, with_policies
 
-__all__ = ["Agent", "SHARED_POLICY", "Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "WORKFLOW_NAMES", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "Agent", "SHARED_POLICY", "Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "workflow_options",
+    "WORKFLOW_NAMES", "ENTRY_POINT_GROUP", "RUN_SETTINGS",
+]
 
 ENTRY_POINT_GROUP = "maxit.workflows"
 
@@ -94,21 +97,27 @@ def _resolve(spec: str) -> Callable[..., Workflow]:
     raise ConfigError(f"unknown workflow {spec!r}; choose from {list(WORKFLOW_NAMES)}, a 'module:Name' path or a {ENTRY_POINT_GROUP!r} entry point")
 
 
-def load_workflow(spec: str | Workflow = "math", *, shared_policy: bool = True, **settings: Any) -> Workflow:
+RUN_SETTINGS = ("task", "task_file", "max_loop_num")
+"""Settings the run offers every workflow (`pipeline.run.rounds.build_workflow`: the run's task
+or task file and its turn count): a workflow is built with those its constructor takes and
+without the others. Every other option must be one the workflow takes."""
+
+
+def load_workflow(spec: str | Workflow = "math", *, shared_policy: bool = True, **options: Any) -> Workflow:
     """The workflow named by `spec` (a built-in name, "module:Name", an entry point name, or a
-    workflow object), built with those of `settings` its constructor takes (e.g. `task`,
-    `max_loop_num`), its agents on one shared policy or each on its own, and checked
-    (`check_workflow`). A broken workflow is a one-line `ConfigError` naming it."""
+    workflow object), built with `options` (its constructor's keyword parameters; the run's
+    settings `RUN_SETTINGS` only where it takes them; None values are left unset), its agents on
+    one shared policy or each on its own, and checked (`check_workflow`). A broken workflow, or
+    an option it does not take, is a one-line `ConfigError` naming it (and the options it takes)."""
     if isinstance(spec, Workflow):
+        _check_options(spec.name or type(spec).__name__, (), options)
         workflow = spec
     else:
         factory = _resolve(spec)
-        try:
-            params = inspect.signature(factory).parameters
-        except (TypeError, ValueError):
-            params = {}
-        takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        kwargs = {k: v for k, v in settings.items() if v is not None and (takes_all or k in params)}
+        accepted = workflow_options(factory)
+        if accepted is not None:
+            _check_options(spec, accepted, options)
+        kwargs = {k: v for k, v in options.items() if v is not None and (accepted is None or k in accepted)}
         try:
             workflow = factory(**kwargs)
         except (ConfigError, DataError):  # already named: a bad setting, a bad row of a task file
@@ -118,3 +127,25 @@ def load_workflow(spec: str | Workflow = "math", *, shared_policy: bool = True, 
         if not isinstance(workflow, Workflow):
             raise ConfigError(f"workflow {spec!r}: expected a pipeline.workflows.Workflow, got {type(workflow).__name__}")
     return check_workflow(with_policies(workflow, shared_policy))
+
+
+def workflow_options(factory: Callable[..., Workflow]) -> tuple[str, ...] | None:
+    """The options a workflow class or factory function takes: its keyword parameters (a
+    class's constructor's, a dataclass's fields), in order; None when it takes any keyword
+    (`**kwargs`) or its signature cannot be read (then its own error names a bad one)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
+
+
+def _check_options(name: str, accepted: tuple[str, ...], options: dict) -> None:
+    """A `ConfigError` naming the options the workflow does not take (the run's settings aside)
+    and listing those it does."""
+    unknown = [k for k in options if k not in accepted and k not in RUN_SETTINGS]
+    if unknown:
+        takes = f"it takes: {', '.join(accepted)}" if accepted else "it takes no options"
+        raise ConfigError(f"workflow {name!r}: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} ({takes})")

@@ -29,8 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.errors import ConfigError, DataError
-from pipeline.tasks.base import split_of
+from pipeline.errors import DataError
+from pipeline.tasks.base import draw_distinct, split_of
 from pipeline.types import Message
 from pipeline.rollout.contract import Env, StepResult, jsonl_objects
 
@@ -219,19 +219,16 @@ def generate_puzzles(split: str, n: int, seed: int, size: int = 4, walls: int = 
     """`n` distinct puzzles of `split` whose shortest path has `min_dist`..`max_dist` moves;
     deterministic in all the arguments."""
     rng = random.Random(f"grid:{split}:{seed}:{size}:{walls}")
-    out: list[Puzzle] = []
-    seen: set[str] = set()
-    tries = 0
-    while len(out) < n:
-        tries += 1
-        if tries > 1000 * (n + 10):
-            raise ConfigError(f"grid: could not draw {n} distinct {split} puzzles of size {size} with {walls} walls and paths of {min_dist}..{max_dist} moves")
+
+    def draw() -> tuple[str, Puzzle] | None:
         p = random_puzzle(rng, size, walls)
-        if p is None or not (min_dist <= p.shortest <= max_dist) or p.text in seen or puzzle_split(p, heldout_fraction) != split:
-            continue
-        seen.add(p.text)
-        out.append(p)
-    return out
+        return None if p is None else (p.text, p)
+
+    return draw_distinct(
+        n, draw, lambda p: min_dist <= p.shortest <= max_dist and puzzle_split(p, heldout_fraction) == split,
+        f"grid: could not draw {n} distinct {split} puzzles of size {size} with {walls} walls and paths of {min_dist}..{max_dist} moves",
+        tries_per_item=1000,
+    )
 
 
 def read_puzzle_file(path: str | Path, heldout_fraction: float = 0.2) -> list[tuple[Puzzle, str, str | None, str]]:

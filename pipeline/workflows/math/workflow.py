@@ -22,7 +22,7 @@ Evaluation (`evaluate_team`), on the held-out problems, without hints:
   wrong answers (saying "yes" to everything scores 50%); only when both kinds of answers occur;
 - Verifier `verdict_balanced_accuracy_greedy`: the same with its likelier verdict (greedy);
 - Verifier `approve_rate`: fraction of Solver answers it approves;
-- team `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
+- Solver `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
 Answers are scored and verdicts parsed as in the rollouts: guarded (`pipeline.rollout.rewards`) and
 with the one correctness rule `is_correct`.
 """
@@ -30,6 +30,7 @@ with the one correctness rule `is_correct`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import ClassVar, Mapping, Sequence
 
 import polars as pl
@@ -40,7 +41,7 @@ from pipeline.errors import ConfigError
 from pipeline.models.chat import encode_prompt
 from pipeline.rollout.rewards import Outcome, is_correct, parse_verdicts, score_attempts, verifier_local_reward
 from pipeline.tasks.base import budget_of
-from pipeline.strategies import Feedback
+from pipeline.strategies import Feedback, PromptAug
 from pipeline.types import GenerateCall, Problem, Sampler, generate_calls
 from schemas import EVALUATION, validate
 from pipeline.rollout.workflow import Env, StepResult, Workflow, finite_reward
@@ -264,8 +265,6 @@ def evaluate_team(
 ) -> pl.DataFrame:
     """The `evaluation` rows of one round. `samplers`/`tokenizers` map policy_id -> engine/tokenizer
     (loaded with that round's checkpoints)."""
-    from pipeline.strategies import PromptAug
-
     solver = next((a for a in agents if a.role == SOLVER), None)
     verifier = next((a for a in agents if a.role == VERIFIER), None)
     if solver is None:
@@ -279,7 +278,18 @@ def evaluate_team(
             {"round": round_, "policy_id": agent.policy_id, "agent_id": agent.agent_id, "split": "heldout", "metric": metric, "value": float(value), "n": int(n)}
         )
 
-    s_sampler, s_tok = samplers[solver.policy_id], tokenizers[solver.policy_id]
+    texts, correct = _solver_metrics(task, problems, samplers[solver.policy_id], tokenizers[solver.policy_id], config, partial(add, solver))
+    if verifier is not None:
+        v_sampler, v_tok = samplers[verifier.policy_id], tokenizers[verifier.policy_id]
+        _verifier_metrics(task, problems, texts, correct, v_sampler, v_tok, config, partial(add, verifier), partial(add, solver))
+    df = pl.DataFrame(rows, schema={"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "split": pl.String, "metric": pl.String, "value": pl.Float64, "n": pl.Int64})
+    return validate(df, EVALUATION)
+
+
+def _solver_metrics(task, problems: list[Problem], sampler: Sampler, tokenizer, config: EvalConfig, add) -> tuple[list[list[str]], list[list[bool]]]:
+    """The Solver's `accuracy` (sampled), `accuracy_greedy` and `accuracy_hint` (with the
+    problems' hints shown, when `config.hint` and they have any), added with `add(metric, value,
+    n)`; returns the sampled answers and whether each is right (what the Verifier judges)."""
     plain = [task.solver_messages(p) for p in problems]
     hint = config.hint and any(p.hint for p in problems)  # without hints the prompts are the plain ones
     passes = [(plain, config.samples, config.temperature, config.max_tokens, config.seed)]
@@ -289,52 +299,55 @@ def evaluate_team(
         aug = PromptAug()
         hinted = [aug.augment(m, p) for m, p in zip(plain, problems)]
         passes.append((hinted, config.samples, config.temperature, config.max_tokens, config.seed + 1))
-    outs = iter(_sample_texts(s_sampler, s_tok, passes))
+    outs = iter(_sample_texts(sampler, tokenizer, passes))
     texts = next(outs)
     correct = _correct(task, problems, texts, config.reward_timeout)
     flat = [c for per in correct for c in per]
-    add(solver, "accuracy", sum(flat) / len(flat), len(flat))
+    add("accuracy", sum(flat) / len(flat), len(flat))
     if config.greedy:
         ok = [per[0] for per in _correct(task, problems, next(outs), config.reward_timeout)]
-        add(solver, "accuracy_greedy", sum(ok) / len(ok), len(ok))
+        add("accuracy_greedy", sum(ok) / len(ok), len(ok))
     if hint:
         hflat = [c for per in _correct(task, problems, next(outs), config.reward_timeout) for c in per]
-        add(solver, "accuracy_hint", sum(hflat) / len(hflat), len(hflat))
+        add("accuracy_hint", sum(hflat) / len(hflat), len(hflat))
+    return texts, correct
 
-    if verifier is not None:
-        v_sampler, v_tok = samplers[verifier.policy_id], tokenizers[verifier.policy_id]
-        pairs = [(p, t, c) for p, per, cs in zip(problems, texts, correct) for t, c in zip(per, cs)]
-        vmsgs = [verifier_view(task, p, t) for p, t, _ in pairs]
-        truth = [c for _, _, c in pairs]
 
-        def judge(verdicts: Sequence[Sequence[str]]) -> tuple[list[bool | None], list[bool], float | None]:
-            """The Verifier's parsed verdicts on every pair, which were right, and the balanced accuracy."""
-            parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], config.reward_timeout, [t for _, t, _ in pairs])]
-            right = [v is not None and v == c for v, c in zip(parsed, truth)]
-            on_right = [r for r, c in zip(right, truth) if c]
-            on_wrong = [r for r, c in zip(right, truth) if not c]
-            balanced = (sum(on_right) / len(on_right) + sum(on_wrong) / len(on_wrong)) / 2 if on_right and on_wrong else None
-            return parsed, right, balanced
+def _verifier_metrics(task, problems, texts, correct, sampler: Sampler, tokenizer, config: EvalConfig, add, add_solver) -> None:
+    """The Verifier judging every sampled Solver answer: its `verdict_accuracy`,
+    `verdict_balanced_accuracy` (sampled and, with `greedy`, the same answers judged with the
+    likelier verdict: how well it discriminates, without sampling noise) and `approve_rate`
+    (`add`), and the Solver's `accuracy_approved`, its accuracy on the answers approved
+    (`add_solver`)."""
+    pairs = [(p, t, c) for p, per, cs in zip(problems, texts, correct) for t, c in zip(per, cs)]
+    vmsgs = [verifier_view(task, p, t) for p, t, _ in pairs]
+    vpasses = [(vmsgs, 1, config.temperature, config.max_tokens, config.seed + 2)]
+    if config.greedy:
+        vpasses.append((vmsgs, 1, 0.0, config.max_tokens, config.seed + 2))
+    vouts = _sample_texts(sampler, tokenizer, vpasses)
+    parsed, right, balanced = _judge(task, vouts[0], pairs, config.reward_timeout)
+    approved = [v is True for v in parsed]
+    add("verdict_accuracy", sum(right) / len(right), len(right))
+    if balanced is not None:
+        add("verdict_balanced_accuracy", balanced, len(right))
+    if config.greedy:
+        _, _, balanced_greedy = _judge(task, vouts[1], pairs, config.reward_timeout)
+        if balanced_greedy is not None:
+            add("verdict_balanced_accuracy_greedy", balanced_greedy, len(right))
+    add("approve_rate", sum(approved) / len(approved), len(approved))
+    n_app = sum(approved)
+    if n_app:
+        acc_app = sum(c for a, (_, _, c) in zip(approved, pairs) if a) / n_app
+        add_solver("accuracy_approved", acc_app, n_app)
 
-        # sampled verdicts, and with `greedy` the same answers judged with the likelier verdict (how
-        # well it discriminates, without sampling noise)
-        vpasses = [(vmsgs, 1, config.temperature, config.max_tokens, config.seed + 2)]
-        if config.greedy:
-            vpasses.append((vmsgs, 1, 0.0, config.max_tokens, config.seed + 2))
-        vouts = _sample_texts(v_sampler, v_tok, vpasses)
-        parsed, right, balanced = judge(vouts[0])
-        approved = [v is True for v in parsed]
-        add(verifier, "verdict_accuracy", sum(right) / len(right), len(right))
-        if balanced is not None:
-            add(verifier, "verdict_balanced_accuracy", balanced, len(right))
-        if config.greedy:
-            _, _, balanced_greedy = judge(vouts[1])
-            if balanced_greedy is not None:
-                add(verifier, "verdict_balanced_accuracy_greedy", balanced_greedy, len(right))
-        add(verifier, "approve_rate", sum(approved) / len(approved), len(approved))
-        n_app = sum(approved)
-        if n_app:
-            acc_app = sum(c for a, (_, _, c) in zip(approved, pairs) if a) / n_app
-            add(solver, "accuracy_approved", acc_app, n_app)
-    df = pl.DataFrame(rows, schema={"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "split": pl.String, "metric": pl.String, "value": pl.Float64, "n": pl.Int64})
-    return validate(df, EVALUATION)
+
+def _judge(task, verdicts: Sequence[Sequence[str]], pairs, timeout: float | None) -> tuple[list[bool | None], list[bool], float | None]:
+    """The Verifier's parsed verdicts on every (problem, answer, right) pair, which were right,
+    and the balanced accuracy (None unless there are right and wrong answers)."""
+    truth = [c for _, _, c in pairs]
+    parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], timeout, [t for _, t, _ in pairs])]
+    right = [v is not None and v == c for v, c in zip(parsed, truth)]
+    on_right = [r for r, c in zip(right, truth) if c]
+    on_wrong = [r for r, c in zip(right, truth) if not c]
+    balanced = (sum(on_right) / len(on_right) + sum(on_wrong) / len(on_wrong)) / 2 if on_right and on_wrong else None
+    return parsed, right, balanced
