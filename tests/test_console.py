@@ -149,9 +149,9 @@ def test_maxit_run_names_the_rows_whose_workflow_code_raised(tmp_path, default_m
     assert f"| {n} rows with a reward_error |" in lines[at]
     assert len(lines) > at + 3, proc.stdout
     assert lines[at + 1].startswith(f"  round 0: {n} of {steps.height} rows carry a reward_error") and "ZeroDivisionError" in " ".join(lines[at + 1:at + 4])
-    sql = next(line for line in lines[at:] if "maxit sql" in line)
+    assert any(f"maxit sql --store {store}" in line for line in lines[at:])
     assert max(map(len, (proc.stdout + proc.stderr).splitlines())) <= LINE_WIDTH
-    query = sql.split('"', 1)[1].rstrip('"')
+    query = next(line for line in lines[at:] if "SELECT" in line).split('"', 1)[1].rstrip('"')
     from pipeline.store.analysis import run_sql
 
     listed = run_sql(query, store)
