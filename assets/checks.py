@@ -1,8 +1,6 @@
 """Asset checks: the data contract between stages. Blocking checks stop the round before bad
 data flows on (a failed blocking check with ERROR severity skips the downstream assets)."""
 
-
-
 import dagster as dg
 import polars as pl
 
@@ -14,7 +12,6 @@ from assets.policy import policy
 from assets.problems import problems
 from assets.resources import StoreResource
 from assets.rollouts import rollouts
-from pipeline.store import read_table, table_path
 from schemas import STEPS, SchemaError, validate
 
 ERROR = dg.AssetCheckSeverity.ERROR
@@ -30,15 +27,16 @@ MAX_MASKED_FRACTION = 0.8
 
 
 def _load(store: StoreResource, context, table: str) -> pl.DataFrame:
-    store.pull()  # a URL store: a check may run in a process (or on a machine) of its own
-    return read_table(table_path(store.root(), round_of(context), table))
+    tables = store.tables()
+    tables.pull()  # a URL store: a check may run in a process (or on a machine) of its own
+    return tables.read(round_of(context), table)
 
 
 @dg.asset_check(asset=problems, blocking=True, description="training problems never come from the held-out split")
 def problems_disjoint_from_heldout(context: dg.AssetCheckExecutionContext, settings: RunSettings, store: StoreResource) -> dg.AssetCheckResult:
     df = _load(store, context, "problems")
-    run = settings.run_config()
-    workflow = settings.context(store, _NoEngine()).workflow()
+    ctx = settings.context(store, round_of(context))  # the round's workflow: no engine, a check never samples
+    run, workflow = ctx.config, ctx.workflow()
     heldout = {p.uid for p in workflow.problems("heldout", run.evaluation.problems, run.evaluation.seed)}
     overlap = sorted(set(df["uid"].to_list()) & heldout)
     not_train = df.filter(pl.col("split") != "train")["uid"].to_list()
@@ -131,13 +129,6 @@ def ratio_diagnostics(context: dg.AssetCheckExecutionContext, settings: RunSetti
             "diagnostics": md_table(diag),
         },
     )
-
-
-class _NoEngine:
-    """Stands in for the engine resource where a check needs the task but never samples."""
-
-    def pool(self, options=None):
-        return None
 
 
 all_checks = [problems_disjoint_from_heldout, steps_schema, tree_groups_share_context, advantages_sane, ratio_diagnostics]

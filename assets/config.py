@@ -5,9 +5,9 @@ Its fields are made from `pipeline.run.settings.Settings`, the one definition of
 same names, types, defaults and descriptions as the `maxit run` flags and `RunConfig`."""
 
 
-from dataclasses import fields
-from pathlib import Path
+import json
 import typing
+from dataclasses import fields
 
 import dagster as dg
 from pydantic import Field, create_model
@@ -28,6 +28,13 @@ def _pydantic_field(hint, default, help_text: str):
     return (hint, Field(default=default, description=help_text))
 
 
+_CONFIGS: dict[str, RunConfig] = {}
+"""settings (as JSON) -> their `RunConfig`, built once per process."""
+
+_CONTEXTS: dict[tuple, RoundContext] = {}
+"""(store, settings, round) -> the round's `RoundContext`: the one round this process works on."""
+
+
 class _SettingsResource(dg.ConfigurableResource):
     @classmethod
     def from_settings(cls, settings: Settings) -> "_SettingsResource":
@@ -38,18 +45,38 @@ class _SettingsResource(dg.ConfigurableResource):
         """These values as `pipeline.run.settings.Settings`."""
         return Settings(**{f.name: getattr(self, f.name) for f in fields(Settings)})
 
+    def _key(self) -> str:
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(Settings)}, sort_keys=True, default=str)
+
     def run_config(self) -> RunConfig:
-        return self.settings().run_config()
+        """The run's `RunConfig`, built (and so validated) once per process for these settings."""
+        key = self._key()
+        if key not in _CONFIGS:
+            _CONFIGS[key] = self.settings().run_config()
+        return _CONFIGS[key]
 
-    def context(self, store, engine, policy_registry=None) -> RoundContext:
-        registry = policy_registry.registry() if policy_registry is not None else store.registry()
-        from assets.resources import engine_options
-        from pipeline.learn.views import check_verdict_training
+    def context(self, store, round_: int, engine=None, policy_registry=None) -> RoundContext:
+        """Round `round_`'s `RoundContext` on `store` (a `StoreResource`): made once per round and
+        process, so every asset and check of the round shares one config, one workflow (and its
+        task file, read once) and one set of strategies. `engine` (an `EngineResource`) gives it
+        the process's engine pool (looked up on every call: `close_engines` may have replaced
+        it); a check, which never samples, passes none."""
+        key = (str(store.path), self._key(), int(round_))
+        ctx = _CONTEXTS.get(key)
+        if ctx is None:
+            from pipeline.learn.views import check_verdict_training
 
-        ctx = RoundContext(Path(store.root()), self.run_config(), engine.pool(engine_options(self)), registry)
-        view = ctx.config.view
-        if view.relabel_verdicts or view.verifier_replay:  # the launchpad's settings, as `maxit run` checks them
-            check_verdict_training(ctx.task(), view)  # (the task is built only then: a file task reads its file)
+            registry = policy_registry.registry() if policy_registry is not None else store.registry()
+            ctx = RoundContext(store.path, self.run_config(), registry=registry)
+            view = ctx.config.view
+            if view.relabel_verdicts or view.verifier_replay:  # the launchpad's settings, as `maxit run` checks them
+                check_verdict_training(ctx.task(), view)  # (the task is built only then: a file task reads its file)
+            _CONTEXTS.clear()  # an earlier round's context (its workflow) is not needed again
+            _CONTEXTS[key] = ctx
+        if engine is not None:
+            from assets.resources import engine_options
+
+            ctx.engines = engine.pool(engine_options(self))
         return ctx
 
 

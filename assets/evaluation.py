@@ -2,11 +2,10 @@ import dagster as dg
 import polars as pl
 
 from assets.config import RunSettings
-from assets.metadata import line_plot_png, md_image, md_table
+from assets.metadata import line_plot_png, md_image, md_table, table_metadata
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
 from pipeline.run.rounds import evaluate_base, stage_evaluation
-from pipeline.store import scan_table
 
 
 @dg.asset(partitions_def=rounds, group_name="expert_iteration", deps=["policy"], kinds={"polars"})
@@ -17,14 +16,14 @@ def evaluation(context: dg.AssetExecutionContext, settings: RunSettings, store: 
     success and each agent's reward). The starting checkpoint is evaluated once as round -1. The
     metadata holds the numbers of the round table (`Workflow.table_metrics`), plotted by the UI."""
     r = round_of(context)
-    store.pull()
-    ctx = settings.context(store, engine, policy_registry)
+    ctx = settings.context(store, r, engine, policy_registry)
+    ctx.tables.pull()
     evaluate_base(ctx)
     df = stage_evaluation(ctx, r)
-    store.publish(r)  # round -1's evaluation, then round r's: the round is complete at the URL
+    ctx.tables.publish(r)  # round -1's evaluation, then round r's: the round is complete at the URL
     shown = ctx.workflow().table_metrics
     columns = {(agent, metric): column for agent, metric, column in shown}
-    ev = scan_table(store.root(), "evaluation").collect()
+    ev = ctx.tables.scan("evaluation").collect()
     ev = ev.with_columns(pl.struct("agent_id", "metric").map_elements(lambda k: columns.get((k["agent_id"], k["metric"])), return_dtype=pl.String).alias("column"))
     ev = ev.filter(pl.col("column").is_not_null())
     history = ev.pivot(on="column", index="round", values="value", aggregate_function="first").sort("round") if ev.height else pl.DataFrame({"round": []})
@@ -38,8 +37,7 @@ def evaluation(context: dg.AssetExecutionContext, settings: RunSettings, store: 
 
     return dg.MaterializeResult(
         metadata={
-            "dagster/row_count": df.height,
-            "path": store.location(r, "evaluation"),
+            **table_metadata(ctx.tables.info(r, "evaluation", df.height)),
             # numbers: the UI plots each across the rounds (the asset's Plots tab)
             **{column: value(agent, metric) for agent, metric, column in shown},
             "accuracy_plot": dg.MetadataValue.md(md_image(plot, "accuracy per round") + "\n\n" + md_table(history).value),

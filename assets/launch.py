@@ -30,12 +30,14 @@ from typing import IO, Iterator
 import polars as pl
 
 from pipeline.errors import MaxitError, RunInterrupted
+from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, record_experiment
+from pipeline.run.report import reward_error_lines, round_line, round_summary
+from pipeline.run.rounds import BASE_ROUND, round_complete
+from pipeline.run.timings import record_other
+from pipeline.run.tracking import check_targets, log_round
+from pipeline.store import Tables, UrlStore, atomic_write_text, is_url
 from pipeline.store.lock import StoreLocked, command_line, token_in_env
 from pipeline.store.lock import acquire as acquire_writer_lock
-from pipeline.run.report import LOG_FILE, record_experiment, round_line, round_summary
-from pipeline.run.rounds import BASE_ROUND, SUBSTAGES, record_timing, round_complete
-from pipeline.store import UrlStore, is_url, table_path
-from pipeline.run.tracking import check_targets, log_round
 
 log = logging.getLogger("maxit")
 
@@ -153,126 +155,111 @@ def run_rounds(
     sharded round (`--shards`) share the lock through `pipeline.store.lock.TOKEN_ENV`."""
     if n_rounds < 1:
         raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
-    url = UrlStore(str(store)) if is_url(store) else None
-    local = url.local if url is not None else Path(store)
-    local.mkdir(parents=True, exist_ok=True)
-    with acquire_writer_lock(local, command=command_line()) as lock, token_in_env(lock.token):
-        if url is not None:
-            # the URL is the store of record: the working copy is made to hold its tables (complete
-            # rounds are kept, tables it never received are dropped); checkpoints come when needed
-            url.pull(reconcile=True)
-        store = local
-        log_path = store / LOG_FILE
+    tables = Tables(store)
+    tables.root.mkdir(parents=True, exist_ok=True)
+    with acquire_writer_lock(tables.root, command=command_line()) as lock, token_in_env(lock.token):
+        # a URL is the store of record: the working copy is made to hold its tables (complete
+        # rounds are kept, tables it never received are dropped); checkpoints come when needed
+        tables.pull(reconcile=True)
+        log_path = tables.root / LOG_FILE
         from pipeline.engines import vllm_available
 
-        record_experiment(store, settings.settings(), engine if engine != "auto" else ("vllm" if vllm_available() else "hf"))
-        if url is not None:
-            _publish_experiment(url)
+        record_experiment(tables.root, settings.settings(), engine if engine != "auto" else ("vllm" if vllm_available() else "hf"))
+        if tables.url is not None:
+            _publish_experiment(tables)
         with console_to_log(log_path, verbose=verbose) as (out, err):
             try:
-                return _run_rounds(n_rounds, store, settings, engine, restart, home, quiet_dagster, out, err, url)
+                return _run_rounds(n_rounds, tables, settings, engine, restart, home, quiet_dagster, out, err)
             except MaxitError as e:
                 kind = RunInterrupted if isinstance(e, RunInterrupted) else MaxitError
                 raise kind(f"{e}\n(engine and library output: {log_path})") from e
 
 
-def _publish_experiment(url: UrlStore) -> None:
+def _publish_experiment(tables: Tables) -> None:
     """The experiment record at the URL, naming the URL as its store (not the working copy)."""
     import json
 
-    from pipeline.run.report import EXPERIMENT_FILE
-    from pipeline.store import atomic_write_text
-
-    path = url.local / EXPERIMENT_FILE
+    path = tables.root / EXPERIMENT_FILE
     record = json.loads(path.read_text())
-    record["store"] = url.url
+    record["store"] = str(tables.location)
     atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
-    url.push(rounds=[], files=[EXPERIMENT_FILE])
+    tables.publish(files=(EXPERIMENT_FILE,))
 
 
-def _run_rounds(n_rounds, store: Path, settings, engine, restart, home, quiet_dagster, out, err, url: UrlStore | None = None) -> pl.DataFrame:
-    import dagster as dg
+def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet_dagster, out, err) -> pl.DataFrame:
     from tqdm.auto import tqdm
 
-    from assets.checks import all_checks
-    from assets.definitions import ROUND_ASSETS, make_resources
-    from assets.partitions import rounds as rounds_def
     from assets.resources import close_engines
+    from pipeline.run.context import build_workflow
 
-    instance = instance_at(dagster_home(store, home))
-    location = url.url if url is not None else str(store.resolve())  # what the stages are given
-    resources = make_resources(location, engine, settings)
-    run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
-    from pipeline.run.rounds import build_workflow
-
-    run_settings = settings.settings()
-    metrics = build_workflow(run_settings.run_config()).table_metrics
-    trackers = check_targets(run_settings.report_to)
+    instance = instance_at(dagster_home(tables.root, home))
+    metrics = build_workflow(settings.run_config()).table_metrics
+    trackers = check_targets(settings.settings().report_to)
     t_start = time.perf_counter()
     done: list[int] = []
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
     try:
         for r in bar:
-            if round_complete(store, r) and not restart:
+            if round_complete(tables, r) and not restart:
                 done.append(r)
                 if trackers:  # a resumed run logs the rounds a tracker has not seen yet (a no-op for the others)
-                    log_round(store, r, trackers, metrics=metrics)
+                    log_round(tables.root, r, trackers, metrics=metrics)
                 bar.set_postfix_str(f"round {r} already complete")
                 continue
-            key = str(r)
-            for stale in store.glob(f"round={r}/.*.tmp-*"):  # left by a run killed mid-write
-                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
-            if round_complete(store, r):  # --restart: the round is incomplete until it finishes again,
-                # so a run stopped mid-way does not leave its new tables beside the old evaluation
-                if url is not None:
-                    url.remove(f"round={r}/evaluation.parquet")
-                table_path(store, r, "evaluation").unlink(missing_ok=True)
-            if not instance.has_dynamic_partition(rounds_def.name, key):
-                instance.add_dynamic_partitions(rounds_def.name, [key])
             t0, started = time.perf_counter(), time.time()
-            tags = {"maxit/launched_by": "maxit run", "maxit/store": location}
-            if int(settings.shards) > 1:
-                # one process per step (each shard's rollouts with its own engine), up to `shards` at once
-                result = dg.execute_job(
-                    sharded_round_job(location, engine, settings),
-                    instance=instance,
-                    run_config=run_config,
-                    tags={**tags, "dagster/partition": key},
-                    raise_on_error=False,
-                )
-            else:
-                result = dg.materialize(
-                    [*ROUND_ASSETS, *all_checks],
-                    partition_key=key,
-                    instance=instance,
-                    resources=resources,
-                    run_config=run_config,
-                    raise_on_error=False,
-                    tags=tags,
-                )
-            if not result.success:
-                failed_checks = [
-                    f"{ev.asset_check_key.name}: {ev.metadata}"
-                    for ev in result.get_asset_check_evaluations()
-                    if not ev.passed and ev.severity == dg.AssetCheckSeverity.ERROR
-                ]
-                raise round_failure(r, result.run_id, result.all_events, failed_checks)
+            _materialize_round(instance, tables, r, settings, engine, quiet_dagster)
             done.append(r)
-            _record_other_time(store, r, time.perf_counter() - t0, started)
-            if url is not None:
-                url.push([BASE_ROUND, r])
+            record_other(tables, r, time.perf_counter() - t0, started)
+            tables.publish(r)
             seconds = time.perf_counter() - t0
             bar.set_postfix_str(f"round {r}: {seconds:.0f}s")
-            # round r is done: one line on the console (the whole table is printed once, at the end)
-            summary = round_summary(store, [BASE_ROUND, *done], metrics)
+            # round r is done: its line on the console (the round table is printed once, at the end)
+            summary = round_summary(tables.root, [BASE_ROUND, *done], metrics)
             line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
-            _print_line(line, bar, out)
+            _print_lines([line, *reward_error_lines(tables.root, r, str(tables.location))], bar, out)
             if trackers:
-                log_round(store, r, trackers, metrics=metrics)
+                log_round(tables.root, r, trackers, metrics=metrics)
     finally:
         bar.close()
         close_engines()
-    return round_summary(store, [BASE_ROUND, *done], metrics)
+    return round_summary(tables.root, [BASE_ROUND, *done], metrics)
+
+
+def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool) -> None:
+    """Run round `r`'s assets and checks from scratch on `instance`: in this process with one
+    shard, one process per step with several. A failed round is a `MaxitError` naming each failed
+    step (`round_failure`)."""
+    import dagster as dg
+
+    from assets.checks import all_checks
+    from assets.definitions import ROUND_ASSETS, make_resources
+    from assets.partitions import rounds as rounds_def
+
+    tables.remove_temporary(r)  # left by a run killed mid-write
+    if round_complete(tables, r):  # --restart: the round is incomplete until it finishes again,
+        tables.remove(r, "evaluation")  # so a run stopped mid-way does not leave its new tables beside the old evaluation
+    key = str(r)
+    if not instance.has_dynamic_partition(rounds_def.name, key):
+        instance.add_dynamic_partitions(rounds_def.name, [key])
+    location = str(tables.location)
+    run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
+    tags = {"maxit/launched_by": "maxit run", "maxit/store": location}
+    if int(settings.shards) > 1:
+        # one process per step (each shard's rollouts with its own engine), up to `shards` at once
+        job = sharded_round_job(location, engine, settings)
+        result = dg.execute_job(job, instance=instance, run_config=run_config, tags={**tags, "dagster/partition": key}, raise_on_error=False)
+    else:
+        result = dg.materialize(
+            [*ROUND_ASSETS, *all_checks], partition_key=key, instance=instance, resources=make_resources(location, engine, settings),
+            run_config=run_config, raise_on_error=False, tags=tags,
+        )
+    if not result.success:
+        failed_checks = [
+            f"{ev.asset_check_key.name}: {ev.metadata}"
+            for ev in result.get_asset_check_evaluations()
+            if not ev.passed and ev.severity == dg.AssetCheckSeverity.ERROR
+        ]
+        raise round_failure(r, result.run_id, result.all_events, failed_checks)
 
 
 INTERRUPTS = ("DagsterExecutionInterruptedError", "KeyboardInterrupt")
@@ -367,27 +354,17 @@ def build_round_job(store: str, engine: str, settings: dict, executor=None):
     return defs.resolve_job_def(SHARDED_JOB)
 
 
-def _record_other_time(store: Path, round_: int, wall_seconds: float, started: float) -> None:
-    """Record as "other" the part of a round's wall time its stages did not account for (the
-    starting model's evaluation, run with round 0, is recorded as round -1's, not as "other")."""
-    staged = 0.0
-    for r in (round_, BASE_ROUND):
-        path = table_path(store, r, "timings")
-        if path.exists() and (r == round_ or path.stat().st_mtime >= started):
-            staged += float(pl.read_parquet(path).filter(~pl.col("stage").is_in(["other", *SUBSTAGES]))["seconds"].sum())
-    record_timing(store, round_, "other", max(0.0, wall_seconds - staged))
-
-
 def _row(summary: pl.DataFrame, round_: int) -> dict | None:
     rows = summary.filter(pl.col("round") == round_)
     return rows.row(0, named=True) if rows.height else None
 
 
-def _print_line(line: str, bar, file: IO[str]) -> None:
-    """`line` on the console's stdout, the progress bar (on stderr) cleared first and drawn again
-    below it, so that on a terminal the two do not share a line."""
+def _print_lines(lines: list[str], bar, file: IO[str]) -> None:
+    """`lines` on the console's stdout, the progress bar (on stderr) cleared first and drawn again
+    below them, so that on a terminal the two do not share a line."""
     bar.clear()
-    print(line, file=file, flush=True)
+    for line in lines:
+        print(line, file=file, flush=True)
     bar.refresh()
 
 

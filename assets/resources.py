@@ -3,15 +3,14 @@ engine samples, and the policy registry."""
 
 
 import os
-import shutil
 from pathlib import Path
 
 import dagster as dg
 from pydantic import PrivateAttr
 
-from pipeline.store.registry import BASE_ROUND, PolicyRegistry
-from pipeline.store import UrlStore, is_url, table_path, working_copy
 from pipeline.engines.pool import EnginePool
+from pipeline.store import Tables
+from pipeline.store.registry import PolicyRegistry
 
 # One engine pool per (engine, process): in-process runs of consecutive rounds reuse the loaded
 # vLLM engine and only swap weights.
@@ -22,8 +21,8 @@ class StoreResource(dg.ConfigurableResource):
     """The run's store: `<path>/round=<r>/<table>.parquet` and `<path>/checkpoints/`. `path` is a
     folder, or the URL of a store on an fsspec filesystem (`s3://bucket/run`, `gs://...`,
     `memory://...`): the stages then work in its local working copy (`root()`), each asset
-    starts with `pull()` (what the URL holds and the working copy lacks) and ends with
-    `publish(r)` (the tables it wrote, one object each, the round's evaluation last)."""
+    starts with `tables().pull()` (what the URL holds and the working copy lacks) and ends with
+    `tables().publish(r)` (the tables it wrote, one object each, the round's evaluation last)."""
 
     path: str = "runs/default"
 
@@ -50,34 +49,13 @@ class StoreResource(dg.ConfigurableResource):
             self._lock.release()
             self._lock = None
 
+    def tables(self) -> Tables:
+        """The store's tables (`pipeline.store.Tables`: paths, reads, writes, pull and publish)."""
+        return Tables(self.path)
+
     def root(self) -> Path:
         """The folder the stages read and write: the store, or a URL store's working copy."""
-        return working_copy(self.path) if is_url(self.path) else Path(self.path)
-
-    def location(self, round_: int, table: str) -> str:
-        """Where a table is kept (its URL on a URL store), for the assets' metadata."""
-        return str(table_path(self.path, round_, table))
-
-    def url_store(self) -> UrlStore | None:
-        return UrlStore(self.path) if is_url(self.path) else None
-
-    def pull(self) -> None:
-        """A URL store: download the tables the working copy lacks (a step on a fresh machine)."""
-        if (url := self.url_store()) is not None:
-            url.pull()
-
-    def publish(self, round_: int) -> None:
-        """A URL store: upload the tables of round `round_` (and round -1's evaluation) that
-        changed; the round's evaluation table, its completion marker, last."""
-        if (url := self.url_store()) is not None:
-            url.push([BASE_ROUND, int(round_)])
-
-    def remove(self, rel: str) -> None:
-        """Delete a folder of the store (`rel`, relative to it), at the URL too."""
-        if (url := self.url_store()) is not None:
-            url.remove(rel)
-        else:
-            shutil.rmtree(self.root() / rel, ignore_errors=True)
+        return self.tables().root
 
     def registry(self) -> PolicyRegistry:
         return PolicyRegistry(self.path)

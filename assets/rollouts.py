@@ -7,6 +7,9 @@ multiprocess executor, in its own pod under a Kubernetes or Celery executor), an
 `merge_rollout_shards` writes the round's one `steps` table once every shard is in, so the
 `advantages` asset starts only then. Each shard draws its rows with per-request seeds, so the
 merged table is the one a single process would write (`pipeline.rollout.loop.merge_shards`).
+With one shard there is nothing to merge: the shard's stage writes the round's `steps` table
+itself, once. The checkpoints every shard samples with are resolved once, by the fan-out, and
+handed to the shards.
 
 Why dynamic outputs and not a second partition dimension (round x shard): the shard count is a
 run setting, not part of the definitions, and a partition dimension would fix it there (a
@@ -20,119 +23,119 @@ re-execution from failure.
 import os
 import socket
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
 
 from assets.config import RunSettings
-from assets.metadata import md_table, reward_by_agent_strategy
+from assets.metadata import md_table, reward_by_agent_strategy, table_metadata
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
-from pipeline.store import read_table, round_dir, table_path, write_table
+from pipeline.rollout.loop import merge_shards, shard_of
+from pipeline.run.rounds import evaluate_base, sample_round, stage_rollouts
+from pipeline.run.timings import record_timings
 
 SHARD_TABLE = "rollout_shards"
 """`<store>/round=<r>/rollout_shards.parquet`: one row per shard (problems, rows, process id,
-host, start and end times), written with the merged steps table."""
+host, start and end times), written once the shards are in."""
 
 
-def shard_store(root: str | Path, round_: int, shard: int) -> Path:
-    """The folder a shard writes its own tables to before the merge (removed after it)."""
-    return round_dir(root, round_) / "shards" / f"shard={int(shard)}"
-
-
-@dg.op(ins={"problems": dg.In(dg.Nothing)}, out=dg.DynamicOut(int))
-def rollout_shards(context: dg.OpExecutionContext, settings: RunSettings, store: StoreResource, engine: EngineResource, policy_registry: PolicyRegistryResource):
-    """One dynamic output per shard. The starting checkpoints are resolved here, once, so the
-    shards never race to register the base model."""
+@dg.op(ins={"problems": dg.In(dg.Nothing)}, out=dg.DynamicOut(dict))
+def rollout_shards(context: dg.OpExecutionContext, settings: RunSettings, store: StoreResource, policy_registry: PolicyRegistryResource):
+    """One dynamic output per shard: its number and the checkpoints it samples with, resolved
+    here, once, so the shards never race to register the base model and all sample with the same
+    checkpoints."""
     r = round_of(context)
     shards = int(settings.shards)
     if shards < 1:
         raise dg.Failure(f"settings.shards must be >= 1, got {shards}")
-    store.pull()
-    settings.context(store, _NoEngine(), policy_registry).start_checkpoints(r)
-    store.remove(f"round={r}/shards")  # a crashed attempt's shard files are replaced, never merged
+    ctx = settings.context(store, r, policy_registry=policy_registry)
+    ctx.tables.pull()
+    checkpoints = {pid: str(path) for pid, path in ctx.start_checkpoints(r).items()}
+    ctx.tables.remove_parts(r)  # a crashed attempt's shard files are replaced, never merged
     for s in range(shards):
-        yield dg.DynamicOutput(s, mapping_key=f"shard_{s}")
+        yield dg.DynamicOutput({"shard": s, "checkpoints": checkpoints}, mapping_key=f"shard_{s}")
+
+
+def rollout_summary(steps: pl.DataFrame) -> dict:
+    """What the rollouts asset reports of a `steps` table: its rows, completion tokens, engine and
+    rewards by agent and strategy."""
+    return {
+        "rows": steps.height,
+        "tokens": int(steps["completion_ids"].list.len().sum()),
+        "engine": steps["engine"][0] if steps.height else "",
+        "rewards": reward_by_agent_strategy(steps).to_dicts(),
+    }
 
 
 @dg.op(tags={"maxit/stage": "rollouts"})
 def rollout_shard(
-    context: dg.OpExecutionContext, shard: int, settings: RunSettings, store: StoreResource, engine: EngineResource, policy_registry: PolicyRegistryResource
+    context: dg.OpExecutionContext, task: dict, settings: RunSettings, store: StoreResource, engine: EngineResource, policy_registry: PolicyRegistryResource
 ) -> dict:
-    """Sample one shard's problems (every strategy, every agent step) with this process's engine."""
-    from pipeline.rollout.loop import shard_of
-    from pipeline.run.rounds import evaluate_base, stage_rollouts, substage_seconds
-
-    r = round_of(context)
-    shards = int(settings.shards)
-    store.pull()
-    run_ctx = settings.context(store, engine, policy_registry)
+    """Sample one shard's problems (every strategy, every agent step) with this process's engine:
+    with one shard the round's `steps` table itself, with several this shard's part of it."""
+    r, shard, shards = round_of(context), int(task["shard"]), int(settings.shards)
+    checkpoints = {pid: Path(path) for pid, path in task["checkpoints"].items()}
+    ctx = settings.context(store, r, engine, policy_registry)
+    ctx.tables.pull()
     if shards == 1:
         # The starting checkpoints' evaluation (round -1, once per store) runs here, on the engine
         # the rollouts are about to use, and not after training, which closes the engines on a
         # CPU: one engine start and one weight swap fewer. With several shards each process has
         # its own engine, and the evaluation asset evaluates round -1 once.
-        evaluate_base(run_ctx)
+        evaluate_base(ctx)
     started = time.time()
-    problems = read_table(table_path(store.root(), r, "problems"))
-    mine = problems.filter(pl.col("uid").map_elements(lambda u: shard_of(u, shards), return_dtype=pl.Int64) == shard)
-    out = shard_store(store.root(), r, shard)
-    rows = 0
-    substages = {}
-    if mine.height:
-        ctx = replace(run_ctx, store=out)
-        before = substage_seconds(ctx)
-        rows = stage_rollouts(ctx, r, mine).num_rows
-        # the shard's own timings go to its folder, removed after the merge: its engine starts and
-        # swaps travel with its result to the round's timings
-        substages = {k: v - before[k] for k, v in substage_seconds(ctx).items() if v > before[k]}
-        store.publish(r)  # a URL store: the shard's table goes up for the merge (maybe on another machine)
-    finished = time.time()
-    context.log.info(f"shard {shard}/{shards}: {mine.height} problems, {rows} rows in {finished - started:.1f}s (pid {os.getpid()})")
-    return {
-        "shard": shard, "problems": mine.height, "rows": rows, "pid": os.getpid(), "host": socket.gethostname(),
-        "started": started, "finished": finished, "path": table_path(out, r, "steps").relative_to(store.root()).as_posix() if rows else None,
-        "substages": substages,
-    }
+    problems = ctx.tables.read(r, "problems")
+    out = {"shard": shard, "pid": os.getpid(), "host": socket.gethostname(), "substages": {}, "summary": None}
+    if shards == 1:  # the stage writes the round's table and records its seconds itself
+        steps = pl.from_arrow(stage_rollouts(ctx, r, problems, checkpoints))
+        out.update(problems=problems.height, rows=steps.height, summary=rollout_summary(steps))
+    else:
+        mine = problems.filter(pl.col("uid").map_elements(lambda u: shard_of(u, shards), return_dtype=pl.Int64) == shard)
+        before = ctx.substage_seconds()
+        rows = ctx.tables.write(r, "steps", sample_round(ctx, r, mine, checkpoints), part=shard).rows if mine.height else 0
+        # the shard's engine starts and swaps travel with its result to the round's timings
+        out.update(problems=mine.height, rows=rows, substages={k: v - before[k] for k, v in ctx.substage_seconds().items() if v > before[k]})
+    ctx.tables.publish(r)  # a URL store: the table (or the part, for the merge, maybe on another machine) goes up
+    out.update(started=started, finished=time.time())
+    context.log.info(f"shard {shard}/{shards}: {out['problems']} problems, {out['rows']} rows in {out['finished'] - started:.1f}s (pid {os.getpid()})")
+    return out
 
 
 @dg.op(out=dg.Out(dg.Nothing))
 def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[dict], settings: RunSettings, store: StoreResource):
-    """Every shard is in: the round's `steps` table, in the order one process would write it."""
-    import pipeline.rollout.loop as rollouts_mod
-    from pipeline.run.rounds import record_timing
-    from schemas import STEPS
-
+    """Every shard is in: with several, the round's `steps` table, in the order one process would
+    write it, written once (and the shards' seconds recorded); the `rollout_shards` table."""
     r = round_of(context)
     shards = sorted(shards, key=lambda s: s["shard"])
-    store.pull()
-    problems = read_table(table_path(store.root(), r, "problems"))
-    tables = [read_table(store.root() / s["path"], STEPS).to_arrow() for s in shards if s["path"]]
-    steps_table = rollouts_mod.merge_shards(tables, problems["uid"].to_list(), list(settings.run_config().strategies))
-    rollouts_mod.write_steps(steps_table, store.root(), r)
-    shard_df = pl.DataFrame([{k: v for k, v in s.items() if k != "substages"} for s in shards]).drop("path").with_columns(pl.lit(r, pl.Int32).alias("round"))
-    write_table(shard_df, table_path(store.root(), r, SHARD_TABLE))
+    tables = store.tables()
+    tables.pull()
     wall = max(s["finished"] for s in shards) - min(s["started"] for s in shards)
-    record_timing(store.root(), r, "rollouts", wall)
-    for name in sorted({k for s in shards for k in s.get("substages", {})}):  # summed over the shards' processes
-        record_timing(store.root(), r, name, sum(s.get("substages", {}).get(name, 0.0) for s in shards), add=True)
-    store.remove(f"round={r}/shards")
-    store.publish(r)
-    steps = pl.from_arrow(steps_table)
-    tokens = int(steps["completion_ids"].list.len().sum())
+    summary = shards[0]["summary"]
+    if summary is None:
+        problems = tables.read(r, "problems")
+        parts = [part.to_arrow() for part in tables.read_parts(r, "steps")]
+        steps = merge_shards(parts, problems["uid"].to_list(), list(settings.run_config().strategies))
+        tables.write(r, "steps", steps)
+        substages = {name: sum(s["substages"].get(name, 0.0) for s in shards) for name in {k for s in shards for k in s["substages"]}}
+        record_timings(tables, r, {"rollouts": wall}, added=substages)  # substages summed over the shards' processes
+        tables.remove_parts(r)
+        summary = rollout_summary(pl.from_arrow(steps))
+    keep = ("shard", "problems", "rows", "pid", "host", "started", "finished")
+    shard_df = pl.DataFrame([{k: s[k] for k in keep} for s in shards]).with_columns(pl.lit(r, pl.Int32).alias("round"))
+    tables.write(r, SHARD_TABLE, shard_df)
+    tables.publish(r)
     context.add_output_metadata(
         {
-            "dagster/row_count": steps.height,
-            "path": store.location(r, "steps"),
-            "completion_tokens": tokens,
-            "tokens_per_second": round(tokens / wall, 1) if wall > 0 else 0.0,
-            "engine": steps["engine"][0] if steps.height else "",
+            **table_metadata(tables.info(r, "steps", summary["rows"])),
+            "completion_tokens": summary["tokens"],
+            "tokens_per_second": round(summary["tokens"] / wall, 1) if wall > 0 else 0.0,
+            "engine": summary["engine"],
             "shards": len(shards),
             "shard_pids": ", ".join(str(s["pid"]) for s in shards),
             "by_shard": md_table(shard_df.select("shard", "problems", "rows", "pid", "host", (pl.col("finished") - pl.col("started")).round(1).alias("seconds"))),
-            "reward_by_agent_strategy": md_table(reward_by_agent_strategy(steps)),
+            "reward_by_agent_strategy": md_table(pl.DataFrame(summary["rewards"])),
         }
     )
 
@@ -148,10 +151,3 @@ def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[dict], set
 )
 def rollouts(problems):
     return merge_rollout_shards(rollout_shards(problems).map(rollout_shard).collect())
-
-
-class _NoEngine:
-    """The starting checkpoints are resolved without sampling: no engine is loaded."""
-
-    def pool(self, options=None):
-        return None

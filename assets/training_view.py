@@ -1,10 +1,10 @@
 import dagster as dg
 
 from assets.config import RunSettings
+from assets.metadata import table_metadata
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
 from pipeline.run.rounds import stage_training_view
-from pipeline.store import read_table, table_path
 
 
 @dg.asset(partitions_def=rounds, group_name="expert_iteration", deps=["advantages"], kinds={"arrow"})
@@ -13,14 +13,13 @@ def training_view(context: dg.AssetExecutionContext, settings: RunSettings, stor
     """Context-swapped training rows: the training context rebuilt by each strategy, the sampled
     completion tokens and their logprobs kept verbatim."""
     r = round_of(context)
-    store.pull()
-    ctx = settings.context(store, engine, policy_registry)
-    view, stats = stage_training_view(ctx, r, read_table(table_path(store.root(), r, "advantages")))
-    store.publish(r)
+    ctx = settings.context(store, r, engine, policy_registry)
+    ctx.tables.pull()
+    view, stats = stage_training_view(ctx, r, ctx.tables.read(r, "advantages"))
+    ctx.tables.publish(r)
     return dg.MaterializeResult(
         metadata={
-            "dagster/row_count": view.num_rows,
-            "path": store.location(r, "training_view"),
+            **table_metadata(ctx.tables.info(r, "training_view", view.num_rows)),
             "context_swapped": stats.n_context_swapped,
             "dropped_too_long": stats.n_too_long,
             "dropped_zero_advantage": stats.n_zero_advantage,

@@ -23,6 +23,7 @@ __all__ = [
     "EVALUATION",
     "RATIO_DIAGNOSTICS",
     "TIMINGS",
+    "ROLLOUT_SHARDS",
     "PROBLEMS",
     "SCHEMAS",
     "TableSchema",
@@ -184,8 +185,9 @@ RATIO_DIAGNOSTICS = TableSchema(
     ),
 )
 
-# Seconds each stage of a round took (problems, rollouts, advantages, view, training, evaluation,
-# and "other": the rest of the round's wall time, e.g. Dagster and the checks), one row per stage.
+# Seconds each stage of a round took (problems, rollouts, advantages, training_view, policy,
+# evaluation, "other": the rest of the round's wall time, e.g. Dagster and the checks; and the
+# parts of stages' time: sandbox, engine_start, engine_swap), one row per stage.
 TIMINGS = TableSchema(
     "timings",
     pa.schema([_f("round", pa.int32()), _f("stage", pa.string()), _f("seconds", pa.float64())]),
@@ -193,7 +195,29 @@ TIMINGS = TableSchema(
     unique=("stage",),
 )
 
-SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION, RATIO_DIAGNOSTICS, TIMINGS)}
+# One row per shard of a round's rollouts: its problems and rows, the process and host that
+# sampled it, and when (Unix seconds).
+ROLLOUT_SHARDS = TableSchema(
+    "rollout_shards",
+    pa.schema(
+        [
+            _f("round", pa.int32()),
+            _f("shard", pa.int64()),
+            _f("problems", pa.int64()),
+            _f("rows", pa.int64()),
+            _f("pid", pa.int64()),
+            _f("host", pa.string()),
+            _f("started", pa.float64()),
+            _f("finished", pa.float64()),
+        ]
+    ),
+    row_id="shard",
+    unique=("shard",),
+)
+
+SCHEMAS: dict[str, TableSchema] = {
+    s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION, RATIO_DIAGNOSTICS, TIMINGS, ROLLOUT_SHARDS)
+}
 
 
 def polars_schema(schema: "TableSchema | str"):

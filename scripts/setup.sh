@@ -47,7 +47,8 @@ if [ "${MAXIT_SKIP_BWRAP:-0}" != 1 ] && ! command -v bwrap >/dev/null 2>&1 \
     && echo "bubblewrap installed (sandbox for generated code)" \
     || echo "bubblewrap could not be installed: the sandbox falls back to a network namespace alone (the program then sees the machine's world-readable files) or refuses to run, and tests/test_sandbox.py fails"
 fi
-# Build (once; cached under .cache/maxit) and warm-start the embedded default model.
+# Build (once; cached in the user's cache: $MAXIT_CACHE_DIR, else $XDG_CACHE_HOME/maxit, else
+# ~/.cache/maxit, found from any folder) and warm-start the embedded default model.
 if [ "${MAXIT_SKIP_MODEL:-0}" != 1 ]; then
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} .venv/bin/python -m pipeline.workflows.math.model
 fi

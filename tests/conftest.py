@@ -3,8 +3,9 @@
 - `tiny_model_dir`: the default architecture and tokenizer, untrained (random weights), built
   in a temporary folder in seconds; for engine tests.
 - `default_model_dir`: the warm-started default model from `pipeline.models.default_model()`,
-  cached in $MAXIT_CACHE_DIR or the project's .cache/maxit, so the suite reuses the model the
-  set-up command built (and builds it, once, if it is missing).
+  cached in the user's cache (`pipeline.store.cache_root`: $MAXIT_CACHE_DIR, else
+  $XDG_CACHE_HOME/maxit, else ~/.cache/maxit), so the suite reuses the model the set-up command
+  built (and builds it, once, if it is missing).
 - `vllm_sampler`: one vLLM engine on `tiny_model_dir` for the whole session. Where vllm cannot
   be imported the vLLM tests are skipped with the reason shown, unless MAXIT_REQUIRE_VLLM=1,
   which turns that into a failure (CI sets it: vllm is part of the set-up).
@@ -28,7 +29,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-os.environ.setdefault("MAXIT_CACHE_DIR", str(PROJECT / ".cache" / "maxit"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -13,9 +13,9 @@ from assets.definitions import ROUND_ASSETS, defs, make_resources
 from assets.partitions import rounds
 from assets.resources import close_engines
 from assets.sensors import make_next_round_sensor, next_round
+from pipeline.run.timings import STAGES, SUBSTAGES
+from pipeline.store import Tables, table_path
 from pipeline.store.registry import PolicyRegistry
-from pipeline.run.rounds import SUBSTAGES
-from pipeline.store import table_path
 from schemas import validate
 
 
@@ -64,13 +64,47 @@ def one_round(tmp_path_factory, default_model_dir):
     # round -1 computed, not taken from the cache an earlier run of the suite left: its engine and
     # timings are part of what is tested
     settings = small_settings(default_model_dir, base_eval_cache=False)
-    result = materialize_round(instance, store, settings, 0)
-    yield instance, store, settings, result
+    counts = {"writes": [], "workflows": 0, "configs": 0}
+    with pytest.MonkeyPatch.context() as mp:
+        # what the round builds and writes: each table once, the run config and the workflow once
+        import pipeline.config.run as config_module
+        import pipeline.run.context as context_module
+
+        write, build, post_init = Tables.write, context_module.build_workflow, config_module.RunConfig.__post_init__
+
+        def counted_write(self, round_, table, data, **kw):
+            counts["writes"].append((round_, table, kw.get("part")))
+            return write(self, round_, table, data, **kw)
+
+        def counted_build(config):
+            counts["workflows"] += 1
+            return build(config)
+
+        def counted_post_init(self):
+            counts["configs"] += 1
+            return post_init(self)
+
+        mp.setattr(Tables, "write", counted_write)
+        mp.setattr(context_module, "build_workflow", counted_build)
+        mp.setattr(config_module.RunConfig, "__post_init__", counted_post_init)
+        result = materialize_round(instance, store, settings, 0)
+    yield instance, store, settings, result, counts
     close_engines()
 
 
+def test_a_round_writes_each_table_once_and_builds_its_config_and_workflow_once(one_round):
+    _instance, _store, _settings, result, counts = one_round
+    assert result.success
+    written = [(r, table) for r, table, part in counts["writes"] if table != "timings"]
+    assert sorted(written) == sorted(set(written)), written  # no table of a round written twice
+    assert {(0, t) for t in ("problems", "steps", "advantages", "training_view", "ratio_diagnostics", "evaluation", "rollout_shards")} <= set(written)
+    assert all(part is None for _r, _t, part in counts["writes"])  # one shard: no parts, nothing merged
+    assert counts["workflows"] == 1, counts  # one workflow (and task) for every asset and check of the round
+    assert counts["configs"] <= 1, counts  # one RunConfig (none when this process built it before)
+
+
 def test_one_round_materializes_in_process(one_round):
-    instance, store, settings, result = one_round
+    instance, store, settings, result, _counts = one_round
     assert result.success
     for table in ("problems", "steps", "advantages", "training_view", "ratio_diagnostics", "evaluation"):
         assert table_path(store, 0, table).exists(), table
@@ -97,7 +131,7 @@ def test_one_round_materializes_in_process(one_round):
     assert next_round(instance) == 1
     # seconds per stage, recorded by the stages themselves (round -1: the baseline's evaluation)
     timings = validate(pl.read_parquet(table_path(store, 0, "timings")), "timings")
-    assert [s for s in timings["stage"] if s not in SUBSTAGES] == ["problems", "rollouts", "advantages", "view", "training", "evaluation"]
+    assert [s for s in timings["stage"] if s not in SUBSTAGES] == list(STAGES)
     base = pl.read_parquet(table_path(store, -1, "timings"))["stage"].to_list()
     assert base == ["evaluation", "engine_start"]  # the engine the baseline's evaluation built, inside it
     # round -1 is evaluated on the engine the rollouts then sample with (before training closes
@@ -107,14 +141,14 @@ def test_one_round_materializes_in_process(one_round):
 
 def test_the_rollouts_engine_start_is_a_timings_row_of_the_round(one_round, tmp_path, monkeypatch):
     """With round -1 already evaluated, the rollouts build the round's first engine; its seconds
-    reach the round's `engine_start` row (a shard's own timings are in its folder, removed after
-    the merge), added to the evaluation's."""
+    reach the round's `engine_start` row (recorded with the rollouts' own seconds, in one write),
+    added to the evaluation's."""
     import shutil
     import time
 
     from pipeline.engines.pool import EnginePool
 
-    instance, done, settings, _ = one_round
+    instance, done, settings, _, _ = one_round
     close_engines()
     store = tmp_path / "store"
     shutil.copytree(done / "round=-1", store / "round=-1")  # round -1's evaluation, as if computed
@@ -145,7 +179,7 @@ def test_evaluation_metadata_plots_accuracy_by_round(one_round):
 
     from PIL import Image
 
-    _instance, store, _settings, result = one_round
+    _instance, store, _settings, result, _counts = one_round
     meta = result.asset_materializations_for_node("evaluation")[0].metadata
     ev = pl.read_parquet(table_path(store, 0, "evaluation"))
     assert meta["solver_acc"].value == ev.filter(pl.col("metric") == "accuracy")["value"][0]
@@ -173,17 +207,17 @@ def test_sensor_requests_the_next_round(one_round):
 
 
 def test_failing_blocking_check_stops_the_round(tmp_path, default_model_dir, monkeypatch):
-    import pipeline.rollout.loop as rollouts_mod
+    real_write = Tables.write
 
-    real_write = rollouts_mod.write_steps
+    def corrupt(self, round_, table, data, **kw):
+        if table == "steps":
+            df = pl.from_arrow(data) if not isinstance(data, pl.DataFrame) else data
+            first_tree = df.filter(pl.col("strategy") == "tree")["step_id"][0]
+            df = df.with_columns(pl.when(pl.col("step_id") == first_tree).then(pl.lit("not-the-siblings-context")).otherwise(pl.col("prompt_hash")).alias("prompt_hash"))
+            data = df.to_arrow()
+        return real_write(self, round_, table, data, **kw)
 
-    def corrupt(table, store, round_):
-        df = pl.from_arrow(table)
-        first_tree = df.filter(pl.col("strategy") == "tree")["step_id"][0]
-        df = df.with_columns(pl.when(pl.col("step_id") == first_tree).then(pl.lit("not-the-siblings-context")).otherwise(pl.col("prompt_hash")).alias("prompt_hash"))
-        return real_write(df.to_arrow(), store, round_)
-
-    monkeypatch.setattr(rollouts_mod, "write_steps", corrupt)
+    monkeypatch.setattr(Tables, "write", corrupt)
     instance = dg.DagsterInstance.ephemeral()
     try:
         result = materialize_round(instance, tmp_path, small_settings(default_model_dir), 0)

@@ -17,9 +17,10 @@ import polars as pl
 import pytest
 
 from pipeline.engines import vllm_available
-from pipeline.run.report import EXPERIMENT_FILE, LOG_FILE, experiments_table, read_experiment, record_experiment
-from pipeline.run.rounds import STAGE_NAMES, SUBSTAGES, record_timing
-from pipeline.store import table_path
+from pipeline.run import LINE_WIDTH
+from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, experiments_table, read_experiment, record_experiment
+from pipeline.run.timings import SUBSTAGES, TIMING_ROWS, record_timings
+from pipeline.store import Tables, table_path
 from schemas import validate
 
 MAXIT = str(Path(sys.executable).with_name("maxit"))
@@ -90,13 +91,16 @@ def test_timings_are_recorded_and_printed(two_stores):
     assert len(runs) == 2
     for store, _engine, proc in runs.values():
         t = validate(pl.read_parquet(table_path(store, 0, "timings")), "timings")
-        assert [s for s in t["stage"] if s not in SUBSTAGES] == [s for s in STAGE_NAMES if s not in SUBSTAGES]
+        assert [s for s in t["stage"] if s not in SUBSTAGES] == [s for s in TIMING_ROWS if s not in SUBSTAGES]
         assert (t["seconds"] >= 0).all() and t.filter(pl.col("stage") == "rollouts")["seconds"][0] > 0
         # the starting model's evaluation is round -1's, not round 0's "other"; the engine it
         # built first is counted there, inside it
         base = dict(pl.read_parquet(table_path(store, -1, "timings")).select("stage", "seconds").iter_rows())
         assert set(base) == {"evaluation", "engine_start"} and 0 < base["engine_start"] < base["evaluation"]
-        assert "s_roll" in proc.stdout and "s_train" in proc.stdout and "rollout_tok_s" in proc.stdout
+        # the end-of-run table: the numbers a user watches, the round's seconds among them
+        header = next(line for line in proc.stdout.splitlines() if line.split()[:1] == ["round"])
+        assert {"solver_acc", "train_rows", "seconds"} <= set(header.split()), header
+        assert "maxit report --markdown --store" in proc.stdout
 
 
 def test_console_is_quiet_and_the_log_has_library_output(two_stores):
@@ -107,6 +111,7 @@ def test_console_is_quiet_and_the_log_has_library_output(two_stores):
         noisy = [line for line in console if WARNING_LINE.search(line)]
         assert not noisy, "\n".join(noisy[:20])
         assert any(line.startswith("maxit run: 1 round(s)") for line in console)
+        assert max(map(len, console)) <= LINE_WIDTH, max(console, key=len)
         log = (store / LOG_FILE).read_text()
         assert " ".join(["run", "--rounds", "1"]) in log  # the run's header
         if engine == "vllm":
@@ -146,18 +151,19 @@ def test_console_to_log_sends_library_output_to_the_log(tmp_path):
         assert "maxit table" not in text
 
 
-def test_record_timing_replaces_a_stage_and_rejects_bad_input(tmp_path):
+def test_record_timings_replaces_a_stage_and_rejects_bad_input(tmp_path):
     from pipeline.errors import ConfigError
 
-    record_timing(tmp_path, 0, "training", 3.0)
-    record_timing(tmp_path, 0, "problems", 1.0)
-    record_timing(tmp_path, 0, "training", 5.0)
+    tables = Tables(tmp_path)
+    record_timings(tables, 0, {"policy": 3.0})
+    record_timings(tables, 0, {"problems": 1.0})
+    record_timings(tables, 0, {"policy": 5.0})
     t = validate(pl.read_parquet(table_path(tmp_path, 0, "timings")), "timings")
-    assert t.rows() == [(0, "problems", 1.0), (0, "training", 5.0)]
+    assert t.rows() == [(0, "problems", 1.0), (0, "policy", 5.0)]
     with pytest.raises(ConfigError, match="stage"):
-        record_timing(tmp_path, 0, "lunch", 1.0)
+        record_timings(tables, 0, {"lunch": 1.0})
     with pytest.raises(ConfigError, match="seconds"):
-        record_timing(tmp_path, 0, "view", float("nan"))
+        record_timings(tables, 0, {"training_view": float("nan")})
 
 
 def test_experiment_record_keeps_creation_and_previous_settings(tmp_path):

@@ -14,9 +14,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pipeline.run.report import LINE_WIDTH, build_report, markdown_round_table, record_experiment, round_line, round_summary, store_metrics, table_metrics_of
-from pipeline.run.rounds import record_timing
-from pipeline.store import table_path, write_table
+from pipeline.run import LINE_WIDTH
+from pipeline.run.experiments import record_experiment
+from pipeline.run.html_report import build_report, store_metrics
+from pipeline.run.report import console_table, markdown_round_table, reward_error_lines, round_line, round_summary, table_metrics_of
+from pipeline.run.timings import record_timings
+from pipeline.store import Tables, table_path, write_table
 from pipeline.rollout.synthetic import synthetic_steps
 from pipeline.workflows.code import CodeWorkflow
 from pipeline.workflows.grid import GridWorkflow
@@ -25,9 +28,14 @@ from pipeline.workflows.math import MathWorkflow, SingleWorkflow
 MAXIT = str(Path(sys.executable).with_name("maxit"))
 
 
+OLD_TIMINGS = (("problems", 0.1), ("advantages", 0.2), ("view", 0.5), ("training", 7.0), ("evaluation", 3.0), ("other", 1.0))
+"""A round's timings as a store written before the stages had one name each labelled them."""
+
+
 def make_store(path: Path, rounds: int, skill: float, with_timings: bool = True) -> Path:
     """A store with the tables a report reads: steps (synthetic rollouts), evaluation (round -1
-    and every round), ratio_diagnostics and timings."""
+    and every round), ratio_diagnostics and timings (round 0's written by this maxit, later
+    rounds' with the labels of a store written before, "view" and "training")."""
     for r in range(-1, rounds):
         metrics = {"accuracy": skill + 0.05 * r, "accuracy_greedy": skill + 0.1 + 0.05 * r, "accuracy_hint": skill + 0.2,
                    "verdict_accuracy": 0.6, "verdict_balanced_accuracy": 0.55 + 0.02 * r}
@@ -47,9 +55,12 @@ def make_store(path: Path, rounds: int, skill: float, with_timings: bool = True)
             schema_overrides={"round": pl.Int32},
         )
         write_table(diag, table_path(path, r, "ratio_diagnostics"), "ratio_diagnostics")
-        if with_timings:
-            for stage, seconds in (("problems", 0.1), ("rollouts", 5.0 + r), ("advantages", 0.2), ("view", 0.5), ("training", 7.0), ("evaluation", 3.0), ("other", 1.0)):
-                record_timing(path, r, stage, seconds)
+        if with_timings and r == 0:
+            record_timings(Tables(path), r, {{"view": "training_view", "training": "policy"}.get(k, k): v for k, v in OLD_TIMINGS} | {"rollouts": 5.0 + r})
+        elif with_timings:
+            old = [("rollouts", 5.0 + r), *OLD_TIMINGS]
+            frame = pl.DataFrame({"round": [r] * len(old), "stage": [k for k, _ in old], "seconds": [v for _, v in old]}, schema_overrides={"round": pl.Int32})
+            frame.write_parquet(table_path(path, r, "timings"))
     return path
 
 
@@ -89,7 +100,9 @@ def test_report_draws_every_section_for_every_store(stores, tmp_path):
     speed = figure_data(page, "rollout_speed")
     assert [t["name"] for t in speed] == ["exp-a"]  # exp-b has no timings: no speed, no stage bars
     stages = figure_data(page, "time_per_stage")
-    assert {t["name"] for t in stages} == {"problems", "rollouts", "advantages", "view", "training", "evaluation", "other"}
+    assert {t["name"] for t in stages} == {"problems", "rollouts", "advantages", "training_view", "policy", "evaluation", "other"}
+    policy = next(t for t in stages if t["name"] == "policy")
+    assert policy["x"] == [0, 1, 2] and policy["y"] == [7.0] * 3  # the old stores' "training" rows, read as the stage's name
     metrics = store_metrics(stores[0])
     tokens = metrics["speed"].filter(pl.col("round") == 1)
     steps = pl.read_parquet(table_path(stores[0], 1, "steps"))
@@ -145,7 +158,7 @@ def test_report_renders_in_headless_chromium(stores, tmp_path):
 # -- the round table: one line per round, and as markdown ------------------------------------------
 
 MATH_ROW = {"round": 3, "solver_acc": 0.818, "greedy": 0.945, "with_hint": 0.692, "verifier_acc": 0.8, "verifier_bal_acc": 0.75, "verifier_bal_greedy": 0.77,
-            "success_iid": 0.7, "train_rows": 1647, "train_steps": 14, "rollout_tok_s": 500.0, "s_train": 121}
+            "success_iid": 0.7, "train_rows": 1647, "train_steps": 14, "rollout_tok_s": 500.0, "s_policy": 121}
 
 
 def test_round_line_of_the_math_workflow():
@@ -235,13 +248,14 @@ def markdown_rows(block: str) -> tuple[str, list[str], list[list[str]]]:
 def test_markdown_round_table(stores):
     store = recorded(stores[0], seed=3, algorithm="drmas")
     header, columns, rows = markdown_rows(markdown_round_table(store))
-    assert header == f"store {store}: workflow math, algorithm drmas, seed 3; 3 complete round(s); fractions in percent, s_* in seconds"
+    assert header == f"store {store}: workflow math, algorithm drmas, seed 3; 3 complete round(s); fractions in percent, s_<stage> in seconds"
     assert columns[:6] == ["round", "solver_acc", "greedy", "with_hint", "verifier_acc", "verifier_bal_acc"]
-    assert {"success_feedback", "success_iid", "success_prompt_aug", "rollout_tok_s", "s_roll", "s_train", "s_other"} <= set(columns)
+    assert {"success_feedback", "success_iid", "success_prompt_aug", "rollout_tok_s", "s_rollouts", "s_training_view", "s_policy", "s_other"} <= set(columns)
+    assert rows[2][columns.index("s_policy")] == "7" and rows[2][columns.index("s_training_view")] == "0"  # old labels, read as the names
     assert [r[0] for r in rows] == ["-1 (start)", "0", "1", "2"]
     # fractions in percent, the start row without round columns, seconds as whole numbers
     assert rows[0][1:3] == ["25.0", "35.0"] and rows[3][1] == "40.0"
-    assert rows[0][columns.index("success_iid")] == "" and rows[1][columns.index("s_roll")] == "5"
+    assert rows[0][columns.index("success_iid")] == "" and rows[1][columns.index("s_rollouts")] == "5"
 
 
 def test_markdown_round_table_of_a_workflow_not_importable_here(stores):
@@ -289,11 +303,11 @@ def test_report_markdown_bad_input(stores, tmp_path):
 
 def test_settings_changes_names_what_a_continued_store_changes(tmp_path):
     """`maxit run` on a store with complete rounds and other settings than it last ran with says
-    which (the note of maxit.cli.cmd_run): each differing setting by flag with its old value;
+    which (the note of maxit.run_commands.cmd_run): each differing setting by flag with its old value;
     nothing for a new store, the same settings, or a store whose rounds never completed."""
     from dataclasses import replace
 
-    from pipeline.run.report import settings_changes
+    from pipeline.run.experiments import settings_changes
     from pipeline.run.settings import Settings
 
     store = tmp_path / "s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import polars as pl
@@ -14,27 +15,26 @@ from polars.testing import assert_frame_equal
 from fakes import FakeSampler, FakeTask, FakeTokenizer
 from pipeline.learn.advantages import compute_advantages
 from pipeline.config import RunConfig
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DataError
 from pipeline.run.rounds import (
-    STAGE_NAMES,
     _stage,
     STAGES,
-    TIMING_LABELS,
     RoundContext,
     advantages_frame,
     draw_problems,
     evaluation_config,
     problems_from_table,
     ratio_diagnostics_table,
-    record_timing,
     registry_metrics,
     rollout_config,
     run_strategies,
     sample_steps,
     stage_advantages,
+    stage_rollouts,
     training_view,
 )
-from pipeline.store import table_path
+from pipeline.run.timings import OLD_STAGE_LABELS, TIMING_ROWS, read_timings, record_other, record_timings, seconds_column
+from pipeline.store import Tables, table_path
 from pipeline.learn.loss import LossDiagnostics, RatioStats
 from pipeline.learn.views import build_training_view
 from pipeline.workflows.math import MathWorkflow, SingleWorkflow
@@ -131,15 +131,32 @@ def test_evaluation_config_is_the_runs_at_the_sampling_temperature():
     assert evaluation_config(config) == dataclasses.replace(config.evaluation, temperature=0.6)
 
 
-def test_one_name_per_stage_and_the_timings_keep_their_labels(tmp_path):
+def test_one_name_per_stage_everywhere_and_old_timings_labels_are_read_as_the_names(tmp_path):
+    """A stage's name is its asset's, its function's, its timings row's and (with s_) its round
+    table column's; a store written before (timings rows "view", "training") reads as the names."""
+    import assets.definitions
+    import pipeline.run.rounds as rounds
+
     assert STAGES == ("problems", "rollouts", "advantages", "training_view", "policy", "evaluation")
-    assert STAGE_NAMES == ("problems", "rollouts", "advantages", "view", "training", "evaluation", "other", "sandbox", "engine_start", "engine_swap")
-    record_timing(tmp_path, 0, "training_view", 1.0)
-    record_timing(tmp_path, 0, "view", 2.0)  # the label names the same row
-    record_timing(tmp_path, 0, "policy", 3.0)
+    assert [a.key.path[-1] for a in assets.definitions.ROUND_ASSETS] == list(STAGES)
+    assert all(callable(getattr(rounds, f"stage_{s}")) for s in STAGES)
+    assert TIMING_ROWS == (*STAGES, "other", "sandbox", "engine_start", "engine_swap")
+    assert seconds_column("training_view") == "s_training_view"
+    tables = Tables(tmp_path)
+    record_timings(tables, 0, {"policy": 3.0, "training_view": 1.0})
+    record_timings(tables, 0, {"training_view": 2.0}, added={"sandbox": 0.5})
+    record_timings(tables, 0, added={"sandbox": 0.25, "engine_swap": 0.0})  # a zero adds no row
     t = pl.read_parquet(table_path(tmp_path, 0, "timings"))
-    assert t.select("stage", "seconds").rows() == [("view", 2.0), ("training", 3.0)]
-    assert set(TIMING_LABELS) <= set(STAGES)
+    assert t.select("stage", "seconds").rows() == [("training_view", 2.0), ("policy", 3.0), ("sandbox", 0.75)]
+    with pytest.raises(ConfigError, match="stage must be one of"):
+        record_timings(tables, 0, {"view": 1.0})  # the old label is not written any more
+    with pytest.raises(ConfigError, match="finite and >= 0"):
+        record_timings(tables, 0, {"policy": float("nan")})
+    old = pl.DataFrame({"round": [1, 1], "stage": ["view", "training"], "seconds": [4.0, 5.0]}, schema={"round": pl.Int32, "stage": pl.String, "seconds": pl.Float64})
+    tables.path(1, "timings").parent.mkdir()
+    old.write_parquet(tables.path(1, "timings"))
+    assert read_timings(tables, 1).select("stage", "seconds").rows() == [("training_view", 4.0), ("policy", 5.0)]
+    assert set(OLD_STAGE_LABELS.values()) <= set(STAGES)
 
 
 def test_a_stage_writes_its_table_and_records_its_seconds(tmp_path):
@@ -156,8 +173,6 @@ def test_the_seconds_a_workflow_waits_on_its_sandbox_are_a_row_inside_the_stages
     """A workflow's `sandbox_seconds` (and the engine pool's start seconds) grown during two
     stages add up in the round's "sandbox" (and "engine_start") row; `maxit run`'s "other" time
     does not count them beside the stages they are part of."""
-    from assets.launch import _record_other_time
-
     ctx = RoundContext(tmp_path, CONFIG)
     ctx._workflow = SimpleNamespace(sandbox_seconds=0.0)
 
@@ -174,6 +189,31 @@ def test_the_seconds_a_workflow_waits_on_its_sandbox_are_a_row_inside_the_stages
     t = dict(pl.read_parquet(table_path(tmp_path, 0, "timings")).select("stage", "seconds").rows())
     assert set(t) == {"rollouts", "evaluation", "advantages", "sandbox", "engine_start"}
     assert t["sandbox"] == pytest.approx(2.5) and t["engine_start"] == pytest.approx(2.5)
-    _record_other_time(tmp_path, 0, wall_seconds=10.0, started=0.0)
+    record_other(ctx.tables, 0, wall_seconds=10.0, started=0.0)
     other = dict(pl.read_parquet(table_path(tmp_path, 0, "timings")).select("stage", "seconds").rows())["other"]
     assert other == pytest.approx(10.0 - t["rollouts"] - t["evaluation"] - t["advantages"])
+
+
+def test_the_rollouts_sample_with_the_checkpoints_their_driver_passes(tmp_path):
+    """A driver that lets round r's rollouts start before round r-1's training has finished passes
+    an older checkpoint: the stage samples with exactly what it is given, and writes the round's
+    table once, through the table owner."""
+    from pipeline.engines.pool import EnginePool
+
+    asked = []
+
+    class Pool(EnginePool):
+        def get(self, policy_id, path, **options):
+            asked.append((policy_id, Path(path)))
+            return FakeSampler()
+
+    ctx = RoundContext(tmp_path, CONFIG, Pool("hf"))
+    ctx._workflow = MathWorkflow(FakeTask())
+    older = tmp_path / "checkpoints" / "round=0" / "shared"
+    problems = draw_problems(ctx.workflow(), CONFIG.problems, seed=1, round_=2)
+    steps = stage_rollouts(ctx, 2, problems, {"shared": older})
+    assert asked == [("shared", older)]
+    assert_frame_equal(pl.read_parquet(table_path(tmp_path, 2, "steps")), pl.from_arrow(steps))
+    assert dict(pl.read_parquet(table_path(tmp_path, 2, "timings")).select("stage", "seconds").rows()).keys() == {"rollouts"}
+    with pytest.raises(DataError, match="round 3: holds rows of round"):
+        ctx.tables.write(3, "steps", steps)  # the table owner: a round's table holds that round's rows

@@ -192,7 +192,7 @@ def test_a_build_runs_unmarked_where_the_filesystem_has_no_flock(tmp_path, monke
     def no_flock(fd, op):
         raise OSError(38, "Function not implemented")
 
-    monkeypatch.setattr(store.fcntl, "flock", no_flock)
+    monkeypatch.setattr(store.atomic.fcntl, "flock", no_flock)
     with store.atomic_dir(tmp_path / "ckpt") as d:
         (d / "w").write_text("one")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

@@ -22,6 +22,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from pipeline import store as st
+from pipeline.store import url as stu
 from pipeline.errors import ConfigError, DataError
 from pipeline.store.registry import PolicyRegistry
 
@@ -82,7 +83,7 @@ def cat(url: str) -> bytes:
 
 def object_versions(url: str, prefix: str) -> dict:
     fs, base = st.filesystem(url)
-    return {k: st._fingerprint(v) for k, v in fs.find(f"{base.rstrip('/')}/{prefix}", detail=True).items()}
+    return {k: stu._fingerprint(v) for k, v in fs.find(f"{base.rstrip('/')}/{prefix}", detail=True).items()}
 
 
 @pytest.mark.parametrize("kind", ["memory", "file"])
@@ -145,13 +146,13 @@ def test_push_uploads_what_changed_one_object_each_with_the_evaluation_last(tmp_
     fill(url.local, -1, ("evaluation", "timings"))
     fill(url.local, 0)
     order = []
-    real = st.write_bytes
+    real = stu.write_bytes
 
     def recording(target, body):
         order.append(target.split("/", 3)[-1])
         return real(target, body)
 
-    st.write_bytes = recording
+    stu.write_bytes = recording
     try:
         assert url.push([-1, 0]) == order
         assert order[-2:] == ["round=-1/evaluation.parquet", "round=0/evaluation.parquet"]
@@ -160,7 +161,7 @@ def test_push_uploads_what_changed_one_object_each_with_the_evaluation_last(tmp_
         st.write_table(pl.DataFrame({"round": [0], "x": ["again"]}), st.table_path(url.local, 0, "steps"))
         assert url.push([-1, 0]) == ["round=0/steps.parquet"]
     finally:
-        st.write_bytes = real
+        stu.write_bytes = real
     assert st.read_table(st.table_path(url.url, 0, "steps"))["x"].to_list() == ["again"]
     # a fresh working copy downloads everything; an unchanged one nothing
     other = st.UrlStore(url.url, tmp_path / "fresh")
@@ -176,24 +177,24 @@ def test_a_crash_mid_upload_leaves_the_round_incomplete_and_a_resume_drops_the_u
 
     url = st.UrlStore(memory_url(), tmp_path / "copy")
     fill(url.local, 0)
-    real = st.write_bytes
+    real = stu.write_bytes
 
     def failing(target, body):
         if target.endswith("round=0/timings.parquet"):
             raise ConnectionError("connection reset")
         return real(target, body)
 
-    st.write_bytes = failing
+    stu.write_bytes = failing
     try:
         with pytest.raises(ConnectionError):
             url.push([0])
     finally:
-        st.write_bytes = real
+        stu.write_bytes = real
     assert st.exists(st.table_path(url.url, 0, "problems"))
     assert not st.exists(st.table_path(url.url, 0, "evaluation"))  # the marker goes last: never sent
-    assert round_complete(url.local, 0)  # the working copy believes it...
+    assert round_complete(st.Tables(url.local), 0)  # the working copy believes it...
     counts = url.pull(reconcile=True)  # ...until a run starts and makes it the URL's again
-    assert counts["deleted"] == 2 and not round_complete(url.local, 0)
+    assert counts["deleted"] == 2 and not round_complete(st.Tables(url.local), 0)
     assert sorted(p.name for p in (url.local / "round=0").glob("*.parquet")) == ["problems.parquet", "steps.parquet"]
 
 

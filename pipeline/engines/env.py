@@ -41,12 +41,12 @@ def configure_vllm_env(cache_dir: str | Path | None = None, cpu_cores: str | Non
     - VLLM_CPU_OMP_THREADS_BIND: the cores to bind to (default: all cores this process may use);
     - VLLM_CPU_KVCACHE_SPACE: KV cache GiB on CPU;
     - VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR: inside maxit's cache folder (vLLM compiles a
-      logprob kernel with the C++ compiler the first time, ~10 s, and reuses it after);
+      logprob kernel with the C++ compiler the first time and reuses it after);
     - VLLM_NO_USAGE_STATS / DO_NOT_TRACK, HF_HUB_OFFLINE: nothing leaves the machine.
     """
-    from pipeline.models import default_cache_dir
+    from pipeline.store import cache_root
 
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     wanted = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_OMP_THREADS_BIND": cpu_cores or _core_ranges(available_cores()),
@@ -63,8 +63,8 @@ def configure_vllm_env(cache_dir: str | Path | None = None, cpu_cores: str | Non
 
 def return_freed_memory() -> None:
     """Collect garbage and hand the C heap's free pages back to the system (glibc's
-    `malloc_trim`), so a closed engine's memory leaves the process's resident set (on the
-    2-core machine 1.3 GB -> 0.8 GB after closing SmolLM2's vLLM engine); a no-op elsewhere."""
+    `malloc_trim`), so a closed engine's memory leaves the process's resident set (measured:
+    docs/results/engines.md); a no-op elsewhere."""
     import ctypes
     import ctypes.util
     import gc

@@ -1,2 +1,7 @@
-"""The run layer: settings (`settings.py`), the round driver and its stages (`rounds.py`), the
-experiment record and report (`report.py`), trackers (`tracking.py`), the evaluation cache."""
+"""The run layer: settings (`settings.py`), the round context (`context.py`), the round's stages
+(`rounds.py`) and their seconds (`timings.py`), the experiment record (`experiments.py`), the
+round table (`report.py`) and the HTML report (`html_report.py`), trackers (`tracking.py`), the
+evaluation cache (`eval_cache.py`)."""
+
+LINE_WIDTH = 120
+"""The widest line maxit writes to the console (`maxit run`'s round lines and tables)."""

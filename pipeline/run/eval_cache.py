@@ -9,9 +9,8 @@ starting checkpoints' bytes, the workflow and its options, the task (and the byt
 prompt file), the evaluation settings and sampling temperature, the engine and its options, the
 hardware's bf16, the versions of torch, transformers and vLLM, and the source of maxit itself (any
 change to the code is a new key). Anything not named is what a run trains with, which round -1
-never sees. The rows are kept as `<cache>/evaluations/<key>.parquet` (`MAXIT_CACHE_DIR`,
-`pipeline.models.default_cache_dir`), written atomically; `maxit run --no-base-eval-cache`
-computes afresh and leaves the cache alone.
+never sees. The rows are kept as `<cache>/evaluations/<key>.parquet` (`pipeline.store.cache_root`),
+written atomically; `maxit run --no-base-eval-cache` computes afresh and leaves the cache alone.
 """
 
 from __future__ import annotations
@@ -95,9 +94,7 @@ def base_evaluation_key(config, checkpoints: Mapping[str, Path], evaluation, eng
 
 
 def cache_path(key: str, cache_dir: str | Path | None = None) -> Path:
-    from pipeline.models import default_cache_dir
-
-    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "evaluations" / f"{key}.parquet"
+    return (Path(cache_dir) if cache_dir is not None else st.cache_root()) / "evaluations" / f"{key}.parquet"
 
 
 def load(key: str, cache_dir: str | Path | None = None) -> pl.DataFrame | None:

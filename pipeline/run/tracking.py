@@ -62,7 +62,7 @@ import polars as pl
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError, MaxitError
-from pipeline.store.registry import BASE_ROUND
+from pipeline.store import BASE_ROUND
 
 __all__ = [
     "TARGETS",
@@ -252,7 +252,7 @@ def _table_metrics(store: Path) -> Sequence[tuple[str, str, str]] | None:
     experiment record names (`table_metrics` of the workflow's class; the base `Workflow`'s for
     a factory function or a module that cannot be imported here); None (the round table's
     default) when no record names one."""
-    from pipeline.run.report import read_experiment
+    from pipeline.run.experiments import read_experiment
     from pipeline.workflows import _resolve
     from pipeline.rollout.workflow import Workflow
 
@@ -271,16 +271,19 @@ def collect_round(store: str | Path, round_: int, metrics: Sequence[tuple[str, s
     default the store's workflow's `table_metrics`."""
     from pipeline.store.registry import PolicyRegistry
 
+    from pipeline.run.timings import read_timings
+
     store = Path(store)
+    tables = st.Tables(store)
     round_summary, stage_columns = _round_table()
     values: dict[str, float] = {}
-    values.update(evaluation_scalars(st.read_table(st.table_path(store, round_, "evaluation"))))
+    values.update(evaluation_scalars(tables.read(round_, "evaluation")))
     summary = round_summary(store, [round_], metrics if metrics is not None else _table_metrics(store))
     values.update(summary_scalars(summary, round_, skip=tuple(stage_columns.values())))
-    for table, scalars in (("steps", reward_scalars), ("ratio_diagnostics", ratio_scalars), ("timings", timing_scalars)):
-        path = st.table_path(store, round_, table)
-        if path.exists():
-            values.update(scalars(st.read_table(path)))
+    for table, scalars in (("steps", reward_scalars), ("ratio_diagnostics", ratio_scalars)):
+        if tables.exists(round_, table):
+            values.update(scalars(tables.read(round_, table)))
+    values.update(timing_scalars(read_timings(tables, round_)))
     if round_ != BASE_ROUND:
         values.update(training_scalars([r for r in PolicyRegistry(store).records() if r.round == round_]))
     return RoundScalars(round=round_, values=values)
@@ -306,7 +309,7 @@ def _write_state(store: Path, state: Mapping[str, Any]) -> None:
 def _todo(store: Path, round_: int, logged: Sequence[int]) -> list[int]:
     """Rounds to log for a call on `round_`: the starting checkpoints' evaluation first, when the
     store has it and it was never logged, then `round_`; those already logged left out."""
-    rounds = [BASE_ROUND] if round_ != BASE_ROUND and st.table_path(store, BASE_ROUND, "evaluation").exists() else []
+    rounds = [BASE_ROUND] if round_ != BASE_ROUND and st.Tables(store).exists(BASE_ROUND, "evaluation") else []
     return [r for r in [*rounds, round_] if r not in logged]
 
 
@@ -443,7 +446,7 @@ def log_round(store: str | Path, round_: int, targets: Sequence[str], metrics: S
     its error is raised (a `MaxitError` naming every failed target) after they ran."""
     targets = check_targets(targets)
     store = Path(store)
-    if not st.table_path(store, round_, "evaluation").exists():
+    if not st.Tables(store).exists(round_, "evaluation"):
         raise DataError(f"round {round_} of {store} is not complete (no evaluation table); log a round after it finished")
     state = _read_state(store)
     settings: dict | None = None
@@ -457,7 +460,7 @@ def log_round(store: str | Path, round_: int, targets: Sequence[str], metrics: S
         if not rounds:
             continue
         if settings is None:
-            from pipeline.run.report import read_experiment
+            from pipeline.run.experiments import read_experiment
 
             settings = settings_values(read_experiment(store))
         for r in rounds:

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Mapping
 
 from pipeline.errors import DataError
-from pipeline.store import atomic_write_text, canonical_url, checkpoint_dir, fetch_dir, filesystem, is_url, upload_dir, working_copy, write_bytes
+from pipeline.store.atomic import atomic_write_text
+from pipeline.store.paths import BASE_ROUND, checkpoint_dir, filesystem, is_url
+from pipeline.store.url import canonical_url, fetch_dir, upload_dir, working_copy, write_bytes
 
 __all__ = ["BASE_ROUND", "CheckpointRecord", "PolicyRegistry"]
 
-BASE_ROUND = -1
 _POLICY_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 

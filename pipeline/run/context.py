@@ -1,0 +1,166 @@
+"""What the stages of a round share (`RoundContext`): the store's tables, the run config, the
+checkpoint registry, the engines and the team, built once and handed to every stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from pipeline.config import RunConfig
+from pipeline.engines.pool import EnginePool
+from pipeline.errors import ConfigError, DataError
+from pipeline.store import BASE_ROUND, Tables
+from pipeline.store.registry import PolicyRegistry
+from pipeline.strategies import make_strategy
+from pipeline.tasks import build_task
+from pipeline.types import Sampler
+from pipeline.workflows import check_workflow, load_workflow
+
+__all__ = ["RoundContext", "build_workflow", "run_strategies", "DEFAULT_MIX"]
+
+
+def build_workflow(config: RunConfig):
+    """The workflow of a run config: its name and options, its agents on one shared policy or
+    each on its own; the math workflows get the config's task and loop count."""
+    settings = dict(config.workflow_options)
+    if config.workflow in ("math", "single"):
+        settings.setdefault("task", build_task(config.task, config.task_file, config.prompt_file))
+    else:
+        settings.setdefault("task_file", config.task_file)
+    settings.setdefault("max_loop_num", config.max_loop_num)
+    return load_workflow(config.workflow, shared_policy=config.shared_policy, **settings)
+
+
+DEFAULT_MIX = ("iid", "prompt_aug", "feedback", "tree")
+"""The default algorithm's strategy mix (`ALGORITHM_PRESETS["maxit"]`)."""
+
+
+def run_strategies(config: RunConfig, workflow) -> dict:
+    """strategy id -> the strategy a run samples and trains with: the config's strategies and
+    options, the feedback strategy aimed at the workflow's `feedback_agent`. With the default mix,
+    a workflow without feedback runs the other strategies; an explicit feedback strategy on it is
+    refused (`check_workflow`, naming the workflow)."""
+    options = dict(config.strategy_options)
+    chosen = config.strategies
+    if "feedback" in chosen:
+        if not workflow.supports_feedback and chosen == DEFAULT_MIX:
+            chosen = tuple(s for s in chosen if s != "feedback")
+        else:
+            options["feedback"] = {**options.get("feedback", {}), "agent_id": workflow.feedback_agent}
+    out = {s: make_strategy(s, group_size=config.samples, **options.get(s, {})) for s in chosen}
+    check_workflow(workflow, list(out.values()))
+    return out
+
+
+class RoundContext:
+    """What the stages of a run share: the store's tables (`store` a folder, a URL, or `Tables`),
+    the run config, the registry, the engines (a pool of the config's engine when none is given,
+    built on first use) and the workflow (built on first use, once per context)."""
+
+    def __init__(self, store: str | Path | Tables, config: RunConfig, engines: EnginePool | None = None, registry: PolicyRegistry | None = None):
+        self.tables = store if isinstance(store, Tables) else Tables(store)
+        self.store: Path = self.tables.root
+        """The folder the stages write in: the store, or a URL store's working copy."""
+        self.config = config
+        self._engines = engines
+        self.registry = registry if registry is not None else PolicyRegistry(self.tables.location)
+        """Where round r finds round r-1's checkpoints (default: the store's own registry)."""
+        self._workflow = None
+        self._strategies = None
+
+    def __repr__(self) -> str:
+        return f"RoundContext({self.tables!r}, workflow={self.config.workflow!r})"
+
+    @property
+    def engines(self) -> EnginePool:
+        if self._engines is None:
+            dtype = getattr(self.config.train, "dtype", "auto")  # an explicit --dtype reaches the engines too
+            self._engines = EnginePool(self.config.engine, {"dtype": dtype} if dtype != "auto" else None)
+        return self._engines
+
+    @engines.setter
+    def engines(self, pool: EnginePool | None) -> None:
+        self._engines = pool
+
+    # -- the team ---------------------------------------------------------------------------
+    def task(self):
+        """The task of the math workflows (arithmetic, or the task file), or None for a workflow
+        that draws its own problems."""
+        return getattr(self.workflow(), "task", None)
+
+    def workflow(self):
+        """The run's workflow (`build_workflow`), built once per context."""
+        if self._workflow is None:
+            self._workflow = build_workflow(self.config)
+        return self._workflow
+
+    def agents(self):
+        return self.workflow().agents
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        return self.workflow().policy_ids
+
+    def strategy_objects(self) -> dict:
+        """strategy id -> strategy (`run_strategies`), made once per context."""
+        if self._strategies is None:
+            self._strategies = run_strategies(self.config, self.workflow())
+        return self._strategies
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def base_model(self) -> Path:
+        if self.config.model_dir:
+            path = Path(self.config.model_dir)
+            if not (path / "config.json").is_file():
+                raise ConfigError(f"model_dir {path} is not a local HF model directory (no config.json)")
+            return path
+        path = self.workflow().default_model()
+        if path is None:
+            raise ConfigError(f"workflow {self.config.workflow!r} has no embedded model: give a starting checkpoint with --model-dir")
+        return Path(path)
+
+    def start_checkpoints(self, round_: int) -> dict[str, Path]:
+        """policy_id -> the latest checkpoint registered before round `round_` (registering the
+        base model as round -1 on first use): what round `round_` trains from and, unless its
+        driver passes older ones, samples with."""
+        reg = self.registry
+        out = {}
+        for pid in self.policy_ids:
+            path = reg.latest(pid, round_)
+            if path is None:
+                reg.base(pid, self.base_model())
+                path = reg.latest(pid, round_)
+            out[pid] = path
+        return out
+
+    def trained_checkpoints(self, round_: int) -> dict[str, Path]:
+        """policy_id -> the checkpoint trained in `round_` (-1: the base model)."""
+        if round_ == BASE_ROUND:
+            return self.start_checkpoints(0)
+        out = {}
+        for pid in self.policy_ids:
+            rec = self.registry.get(round_, pid)
+            if rec is None:
+                raise DataError(f"round {round_} has no registered checkpoint for policy {pid!r}; materialize its policy first")
+            out[pid] = Path(rec.path)
+        return out
+
+    def samplers(self, checkpoints: Mapping[str, Path]) -> dict[str, Sampler]:
+        """policy_id -> its engine, pointed at its checkpoint. A run that trains LoRA adapters
+        asks for engines that serve them (one engine on the base for every policy's adapter)."""
+        lora = getattr(self.config.train, "lora", None)
+        options = {"lora_rank": int(lora.r)} if lora is not None else {}
+        return {pid: self.engines.get(pid, path, **options) for pid, path in checkpoints.items()}
+
+    def round_seed(self, round_: int, salt: int = 0) -> int:
+        return (self.config.seed * 1_000_003 + (round_ + 2) * 7919 + salt) % (2**31 - 1)
+
+    def substage_seconds(self) -> dict[str, float]:
+        """The running totals behind the timings' substages: the seconds the workflow (if built
+        yet: a new one has waited 0) waited on its sandbox, and the engine pool's starts and swaps."""
+        engines = self._engines
+        return {
+            "sandbox": float(getattr(self._workflow, "sandbox_seconds", 0.0) or 0.0),
+            "engine_start": float(getattr(engines, "start_seconds", 0.0) or 0.0),
+            "engine_swap": float(getattr(engines, "swap_seconds", 0.0) or 0.0),
+        }
