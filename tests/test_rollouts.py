@@ -14,7 +14,7 @@ from pipeline.workflows.math.orchestra import default_agents
 from pipeline.workflows.math import MathWorkflow
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
-from pipeline.rollout.loop import RolloutConfig, merge_shards, plan_call, request_seed, run_rollouts, shard_of, write_steps
+from pipeline.rollout.loop import RolloutConfig, merge_shards, plan_call, request_seed, run_rollouts, shard_of
 from pipeline.store import read_table
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from schemas import STEPS, validate
@@ -439,14 +439,18 @@ def test_plan_call_merges_identical_prompts():
     assert plan_call([]).prompts == []
 
 
-def test_write_steps_round_trip(tmp_path):
+def test_steps_round_trip_through_the_table_owner(tmp_path):
+    from pipeline.store import Tables
+
     table, df, _ = run(config=RolloutConfig(round=2))
-    path = write_steps(table, tmp_path, 2)
-    assert path == tmp_path / "round=2" / "steps.parquet"
-    back = read_table(path, STEPS)
+    tables = Tables(tmp_path)
+    info = tables.write(2, "steps", table)
+    assert tables.path(2, "steps") == tmp_path / "round=2" / "steps.parquet" and info.rows == df.height
+    back = read_table(tables.path(2, "steps"), STEPS)
     assert back.height == df.height and back["step_id"].to_list() == df["step_id"].to_list()
     with pytest.raises(DataError, match="round\\(s\\) \\[2\\]"):
-        write_steps(table, tmp_path, 1)
+        tables.write(1, "steps", table)
+    assert not tables.exists(1, "steps")
 
 
 def test_a_group_of_each_strategy_is_well_defined():

@@ -64,8 +64,15 @@ def test_draw_problems_is_the_workflows_train_draw_as_a_problems_table():
 
 def test_rollout_config_takes_the_runs_mix_and_temperature_and_the_agents_budgets():
     workflow = MathWorkflow(FakeTask())
+    # a policy-gradient loss on every row: the rs loss and its view refuse a mixed reward when
+    # the config is built
+    ppo = dataclasses.replace(CONFIG.train.loss, kind="ppo")
     mixed = dataclasses.replace(
-        CONFIG, temperature=0.7, train=dataclasses.replace(CONFIG.train, temperature=0.7), advantage=dataclasses.replace(CONFIG.advantage, alpha=0.5, local_weight=2.0)
+        CONFIG,
+        view=dataclasses.replace(CONFIG.view, reward_is_local=False),
+        temperature=0.7,
+        train=dataclasses.replace(CONFIG.train, temperature=0.7, loss=ppo),
+        advantage=dataclasses.replace(CONFIG.advantage, alpha=0.5, local_weight=2.0),
     )
     rc = rollout_config(mixed, workflow, 3, seed=9)
     assert (rc.round, rc.seed, rc.temperature, rc.alpha, rc.local_weight) == (3, 9, 0.7, 0.5, 2.0)

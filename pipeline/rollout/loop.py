@@ -2,8 +2,8 @@
 
 `run_rollouts(problems, workflow, strategies, sampler, config)` lets a workflow's team act on
 every problem under every search strategy and returns one row per agent call (every candidate of
-a tree step is a row), validated against `schemas.STEPS`. `write_steps` stores it atomically at
-`<store>/round=<r>/steps.parquet`. The workflow contract (what an environment observes, steps and
+a tree step is a row), validated against `schemas.STEPS`; the store's table owner (`pipeline.store.Tables`) writes it.
+The workflow contract (what an environment observes, steps and
 rewards) is in `pipeline.rollout.workflow`.
 
 `run_rollouts` is a loop over named steps: set-up (`_start`: the episodes and their resets), the
@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import pyarrow as pa
@@ -75,12 +74,11 @@ from pipeline.rollout.contract import StepResult, check_messages, check_workflow
 from pipeline.rollout.rewards import Outcome, row_reward, safe_map
 from pipeline.rollout.rows import Episode, Row, build_rows, to_table
 from pipeline.rollout.sampling import CallPlan, RolloutConfig, merge_shards, plan_call, request_seed, sample_requests, shard_of, step_seed
-from pipeline.store import table_path, write_table
 from pipeline.strategies import Feedback, Strategy
 from pipeline.types import Message, Problem, Sampler
 from schemas import STEPS, validate
 
-__all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "write_steps", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
+__all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
 
 
 def run_rollouts(
@@ -373,13 +371,3 @@ def _team_outcome(out: Outcome) -> Outcome:
     if out.ok and out.value is None:
         return Outcome(None, "team_reward returned None")
     return out
-
-
-def write_steps(table: pa.Table, store: str | Path, round_: int) -> Path:
-    """Validate `table` against STEPS and write it atomically to `<store>/round=<r>/steps.parquet`.
-    Every row must belong to round `round_`."""
-    validate(table, STEPS)
-    rounds = set(table.column("round").to_pylist()) if table.num_rows else set()
-    if rounds - {int(round_)}:
-        raise DataError(f"write_steps(round={round_}): the table holds rows of round(s) {sorted(rounds)}")
-    return write_table(table, table_path(store, round_, "steps"), schema=STEPS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from pipeline.config import RunConfig
+from pipeline.config import DEFAULT_MIX, RunConfig
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError, DataError
 from pipeline.store import BASE_ROUND, Tables
@@ -31,8 +31,6 @@ def build_workflow(config: RunConfig):
     return load_workflow(config.workflow, shared_policy=config.shared_policy, **settings)
 
 
-DEFAULT_MIX = ("iid", "prompt_aug", "feedback", "tree")
-"""The default algorithm's strategy mix (`ALGORITHM_PRESETS["maxit"]`)."""
 
 
 def run_strategies(config: RunConfig, workflow) -> dict:
