@@ -102,12 +102,15 @@ PPO = TrainConfig(loss=LossConfig(kind="ppo"))
         (lambda: TrackingConfig(report_to=("tensorboard", "neptune")),
          r"^TrackingConfig.report_to neptune: unknown target; choose from tensorboard, mlflow, wandb \(or none\)$",
          {"report_to": ("neptune",)}, r"^--report-to neptune: unknown target"),
+        (lambda: ScaleConfig(ray_address="head:6379"),
+         r"^ScaleConfig.ray_address 'head:6379' names a Ray cluster for the shards: it needs ScaleConfig.executor 'ray' \(got 'dagster'\)",
+         {"ray_address": "head:6379"}, r"^--ray-address 'head:6379' names a Ray cluster for the shards: it needs --executor 'ray'"),
         (lambda: ScaleConfig(shards=0), r"^ScaleConfig.shards must be an integer >= 1, got 0$", {"shards": 0}, r"^--shards must be an integer >= 1, got 0$"),
         (lambda: LossConfig(kind="is", dual_clip=3.0), r"^LossConfig.dual_clip is a bound of the PPO clip: it needs LossConfig.kind ppo, got is$",
          {"algorithm": "drmas", "loss": "is"}, r"^--dual-clip is a bound of the PPO clip: it needs --loss ppo, got is$"),
     ],
     ids=["rs-global-reward", "local-view-global-reward", "relabel-ratio-loss", "weights-missing", "hf-parallel", "fsdp-one-process",
-         "tracker", "shards", "dual-clip-kind"],
+         "tracker", "ray-address-without-ray", "shards", "dual-clip-kind"],
 )
 def test_a_bad_combination_is_refused_when_the_config_is_built(build, config_error, settings, flag_error):
     with pytest.raises(ConfigError, match=config_error):
@@ -161,20 +164,21 @@ RUN_FLAGS = {
     ("--negative-weight",): None, ("--strategy-weights",): None, ("--lora", "--no-lora"): None, ("--lora-rank",): None, ("--lora-alpha",): None,
     ("--gradient-checkpointing",): ("auto", "on", "off"), ("--group-minibatches", "--no-group-minibatches"): None,
     ("--optimizer-state",): ("fresh", "carry"), ("--micro-batch-tokens",): None, ("--train-on",): ("rollouts", "ground_truth"), ("--shards",): None,
+    ("--executor",): ("dagster", "ray"), ("--ray-address",): None,
     ("--tensor-parallel-size",): None, ("--data-parallel-size",): None, ("--train-processes",): None,
     ("--fsdp",): ("off", "full_shard", "shard_grad_op", "hybrid_shard"), ("--eval-problems",): None, ("--eval-samples",): None,
     ("--eval-max-tokens",): None, ("--no-base-eval-cache",): None, ("--report-to",): None,
 }
 
 LAUNCHPAD_DEFAULTS = {
-    # the Dagster launchpad's settings fields and their defaults at 894bd8f (None: the preset's, or unset)
+    # the Dagster launchpad's settings fields and their defaults at 894bd8f, with the shards' executor (None: the preset's, or unset)
     "algorithm": "maxit", "alpha": None, "anchor": "sampling", "balance_verdicts": None, "base_eval_cache": True, "baseline": None,
-    "clip_high": None, "clip_low": None, "data_parallel_size": 1, "dtype": "auto", "dual_clip": None, "engine": "auto", "epochs": 2,
+    "clip_high": None, "clip_low": None, "data_parallel_size": 1, "dtype": "auto", "dual_clip": None, "engine": "auto", "epochs": 2, "executor": "dagster",
     "eval_max_tokens": None, "eval_problems": 200, "eval_samples": 2, "feedback_first_attempt": None, "feedback_rows": None,
     "feedback_train_context": None, "fsdp": "off", "gradient_checkpointing": "auto", "group_by": None, "group_minibatches": False,
     "hinted_rows": None, "local_weight": None, "lora": False, "lora_alpha": 32.0, "lora_rank": 16, "loss": None, "lr": None,
     "max_loop_num": None, "max_tokens": None, "micro_batch_size": 64, "micro_batch_tokens": 8192, "minibatch_size": 256, "model_dir": None,
-    "negative_weight": None, "normalize": None, "optimizer_state": "fresh", "problems": 128, "prompt_file": None, "relabel_verdicts": False,
+    "negative_weight": None, "normalize": None, "optimizer_state": "fresh", "problems": 128, "prompt_file": None, "ray_address": None, "relabel_verdicts": False,
     "report_to": [], "samples": 4, "seed": 0, "sequence_ratio": None, "shards": 1, "shared_policy": True, "strategies": None,
     "strategy_weights": None, "task": "arithmetic", "task_file": None, "temperature": 1.0, "tensor_parallel_size": 1, "train_on": "rollouts",
     "train_processes": 1, "trajectory_mean": None, "trajectory_score": None, "verifier_replay": 0, "workflow": "math", "workflow_options": [],

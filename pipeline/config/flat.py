@@ -52,7 +52,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     "optimizer_state": ("train.optimizer_state",), "micro_batch_tokens": ("train.micro_batch_tokens",), "train_on": ("train_on",),
     # scale-out
     "shards": ("scale.shards",), "tensor_parallel_size": ("scale.tensor_parallel_size",), "data_parallel_size": ("scale.data_parallel_size",),
-    "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",),
+    "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",), "executor": ("scale.executor",), "ray_address": ("scale.ray_address",),
     # evaluation and tracking
     "eval_problems": ("evaluation.problems",), "eval_samples": ("evaluation.samples",), "eval_max_tokens": ("evaluation.max_tokens",),
     "base_eval_cache": ("evaluation.reuse_base",), "report_to": ("tracking.report_to",),
@@ -124,7 +124,8 @@ def run_fields(algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
         "train": train_config(values, loss),
         "evaluation": eval_config(values),
         "scale": ScaleConfig(**_given(values, shards="shards", tensor_parallel_size="tensor_parallel_size",
-                                      data_parallel_size="data_parallel_size", train_processes="train_processes", fsdp="fsdp")),
+                                      data_parallel_size="data_parallel_size", train_processes="train_processes", fsdp="fsdp",
+                                      executor="executor", ray_address="ray_address")),
         "tracking": TrackingConfig(**({"report_to": tuple(values["report_to"])} if "report_to" in values else {})),
     }
 

@@ -32,6 +32,13 @@ class ScaleConfig:
     """Trainer processes under `accelerate launch` (1: in-process)."""
     fsdp: Literal["off", "full_shard", "shard_grad_op", "hybrid_shard"] = "off"
     """FSDP sharding of the trainer over its processes (`train_processes` > 1)."""
+    executor: Literal["dagster", "ray"] = "dagster"
+    """What runs the rollout shards: "dagster", Dagster's own executor (in-process for one shard,
+    one process per shard above); "ray", one Ray task per shard with its own engine, on the
+    cluster at `ray_address` or a local Ray instance."""
+    ray_address: str | None = None
+    """The Ray cluster the shards run on (`ray.init(address=...)`, e.g. "HOST:6379" or "auto");
+    None = a local Ray instance started for the run, on 127.0.0.1."""
 
     def __post_init__(self) -> None:
         for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
@@ -40,6 +47,13 @@ class ScaleConfig:
                 raise ConfigError(f"ScaleConfig.{name} must be an integer >= 1, got {value!r}")
         if self.fsdp not in ("off", "full_shard", "shard_grad_op", "hybrid_shard"):
             raise ConfigError(f"ScaleConfig.fsdp must be 'off', 'full_shard', 'shard_grad_op' or 'hybrid_shard', got {self.fsdp!r}")
+        if self.executor not in ("dagster", "ray"):
+            raise ConfigError(f"ScaleConfig.executor must be 'dagster' or 'ray', got {self.executor!r}")
+        if self.ray_address is not None and (self.executor != "ray" or not isinstance(self.ray_address, str) or not self.ray_address.strip()):
+            raise ConfigError(
+                f"ScaleConfig.ray_address {self.ray_address!r} names a Ray cluster for the shards: it needs ScaleConfig.executor 'ray' "
+                f"(got {self.executor!r}) and a non-empty address"
+            )
         if self.fsdp != "off" and self.train_processes == 1:
             raise ConfigError(
                 f"ScaleConfig.fsdp {self.fsdp} shards the trainer over its processes, but ScaleConfig.train_processes is 1: "

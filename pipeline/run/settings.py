@@ -304,6 +304,16 @@ class Settings:
         "above 1 the round runs on Dagster's multiprocess executor (one process per shard); the rows do not depend on it",
         group="scale-out",
     )
+    executor: str = _s(
+        _default(ScaleConfig, "executor"),
+        "what runs the rollout shards: dagster (its own executor: one process per shard above 1) or ray (one Ray task per shard "
+        "with its own engine, on --ray-address or a local Ray instance); the rows do not depend on it",
+        group="scale-out",
+        choices=_choices(ScaleConfig, "executor"),
+    )
+    ray_address: str | None = _s(
+        _default(ScaleConfig, "ray_address"), "the Ray cluster of --executor ray (HOST:PORT or auto); None = a local Ray instance on 127.0.0.1", group="scale-out"
+    )
     tensor_parallel_size: int = _s(_default(ScaleConfig, "tensor_parallel_size"), "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out")
     data_parallel_size: int = _s(_default(ScaleConfig, "data_parallel_size"), "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out")
     train_processes: int = _s(
