@@ -15,7 +15,7 @@ draw the same requests (in bfloat16 a batch's shape can still change a logit's l
 with it a sampled token now and then: the tokens column shows how far the work differs).
 
     .venv/bin/python benchmarks/batched_calls.py --model-dir models/smollm2-135m-instruct \\
-        --task-file ../shared/data/gsm8k/train.jsonl
+        --task-file data/gsm8k/train.jsonl
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ chain-of-thought prompt), at `--max-tokens-real` tokens per completion:
 
     python benchmarks/engines.py [--large-layers 6 --large-width 768]
     python benchmarks/engines.py --model-dir models/smollm2-135m-instruct \
-        --task-file ../shared/data/gsm8k/train.jsonl --prompts 16 --samples 4 --repeats 1
+        --task-file data/gsm8k/train.jsonl --prompts 16 --samples 4 --repeats 1
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ the operators' time went: matmuls, attention (with the KV cache's writes), sampl
 (`benchmarks/opsplit.py`). The timed call stays the unprofiled one.
 
     .venv/bin/python benchmarks/vllm_cpu.py --model-dir models/smollm2-135m-instruct \
-        --task-file ../shared/data/gsm8k/train.jsonl [--variants "bfloat16 eager glibc" "float32 eager glibc"] [--profile]
+        --task-file data/gsm8k/train.jsonl [--variants "bfloat16 eager glibc" "float32 eager glibc"] [--profile]
 """
 
 from __future__ import annotations
