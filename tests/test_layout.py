@@ -42,6 +42,36 @@ def test_comments_cite_only_documents_in_the_repository():
     assert not found, "\n".join(found)
 
 
+OUTSIDE = re.compile(r"\.\./shared\b|/work/shared\b")
+
+
+def outside_references(files: list[Path]) -> list[str]:
+    return [f"{p.relative_to(ROOT)}:{i}" for p in files for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if OUTSIDE.search(line)]
+
+
+def documented_files() -> list[Path]:
+    files = [ROOT / "README.md"]
+    for folder, pattern in (("docs", "*.md"), ("scripts", "*"), ("benchmarks", "*.py"), ("examples", "*")):
+        files += [p for p in (ROOT / folder).rglob(pattern) if p.is_file() and p.suffix in (".md", ".py", ".sh", ".toml", ".yaml", ".json", "")]
+    return files
+
+
+def test_no_documented_command_reaches_outside_the_checkout():
+    files = documented_files()
+    assert len(files) > 20
+    assert outside_references(files) == []
+
+
+def test_the_check_finds_a_path_outside(tmp_path):
+    doc = ROOT / "docs" / "results"
+    probe = doc / "_probe_outside.md"
+    probe.write_text("run --task-file ../shared/data/gsm8k/train.jsonl\n")
+    try:
+        assert outside_references([probe]) == ["docs/results/_probe_outside.md:1"]
+    finally:
+        probe.unlink()
+
+
 MATH_MODULES = {
     "scripts/verifier_probe.py",  # a study of the math Verifier
     "benchmarks/peer_trl.py",  # the math task's Solver alone against TRL's GRPOTrainer
