@@ -10,7 +10,7 @@
 # On a machine without an NVIDIA GPU (nvidia-smi lists none; MAXIT_GPU=0 says the same) it says so,
 # skips every part and exits 0. Exit: 0 when every part that ran passed, else 1.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 . scripts/lib.sh
 out=${1:-runs/gpu-check}
 if ! has_nvidia_gpu; then

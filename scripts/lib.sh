@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/setup.sh, scripts/test.sh and scripts/gpu_check.sh (sourced).
 
 # An NVIDIA GPU is usable: nvidia-smi is on PATH and lists at least one GPU (a driver that does not
