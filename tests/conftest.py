@@ -57,6 +57,7 @@ INTEGRATION_MODULES = {
     "test_code_workflow.py": "runs every program of the code workflow in the real sandbox",
     "test_peer_trl.py": "trains with TRL and with maxit on a model",
     "test_lock.py": "holds the store's lock from subprocesses, Dagster materializations and `maxit run`",
+    "test_setup_resolution.py": "resolves dependency sets with uv (PyPI where its cache lacks them)",
 }
 
 INTEGRATION_TESTS = {
