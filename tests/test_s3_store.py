@@ -163,6 +163,7 @@ def second_run(s3: S3Server, url: str, cache: Path, model: Path) -> subprocess.C
                           capture_output=True, text=True, env=child_env(s3, cache), timeout=300)
 
 
+@pytest.mark.integration  # processes of their own, each importing the library
 def test_a_second_writer_from_another_machine_exits_2_naming_the_holder_and_takes_over_once_its_lease_expires(s3, tmp_path, monkeypatch):
     url = fresh_url()
     first = hold(s3, url, tmp_path / "machine-a", lease=1)
@@ -193,6 +194,7 @@ def test_a_second_writer_from_another_machine_exits_2_naming_the_holder_and_take
     assert leases.read(st.canonical_url(url))[0]["expires"] == 0  # released: the next writer need not wait
 
 
+@pytest.mark.integration  # processes of their own, each importing the library
 def test_a_writer_killed_on_this_machine_is_taken_over_at_once_from_its_working_copy(s3, tmp_path, monkeypatch):
     url = fresh_url()
     first = hold(s3, url, tmp_path / "machine-a", lease=600)
@@ -208,6 +210,7 @@ def test_a_writer_killed_on_this_machine_is_taken_over_at_once_from_its_working_
         assert leases.read(st.canonical_url(url))[0]["command"] == "the rerun"
 
 
+@pytest.mark.integration  # processes of their own, each importing the library
 def test_the_processes_of_one_writer_share_its_lease(s3, tmp_path, monkeypatch):
     url = fresh_url()
     monkeypatch.setenv("MAXIT_CACHE_DIR", str(tmp_path / "machine-a"))
@@ -221,3 +224,122 @@ def test_the_processes_of_one_writer_share_its_lease(s3, tmp_path, monkeypatch):
             step.wait(timeout=60)
         # the step let go while the run still holds it: the lease stays the run's
         assert leases.read(st.canonical_url(url))[0]["expires"] > time.time()
+
+
+# -- whole rounds (integration: `maxit run` on the default model, in processes of their own) -------
+
+
+def run_round(s3: S3Server, url: str, cache: Path, model_dir: Path, rounds: int = 1) -> subprocess.Popen:
+    from test_store_url import run_args
+
+    return subprocess.Popen([MAXIT, *run_args(url, model_dir, rounds)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=child_env(s3, cache))
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def key(url: str, rel: str = "") -> str:
+    """The object key of `rel` in the store at `url` (`s3://bucket/<prefix>`)."""
+    prefix = url.split("/", 3)[3]
+    return f"{prefix}/{rel}" if rel else prefix
+
+
+def puts(s3: S3Server, since: int, url: str) -> list[str]:
+    """Keys of the store put since request `since`, in order (the lease object's aside)."""
+    head = f"{BUCKET}/{key(url)}/"
+    return [k[len(head):] for m, k in s3.requests[since:] if m == "PUT" and k.startswith(head) and not k.endswith(leases.LEASE_OBJECT)]
+
+
+@pytest.fixture(scope="module")
+def first_round(s3, tmp_path_factory, default_model_dir):
+    """`maxit run --rounds 1` to s3://bucket/run from machine A: (url, its working copy, the keys
+    it put in order, the tables read back from the bucket)."""
+    from test_store_url import results
+
+    url, cache = f"s3://{BUCKET}/run", tmp_path_factory.mktemp("machine-a")
+    since = len(s3.requests)
+    finish(run_round(s3, url, cache, default_model_dir))
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("MAXIT_CACHE_DIR", str(cache))
+        copy = st.working_copy(url)
+    return url, copy, puts(s3, since, url), results(url, (-1, 0))
+
+
+def test_a_round_completes_to_s3_with_every_table_and_checkpoint_in_the_bucket(s3, first_round):
+    url, copy, put, _ = first_round
+    bucket = {k[len(key(url)) + 1:] for k in s3.objects(BUCKET, key(url))}
+    tables = {p.relative_to(copy).as_posix() for p in copy.glob("round=*/*.parquet")}
+    checkpoint = {p.relative_to(copy).as_posix() for p in (copy / "checkpoints" / "round=0").rglob("*") if p.is_file()}
+    assert {"round=0/steps.parquet", "round=0/training_view.parquet", "round=0/evaluation.parquet", "round=-1/evaluation.parquet"} <= tables
+    assert "checkpoints/round=0/shared/model.safetensors" in checkpoint
+    assert tables | checkpoint | {"experiment.json", "checkpoints/registry/round=-1/shared.json", "checkpoints/registry/round=0/shared.json"} <= bucket
+    for rel in tables | checkpoint:  # what the bucket holds is what the run wrote
+        assert s3.client().get_object(Bucket=BUCKET, Key=key(url, rel))["Body"].read() == (copy / rel).read_bytes(), rel
+    # published so that a reader never sees half a round: the checkpoint's files, its marker, its
+    # registry entry, then the round's tables with its evaluation (the completion marker) last
+    again = sorted({rel for rel in put if put.count(rel) > 1})
+    assert all(rel.endswith("/timings.parquet") for rel in again), f"uploaded twice: {again}"  # timings grow stage by stage
+    order = {rel: put.index(rel) for rel in put}  # the first upload of each
+    files = [order[rel] for rel in checkpoint if not rel.endswith("maxit_checkpoint.json")]
+    marker, entry = order["checkpoints/round=0/shared/maxit_checkpoint.json"], order["checkpoints/registry/round=0/shared.json"]
+    evaluation = order["round=0/evaluation.parquet"]
+    assert max(files) < marker < entry < evaluation
+    assert max(i for rel, i in order.items() if rel.startswith("round=0/") and rel != "round=0/evaluation.parquet") < evaluation
+    # after it, only the round's timings again, with the run's own row (as on a local store)
+    assert put[evaluation + 1:] == ["round=0/timings.parquet"], put[evaluation:]
+
+
+def test_a_resume_from_an_empty_working_copy_on_another_machine_keeps_the_complete_round(s3, first_round, tmp_path, default_model_dir):
+    url = first_round[0]
+    before = s3.objects(BUCKET, key(url))
+    since = len(s3.requests)
+    out = finish(run_round(s3, url, tmp_path / "machine-b", default_model_dir, rounds=2))
+    after = s3.objects(BUCKET, key(url))
+    redone = [rel for rel in puts(s3, since, url) if "round=0/" in rel or rel.startswith("round=-1/")]
+    assert not redone, f"the complete round 0 was uploaded again: {redone}"
+    kept = [k for k in before if not k.endswith((leases.LEASE_OBJECT, "/experiment.json"))]  # each run records itself
+    assert {k: after.get(k) for k in kept} == {k: before[k] for k in kept}
+    assert key(url, "round=1/evaluation.parquet") in after and key(url, "checkpoints/round=1/shared/maxit_checkpoint.json") in after
+    assert "round 1 |" in out and "round 0 |" not in out  # only round 1 ran
+
+
+def test_a_writer_killed_mid_upload_then_a_rerun_leaves_no_missing_or_duplicated_rows(s3, first_round, tmp_path, monkeypatch, default_model_dir):
+    from pipeline.run.rounds import round_complete
+    from test_store_url import results
+
+    url, machine = f"s3://{BUCKET}/crash", tmp_path / "machine-c"
+    writer = run_round(s3, url, machine, default_model_dir)
+    marker = f"{BUCKET}/{key(url, 'round=0/evaluation.parquet')}"
+
+    def kill_on_the_marker(method: str, path: str) -> str | None:
+        if method == "PUT" and path == marker:  # the round's completion marker is in flight: kill -9
+            os.kill(writer.pid, signal.SIGKILL)
+            return "503 Slow Down"
+        return None
+
+    s3.hook = kill_on_the_marker
+    try:
+        writer.communicate(timeout=900)
+    finally:
+        s3.hook = None
+    assert writer.returncode == -signal.SIGKILL
+    held = s3.objects(BUCKET, key(url))
+    assert key(url, "round=0/steps.parquet") in held and key(url, "round=0/evaluation.parquet") not in held
+    # a reader on another machine sees an incomplete round, not half of one
+    monkeypatch.setenv("MAXIT_CACHE_DIR", str(tmp_path / "reader"))
+    reader = st.Tables(url)
+    reader.pull(reconcile=True)
+    assert reader.exists(0, "steps") and not round_complete(reader, 0)
+
+    finish(run_round(s3, url, machine, default_model_dir))  # the rerun, on the killed writer's machine
+    st.filesystem(url)[0].invalidate_cache()  # this process listed the killed run's objects
+    got, clean = results(url, (-1, 0)), first_round[3]
+    assert got.keys() == clean.keys()
+    for name, table in clean.items():
+        assert got[name].equals(table), f"{name} differs from the uninterrupted run's"
+    steps = got[(0, "steps")]
+    assert steps.height == clean[(0, "steps")].height and steps.unique().height == steps.height
