@@ -30,6 +30,7 @@ from pipeline import store as st
 from pipeline.store import lease as leases
 from pipeline.store.lock import TOKEN_ENV, StoreLocked, acquire, holder
 from s3server import S3Server
+from test_lock import HOLD
 
 PROJECT = Path(__file__).resolve().parents[1]
 MAXIT = str(Path(sys.executable).with_name("maxit"))
@@ -38,10 +39,22 @@ BUCKET = "bucket"
 
 @pytest.fixture(scope="module")
 def s3():
-    """The S3 server, this process pointed at it; one bucket."""
-    with S3Server() as server, server.environ():
-        server.create_bucket(BUCKET)
-        yield server
+    """The S3 server, this process pointed at it; one bucket. Afterwards fsspec forgets s3fs
+    (its class and its instances, which name this server), as later tests expect to find it."""
+    from fsspec.registry import _registry
+
+    known = {p: _registry[p] for p in ("s3", "s3a") if p in _registry}
+    try:
+        with S3Server() as server, server.environ():
+            server.create_bucket(BUCKET)
+            yield server
+    finally:
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        for protocol in ("s3", "s3a"):
+            _registry.pop(protocol, None)
+        _registry.update(known)
 
 
 def fresh_url() -> str:
@@ -54,25 +67,10 @@ def child_env(s3: S3Server, cache: Path, **extra) -> dict:
     return env
 
 
-HOLD = """
-import sys
-sys.path.insert(0, {project!r})
-from pipeline.store.lock import acquire, StoreLocked
-try:
-    lock = acquire({url!r}, command={command!r}, token={token!r})
-except StoreLocked as err:
-    print("refused:", err, flush=True)
-    sys.exit(3)
-print("held", flush=True)
-sys.stdin.read()  # until the test closes our stdin (or kills us)
-lock.release()
-"""
-
-
 def hold(s3: S3Server, url: str, cache: Path, command: str = "maxit run --rounds 9", lease: float = 60, token: str | None = None) -> subprocess.Popen:
     """A process (of its own machine: cache folder `cache`) that takes the store's writer lock and
     keeps it until its stdin closes; returns once it holds it (or exited refused, code 3)."""
-    code = HOLD.format(project=str(PROJECT), url=url, command=command, token=token)
+    code = HOLD.format(project=str(PROJECT), store=url, command=command, token=token)
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=child_env(s3, cache, MAXIT_LEASE_SECONDS=lease))
     first = proc.first_line = proc.stdout.readline()
