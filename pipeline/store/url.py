@@ -122,7 +122,9 @@ def fetch_dir(url: str, target: str | Path, marker: str | None = "maxit_checkpoi
 # marker) last; checkpoints and registry entries go through `PolicyRegistry` (files first,
 # `maxit_checkpoint.json` last, the entry after it). `UrlStore.pull` makes the working copy hold
 # what the URL holds, so a run resumed on a fresh machine (an empty working copy) finds its
-# complete rounds there; checkpoints are fetched when a round needs them.
+# complete rounds there; checkpoints are fetched when a round needs them. The writer lock of a
+# working copy (`pipeline.store.lock`) also takes the writer's lease at the URL where the
+# filesystem has conditional puts (`pipeline.store.lease`), and `push` stops once it is lost.
 
 SYNC_MANIFEST = ".maxit-sync.json"
 """In a working copy: what was last uploaded or downloaded, per file (local size and mtime, the
