@@ -18,9 +18,14 @@ Who counts as one writer:
   process with another token is refused. A short exclusive lock on a second file (the gate)
   makes the check-and-join one step.
 
-Not covered: two machines. A URL store (`s3://...`) is locked in its local working copy, so
-two runs on one machine exclude each other, but runs on two machines (each with its own working
-copy) do not see each other's lock. A store folder on a network filesystem is as safe as that
+A URL store (`s3://...`) is locked in its local working copy, and where its filesystem takes
+conditional puts (S3 and S3 APIs) also by the writer's lease at the URL (`pipeline.store.lease`),
+which makes runs on two machines see each other: the second is refused with the same error,
+naming the first's host and process, until the first's lease is released or expires. A writer
+that holds the working copy's flock exclusively knows that no process of a lease recorded by
+this host for this working copy lives (they would hold the flock), so it takes such a lease over
+at once: a run killed here is resumed here without waiting. On other filesystems (gs, memory)
+only the working copy is locked. A store folder on a network filesystem is as safe as that
 filesystem's `flock` (NFS emulates it with byte-range locks; some FUSE filesystems refuse it,
 which is an error here, not a silent pass).
 """
@@ -42,6 +47,9 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.errors import MaxitError
+from pipeline.store import lease as leases
+from pipeline.store.paths import is_url
+from pipeline.store.url import canonical_url, url_of_working_copy, working_copy
 
 __all__ = ["LOCK_FILE", "TOKEN_ENV", "Holder", "StoreLocked", "WriterLock", "acquire", "writer_lock", "holder", "token_in_env", "command_line"]
 
@@ -75,18 +83,27 @@ class Holder:
 
 
 class StoreLocked(MaxitError):
-    """Another live process is writing the store."""
+    """Another live process is writing the store (or holds its lease at the URL: `expires`,
+    the UNIX time its lease runs out unless renewed)."""
 
-    def __init__(self, store: str | Path, holder: Holder | None):
+    def __init__(self, store: str | Path, holder: Holder | None, expires: float | None = None):
         self.store, self.holder = str(store), holder
         if holder is None:
             who = "another process (its details are unreadable)"
         else:
             who = holder.describe()
             if holder.host == socket.gethostname() and not _alive(holder.pid):
-                # the lock outlives its taker only through processes that share it (its steps)
-                who += ", which has exited while processes it started still hold the lock"
+                if expires is None:  # the lock outlives its taker only through processes that share it (its steps)
+                    who += ", which has exited while processes it started still hold the lock"
+                else:
+                    who += ", which has exited here; its lease at the URL runs out by " + _clock(expires)
+            elif expires is not None:
+                who += f" (its lease at the URL, renewed while it runs, runs out by {_clock(expires)} if it stops)"
         super().__init__(f"store {store} is being written by {who}; wait for it to finish, or stop it")
+
+
+def _clock(when: float) -> str:
+    return _dt.datetime.fromtimestamp(when).astimezone().isoformat(timespec="seconds")
 
 
 @dataclass
@@ -94,6 +111,8 @@ class _Held:
     fd: int
     count: int
     holder: Holder
+    lease: leases.Lease | None = None
+    """A URL store's writer lease (shared by the processes of one writer)."""
 
 
 _HELD: dict[str, _Held] = {}
@@ -180,6 +199,12 @@ class WriterLock:
             held.count -= 1
             if held.count == 0:
                 del _HELD[self._key]
+                if held.lease is not None:
+                    # the last process of this writer on this machine (no other holds the flock
+                    # shared) gives the lease back; a failed conversion drops our shared lock,
+                    # which is going anyway
+                    last = _flock(held.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, self.store / LOCK_FILE)
+                    held.lease.release(last)
                 os.close(held.fd)  # closing the last descriptor releases the flock
 
     def __enter__(self) -> "WriterLock":
@@ -193,8 +218,12 @@ def acquire(store: str | Path, command: str | None = None, token: str | None = N
     """Take the writer lock of the store folder `store` (created if missing), or raise
     `StoreLocked` naming the process that holds it. `command` describes this writer in that
     error (default: this process's command line); `token` is the writer this process belongs to
-    (default: `TOKEN_ENV`, else a new one). Re-entrant within a process."""
-    root = Path(store)
+    (default: `TOKEN_ENV`, else a new one). Re-entrant within a process.
+
+    `store` may be a URL store, by its URL or by its working copy (the folder of a
+    `pipeline.store.UrlStore` made in this process): its working copy is locked, and the writer's
+    lease at the URL taken too where the filesystem has one (see the module's doc)."""
+    url, root = _where(store)
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_FILE
     key = str(path.resolve())
@@ -209,25 +238,64 @@ def acquire(store: str | Path, command: str | None = None, token: str | None = N
             _flock(gate, fcntl.LOCK_EX, root / GATE_FILE)  # held only while a writer checks the lock
             fd = _open(path)
             try:
-                if _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path):
-                    mine = Holder(os.getpid(), socket.gethostname(), command or command_line(), _now(), token)
-                    _write(fd, mine)
-                    # shared from now on, so the other processes of this writer can join; the
-                    # change is not atomic, but every acquirer waits at the gate we hold
-                    _flock(fd, fcntl.LOCK_SH, path)
-                else:
-                    mine = _read(fd)
-                    if mine is None or mine.token != token:
-                        raise StoreLocked(root, mine)
-                    if not _flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, path):  # cannot happen behind the gate
-                        raise StoreLocked(root, mine)
+                mine, lease = _take(fd, path, url, command, token)
             except BaseException:
                 os.close(fd)
                 raise
         finally:
             os.close(gate)
-        _HELD[key] = _Held(fd, 1, mine)
+        _HELD[key] = _Held(fd, 1, mine, lease)
         return WriterLock(root, key, token)
+
+
+def _where(store: str | Path) -> tuple[str | None, Path]:
+    """(URL of a URL store or None, the folder locked: the store or the URL store's working copy)."""
+    if is_url(store):
+        url = canonical_url(str(store))
+        return url, working_copy(url)
+    return url_of_working_copy(store), Path(store)
+
+
+def _take(fd: int, path: Path, url: str | None, command: str | None, token: str) -> tuple[Holder, leases.Lease | None]:
+    """Behind the gate: take the flock of the lock file `fd` (exclusively, or shared by joining a
+    holder with `token`) and, for a URL store with leases, the writer's lease. Raises
+    `StoreLocked` naming the holder of either."""
+    if _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path):
+        mine = Holder(os.getpid(), socket.gethostname(), command or command_line(), _now(), token)
+        _write(fd, mine)
+        lease = _lease(url, mine, path.parent, exclusive=True)
+        # shared from now on, so the other processes of this writer can join; the change is not
+        # atomic, but every acquirer waits at the gate we hold
+        _flock(fd, fcntl.LOCK_SH, path)
+        return mine, lease
+    mine = _read(fd)
+    if mine is None or mine.token != token:
+        raise StoreLocked(url or path.parent, mine)
+    if not _flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, path):  # cannot happen behind the gate
+        raise StoreLocked(url or path.parent, mine)
+    return mine, _lease(url, mine, path.parent, exclusive=False)
+
+
+def _lease(url: str | None, holder: Holder, copy: Path, exclusive: bool) -> leases.Lease | None:
+    """The writer's lease of the URL store `url` for `holder`, or None where there is none to
+    take. With `exclusive` (this process holds the working copy's flock alone), a lease that
+    this host recorded for this working copy is a dead writer's and is taken over at once."""
+    if url is None or not leases.supports_leases(url):
+        return None
+    record = dict(asdict(holder), copy=str(copy.resolve()))
+
+    def dead_here(other: dict) -> bool:
+        return exclusive and other.get("host") == holder.host and other.get("copy") == record["copy"]
+
+    try:
+        return leases.take(url, record, may_replace=dead_here)
+    except leases.LeaseHeld as err:
+        other = err.record or {}
+        try:
+            who = Holder(**{f: other[f] for f in Holder.__dataclass_fields__})
+        except (KeyError, TypeError):
+            who = None
+        raise StoreLocked(url, who, expires=float(other.get("expires", 0))) from None
 
 
 def _open(path: Path) -> int:
@@ -266,8 +334,9 @@ def token_in_env(token: str) -> Iterator[None]:
 
 
 def holder(store: str | Path) -> Holder | None:
-    """Who holds the store's writer lock now, or None when nobody does (nothing is written)."""
-    root = Path(store)
+    """Who holds the store's writer lock now, or None when nobody does (nothing is written). For
+    a URL store (its URL or working copy): who holds its working copy's lock."""
+    root = _where(store)[1]
     path = root / LOCK_FILE
     if not path.is_file():
         return None

@@ -28,6 +28,7 @@ from typing import Mapping
 
 from pipeline.errors import DataError
 from pipeline.store.atomic import atomic_write_text
+from pipeline.store.lease import verify as verify_lease
 from pipeline.store.paths import BASE_ROUND, checkpoint_dir, filesystem, is_url
 from pipeline.store.url import canonical_url, fetch_dir, upload_dir, working_copy, write_bytes
 
@@ -93,6 +94,8 @@ class PolicyRegistry:
         if not path.is_dir():
             raise FileNotFoundError(f"cannot register {policy_id!r} round {round_}: no checkpoint folder at {path}")
         stored_path = str(path.resolve())
+        if self.url is not None:
+            verify_lease(self.url)  # a writer whose lease was taken over stops here
         if self.url is not None and int(round_) != BASE_ROUND:
             # the folder first (its marker last), then the entry: an entry never points at a half-upload
             stored_path = str(checkpoint_dir(self.url, round_, policy_id))
@@ -174,6 +177,7 @@ class PolicyRegistry:
     def _entries(self) -> list[tuple[int, str]]:
         """(round, policy_id) of every entry."""
         if self.url is not None:
+            self.fs.invalidate_cache(self.remote_root)  # another machine may have registered since
             names = self.fs.glob(f"{self.remote_root}/round=*/*.json") if self.fs.exists(self.remote_root) else []
             pairs = [(n.rsplit("/", 2)[-2], n.rsplit("/", 1)[-1][: -len(".json")]) for n in names]
         else:

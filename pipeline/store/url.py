@@ -19,9 +19,10 @@ from pathlib import Path
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.store.atomic import atomic_dir, atomic_write, atomic_write_bytes, atomic_write_text
+from pipeline.store.lease import verify as verify_lease
 from pipeline.store.paths import LOCAL_PROTOCOLS, cache_root, check_writable, filesystem, is_url, protocols
 
-__all__ = ["write_bytes", "upload_dir", "local_copy", "fetch_dir", "canonical_url", "working_copy", "check_store_url", "UrlStore", "SYNC_MANIFEST"]
+__all__ = ["write_bytes", "upload_dir", "local_copy", "fetch_dir", "canonical_url", "working_copy", "check_store_url", "UrlStore", "SYNC_MANIFEST", "url_of_working_copy"]
 
 
 def write_bytes(url: str, body: bytes) -> str:
@@ -121,7 +122,9 @@ def fetch_dir(url: str, target: str | Path, marker: str | None = "maxit_checkpoi
 # marker) last; checkpoints and registry entries go through `PolicyRegistry` (files first,
 # `maxit_checkpoint.json` last, the entry after it). `UrlStore.pull` makes the working copy hold
 # what the URL holds, so a run resumed on a fresh machine (an empty working copy) finds its
-# complete rounds there; checkpoints are fetched when a round needs them.
+# complete rounds there; checkpoints are fetched when a round needs them. The writer lock of a
+# working copy (`pipeline.store.lock`) also takes the writer's lease at the URL where the
+# filesystem has conditional puts (`pipeline.store.lease`), and `push` stops once it is lost.
 
 SYNC_MANIFEST = ".maxit-sync.json"
 """In a working copy: what was last uploaded or downloaded, per file (local size and mtime, the
@@ -202,6 +205,16 @@ def _synced(rel: str) -> bool:
     return parts[0].startswith("round=") and parts[-1].endswith(".parquet")
 
 
+_WORKING_COPIES: dict[str, str] = {}
+"""Working copies of the URL stores this process has opened: resolved folder -> URL."""
+
+
+def url_of_working_copy(path: str | Path) -> str | None:
+    """The URL of the store whose working copy `path` is (one a `UrlStore` of this process
+    uses), or None: what lets the writer lock of a working copy take the URL's lease too."""
+    return _WORKING_COPIES.get(str(Path(path).resolve()))
+
+
 class UrlStore:
     """A store at a URL (the store of record) with its local working copy (`working_copy`)."""
 
@@ -210,6 +223,7 @@ class UrlStore:
         self.fs, base = filesystem(self.url)
         self.base = base.rstrip("/")
         self.local = Path(local) if local is not None else working_copy(self.url)
+        _WORKING_COPIES[str(self.local.resolve())] = self.url
 
     def __repr__(self) -> str:
         return f"UrlStore({self.url!r}, local={str(self.local)!r})"
@@ -226,6 +240,7 @@ class UrlStore:
 
     def _remote_files(self) -> dict[str, Mapping]:
         """rel path -> listing entry of every mirrored object under the URL."""
+        self.fs.invalidate_cache(self.base)  # another machine may have written since this process listed it
         if not self.fs.exists(self.base):
             return {}
         out = {}
@@ -305,6 +320,7 @@ class UrlStore:
             return (path.name == "evaluation.parquet", r, rel)
 
         uploaded = []
+        verify_lease(self.url)  # a writer whose lease was taken over stops here
         for path in sorted(set(candidates), key=order):
             rel = path.relative_to(self.local).as_posix()
             stat = self._stat(path)
