@@ -10,7 +10,8 @@ URL of an fsspec filesystem (`s3://bucket/run`, `gs://bucket/run`, `memory://run
 - `atomic.py`: whole-or-nothing files and folders (`atomic_write`, `atomic_dir`);
 - `files.py`: Parquet files read and written with errors naming the file;
 - `url.py`: URL stores (`UrlStore`, its working copy, checkpoint uploads);
-- `lock.py` (the writer lock), `registry.py` (the checkpoint registry), `analysis.py` (SQL).
+- `lock.py` (the writer lock), `lease.py` (a URL store's writer lease across machines, by conditional
+  puts), `registry.py` (the checkpoint registry), `analysis.py` (SQL).
 
 The names below are the package's face: `from pipeline import store; store.table_path(...)`.
 """
