@@ -113,8 +113,8 @@ def ray_shards(context: dg.OpExecutionContext, task: dict, settings: RunSettings
     jobs = [ShardJob(str(store.tables().location), config, engine.engine, engine.pool_options(engine_options(settings)), r, s, shards,
                      dict(task["checkpoints"])) for s in task["shards"]]
     engine_gpus = int(settings.tensor_parallel_size) * int(settings.data_parallel_size)
-    with ray_session(settings.ray_address) as cluster:
-        resources = shard_resources(cluster, shards, engine_gpus)
+    with ray_session(settings.ray_address) as session:
+        resources = shard_resources(session.resources, shards, engine_gpus)
         out = run_shards(jobs, resources)
     for s in out:
         context.log.info(f"shard {s['shard']}/{shards} on Ray ({resources}): {s['problems']} problems, {s['rows']} rows "

@@ -37,7 +37,7 @@ from pipeline.rollout.loop import shard_of
 from pipeline.run.context import RoundContext
 from pipeline.run.rounds import sample_round
 
-__all__ = ["ShardJob", "ShardFailed", "check_ray", "ray_session", "shard_resources", "sample_shard", "run_shards", "MAX_RETRIES"]
+__all__ = ["ShardJob", "ShardFailed", "RaySession", "check_ray", "ray_session", "shard_resources", "sample_shard", "run_shards", "MAX_RETRIES"]
 
 MAX_RETRIES = 2
 """Times Ray starts a shard again whose worker process died (a Python error is not retried: the
@@ -137,48 +137,108 @@ def check_address(address: str, timeout: float = 5.0) -> None:
 
 
 # -- the Ray instance ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RaySession:
+    """The Ray cluster a run's shards go to: its resources (`ray.cluster_resources()`) and, for a
+    local instance the run started, the folder of its sockets and logs (None for a cluster joined)."""
+
+    resources: Mapping[str, float]
+    local_dir: str | None = None
+
+
 @contextlib.contextmanager
-def ray_session(address: str | None = None) -> Iterator[dict]:
-    """Ray connected for the block; yields the cluster's resources. In a process already connected
-    (a run's driver, whose rounds share one instance) nothing changes. Otherwise: with an
-    `address`, the cluster there, left running; with none, a local instance of this machine's
-    cores, loopback only, started here and stopped (its processes and temporary folder gone) at
-    the end of the block."""
+def ray_session(address: str | None = None) -> Iterator[RaySession]:
+    """Ray connected for the block. In a process already connected (a run's driver, whose rounds
+    share one instance) nothing changes. Otherwise: with an `address`, the cluster there, left
+    running; with none, a local instance of this machine's cores, every server on 127.0.0.1,
+    started here and stopped (its processes and its folder gone) at the end of the block."""
     if address is None:
         for name, value in LOCAL_ENV.items():
             os.environ.setdefault(name, value)
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only, whatever the environment says
     import ray
 
     if ray.is_initialized():
-        yield ray.cluster_resources()
+        yield RaySession(ray.cluster_resources())
         return
-    # Ray's sockets live under it and a Unix socket path is at most 107 bytes: a short name
-    temp = tempfile.mkdtemp(prefix="maxit-ray-", dir="/tmp") if address is None else None
-    if temp is None:
+    if address is None:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False  # what LOCAL_ENV's first variable does, for a Ray imported before it was set
+    if address is not None:
         ray.init(address=address, logging_level="ERROR", log_to_driver=True)
-    else:
-        _start_local(ray, temp)  # a failed start keeps its folder: the node's logs say why
+        try:
+            yield RaySession(ray.cluster_resources())
+        finally:
+            ray.shutdown()
+        return
+    # Ray's sockets live in it and a Unix socket path is at most 107 bytes: a short name in /tmp
+    local_dir = tempfile.mkdtemp(prefix="maxit-ray-", dir="/tmp")
+    _start_local(ray, local_dir)  # a failed start keeps the folder: its logs say why
     try:
-        yield ray.cluster_resources()
+        yield RaySession(ray.cluster_resources(), local_dir)
     finally:
         ray.shutdown()
-        if temp is not None:
-            shutil.rmtree(temp, ignore_errors=True)
+        _kill_processes_of(local_dir)  # a worker still stopping, say
+        shutil.rmtree(local_dir, ignore_errors=True)
 
 
-def _start_local(ray, temp: str, attempts: int = 3) -> None:
-    """A local Ray instance in `temp`. Its node gives its agents a fixed 30 s to start, which a
-    busy machine can exceed: the start is tried `attempts` times, then refused in one line."""
+def _start_local(ray, local_dir: str, attempts: int = 3) -> None:
+    """A local Ray instance in `local_dir`, loopback only. Its node gives its agents a fixed time to
+    start, which a busy machine can exceed: the start is tried `attempts` times (what a failed one
+    started is stopped), then refused in one line."""
     for attempt in range(attempts):
         try:
-            ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, object_store_memory=128 * 1024**2,
-                     _temp_dir=temp, logging_level="ERROR", log_to_driver=True)
-            return
+            with _minimal_agents(ray):
+                ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, object_store_memory=128 * 1024**2,
+                         _temp_dir=local_dir, logging_level="ERROR", log_to_driver=True)
         except Exception as e:  # Ray raises a bare Exception for a node that did not come up
             ray.shutdown()
+            _kill_processes_of(local_dir)  # a node that failed to start is not stopped by ray.shutdown
             print(f"local Ray instance, attempt {attempt + 1} of {attempts}: {e}", file=sys.stderr)
             error = e
-    raise MaxitError(f"--executor ray: the local Ray instance did not start in {attempts} attempts ({error}); its logs: {temp}")
+            continue
+        node_ip = ray.nodes()[0]["NodeManagerAddress"]
+        if node_ip != "127.0.0.1":  # Ray was imported before LOCAL_ENV was set
+            ray.shutdown()
+            raise MaxitError(f"--executor ray: the local Ray instance listens on {node_ip}, not only on 127.0.0.1: "
+                             "set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported")
+        return
+    raise MaxitError(f"--executor ray: the local Ray instance did not start in {attempts} attempts ({error}); its logs: {local_dir}")
+
+
+@contextlib.contextmanager
+def _minimal_agents(ray) -> Iterator[None]:
+    """Start the node's dashboard agent and head in Ray's minimal mode, as if `ray[default]`'s
+    dashboard packages were absent: the agent then reports its ports at once instead of after
+    loading its HTTP and metrics modules, which on a busy machine outlasts the raylet's fixed
+    wait for them, and a private instance serves no dashboard. Ray decides it in this one call."""
+    utils = ray._private.utils
+    original = getattr(utils, "get_dashboard_dependency_error", None)
+    if original is not None:
+        utils.get_dashboard_dependency_error = lambda: ImportError("maxit's local Ray instance: no dashboard")
+    try:
+        yield
+    finally:
+        if original is not None:
+            utils.get_dashboard_dependency_error = original
+
+
+def _kill_processes_of(local_dir: str) -> list[int]:
+    """Kill, by process id, the processes whose command line names `local_dir`: the servers and
+    workers of the local instance this process started there, and only those. Returns their ids."""
+    import signal
+
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if local_dir.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def shard_resources(cluster: Mapping[str, float], shards: int, engine_gpus: int = 1) -> dict:
