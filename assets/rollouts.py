@@ -11,6 +11,11 @@ With one shard there is nothing to merge: the shard's stage writes the round's `
 itself, once. The checkpoints every shard samples with are resolved once, by the fan-out, and
 handed to the shards.
 
+On Ray (`settings.executor` "ray") the fan-out has one output and its one step hands every
+shard to Ray (`pipeline.run.ray_shards`): each shard a Ray task with its own engine and
+resources, writing its part, even with one shard; the merge is the same. The round's other steps
+then run in the run's own process, and the shards' parallelism is Ray's.
+
 Why dynamic outputs and not a second partition dimension (round x shard): the shard count is a
 run setting, not part of the definitions, and a partition dimension would fix it there (a
 static dimension) or need keys added per run (a second dynamic dimension), and every downstream

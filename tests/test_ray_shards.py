@@ -201,3 +201,38 @@ def test_maxit_run_on_ray_gives_the_rows_of_one_shard(tmp_path, default_model_di
     same = (a["completion_ids"] == b["completion_ids"]).mean()
     print(f"identical completions, --shards 1 (dagster) vs --shards 2 --executor ray on vLLM: {same:.3f} of {a.height} rows")
     assert same >= 0.9
+
+
+@pytest.mark.integration
+def test_rollouts_asset_on_ray_gives_the_rows_of_one_shard(local_ray, tmp_path, default_model_dir):
+    """The rollouts asset with `executor` "ray" (two shards, each a Ray task in a worker of the
+    module's instance, on the transformers engine) against one shard on Dagster: the same rows."""
+    import dagster as dg
+
+    from assets.config import RunSettings
+    from assets.definitions import make_resources
+    from assets.partitions import rounds
+    from assets.problems import problems as problems_asset
+    from assets.resources import close_engines
+    from assets.rollouts import rollouts as rollouts_asset
+
+    def steps(store: Path, **scale):
+        settings = RunSettings(model_dir=str(default_model_dir), problems=5, samples=2, strategies=["iid", "tree"], max_loop_num=1,
+                               eval_problems=4, eval_samples=1, engine="hf", **scale)
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions(rounds.name, ["0"])
+        try:
+            result = dg.materialize([problems_asset, rollouts_asset], partition_key="0", instance=instance,
+                                    resources=make_resources(str(store), "hf", settings))
+        finally:
+            close_engines()
+        assert result.success
+        return pl.read_parquet(table_path(store, 0, "steps")), pl.read_parquet(table_path(store, 0, "rollout_shards"))
+
+    one, _ = steps(tmp_path / "one", shards=1)
+    two, by_shard = steps(tmp_path / "ray", shards=2, executor="ray")
+    assert by_shard["shard"].to_list() == [0, 1] and by_shard["problems"].sum() == 5 and (by_shard["problems"] > 0).all()
+    assert os.getpid() not in by_shard["pid"].to_list(), "the shards sampled in Ray's workers"
+    assert not (tmp_path / "ray" / "round=0" / "shards").exists(), "the parts are removed once merged"
+    assert one["step_id"].to_list() == two["step_id"].to_list()
+    assert one.drop("model_version").equals(two.drop("model_version")), "per-request seeds: the transformers engine draws every row the same way"
