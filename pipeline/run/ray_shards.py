@@ -260,7 +260,7 @@ def run_shards(jobs: Sequence, resources: Mapping, task: Callable = shard_task, 
     that still fails raises `ShardFailed` naming it (each job has a `shard`) and its error, and
     the other shards are cancelled. Ray must be connected (`ray_session`)."""
     import ray
-    from ray.exceptions import RayTaskError, WorkerCrashedError
+    from ray.exceptions import RayError
 
     remote = ray.remote(task).options(max_retries=max_retries, retry_exceptions=False, **resources)
     pending = {remote.remote(job): job for job in jobs}
@@ -270,7 +270,7 @@ def run_shards(jobs: Sequence, resources: Mapping, task: Callable = shard_task, 
         job = pending.pop(done[0])
         try:
             results[job.shard] = ray.get(done[0])
-        except (RayTaskError, WorkerCrashedError, ray.exceptions.RayError) as e:
+        except RayError as e:  # the task raised, its worker died, or it was lost
             for ref in pending:
                 ray.cancel(ref, force=True)
             print(f"shard {job.shard} on Ray:\n{e}", file=sys.stderr)  # the worker's trace, for the run's log
@@ -282,9 +282,9 @@ def _cause(error, max_retries: int) -> str:
     """One line for a shard's Ray error: the exception its code raised, or how its worker died."""
     from ray.exceptions import RayTaskError, WorkerCrashedError
 
-    if isinstance(error, RayTaskError) and error.cause is not None:
-        cause = error.cause
-        return f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}".rstrip(": ")
     if isinstance(error, WorkerCrashedError):
         return f"its worker process died ({max_retries + 1} attempts)"
-    return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}".rstrip(": ")
+    if isinstance(error, RayTaskError) and error.cause is not None:
+        error = error.cause
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
