@@ -31,6 +31,7 @@ import polars as pl
 
 from pipeline.errors import MaxitError, RunInterrupted
 from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, record_experiment
+from pipeline.run.ray_shards import check_ray, ray_session
 from pipeline.run.report import reward_error_lines, round_line, round_summary
 from pipeline.run.rounds import BASE_ROUND, round_complete
 from pipeline.run.timings import record_other
@@ -152,9 +153,15 @@ def run_rounds(
     it ends: a second writer of the store stops at once with `StoreLocked`, naming this one, and
     so does this run when another holds it. A URL store is locked in its working copy, which
     keeps two runs on this machine apart but not runs on two machines. The step processes of a
-    sharded round (`--shards`) share the lock through `pipeline.store.lock.TOKEN_ENV`."""
+    sharded round (`--shards`) share the lock through `pipeline.store.lock.TOKEN_ENV`.
+
+    With `--executor ray` the rounds run in this process and each round's shards are Ray tasks
+    (`pipeline.run.ray_shards`) on the cluster at `--ray-address`, or on a local Ray instance on
+    127.0.0.1 that the run starts before its first round and stops after its last."""
     if n_rounds < 1:
         raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
+    executor, address = getattr(settings, "executor", "dagster"), getattr(settings, "ray_address", None)
+    check_ray(executor, address, str(store))  # before anything is written
     tables = Tables(store)
     tables.root.mkdir(parents=True, exist_ok=True)
     with acquire_writer_lock(tables.root, command=command_line()) as lock, token_in_env(lock.token):
@@ -169,7 +176,9 @@ def run_rounds(
             _publish_experiment(tables)
         with console_to_log(log_path, verbose=verbose) as (out, err):
             try:
-                return _run_rounds(n_rounds, tables, settings, engine, restart, home, quiet_dagster, out, err)
+                # --executor ray: one Ray instance (or connection) for every round of the run, stopped at its end
+                with ray_session(address) if executor == "ray" else contextlib.nullcontext():
+                    return _run_rounds(n_rounds, tables, settings, engine, restart, home, quiet_dagster, out, err)
             except MaxitError as e:
                 kind = RunInterrupted if isinstance(e, RunInterrupted) else MaxitError
                 raise kind(f"{e}\n(engine and library output: {log_path})") from e
@@ -244,8 +253,9 @@ def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, 
     location = str(tables.location)
     run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
     tags = {"maxit/launched_by": "maxit run", "maxit/store": location}
-    if int(settings.shards) > 1:
-        # one process per step (each shard's rollouts with its own engine), up to `shards` at once
+    if int(settings.shards) > 1 and settings.executor != "ray":
+        # one process per step (each shard's rollouts with its own engine), up to `shards` at once;
+        # on Ray the shards are Ray tasks, handed over by one step of the in-process run below
         job = sharded_round_job(location, engine, settings)
         result = dg.execute_job(job, instance=instance, run_config=run_config, tags={**tags, "dagster/partition": key}, raise_on_error=False)
     else:

@@ -71,11 +71,16 @@ class EngineResource(dg.ConfigurableResource):
         scale-out settings: `engine_options`)."""
         if self.engine not in ("auto", "vllm", "hf"):
             raise dg.Failure(f"EngineResource.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
-        options = {k: v for k, v in (options or {}).items() if v != 1}  # 1 is every library's default
+        options = self.pool_options(options)
         key = self.engine + "".join(f" {k}={v}" for k, v in sorted(options.items()))
         if key not in _POOLS:
             _POOLS[key] = EnginePool(self.engine, options)
         return _POOLS[key]
+
+    @staticmethod
+    def pool_options(options: dict | None) -> dict:
+        """The options an engine pool is built with: those not 1 (every library's default)."""
+        return {k: v for k, v in (options or {}).items() if v != 1}
 
 
 def engine_options(settings) -> dict:

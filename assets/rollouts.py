@@ -11,6 +11,11 @@ With one shard there is nothing to merge: the shard's stage writes the round's `
 itself, once. The checkpoints every shard samples with are resolved once, by the fan-out, and
 handed to the shards.
 
+On Ray (`settings.executor` "ray") the fan-out has one output and its one step hands every
+shard to Ray (`pipeline.run.ray_shards`): each shard a Ray task with its own engine and
+resources, writing its part, even with one shard; the merge is the same. The round's other steps
+then run in the run's own process, and the shards' parallelism is Ray's.
+
 Why dynamic outputs and not a second partition dimension (round x shard): the shard count is a
 run setting, not part of the definitions, and a partition dimension would fix it there (a
 static dimension) or need keys added per run (a second dynamic dimension), and every downstream
@@ -31,9 +36,10 @@ import polars as pl
 from assets.config import RunSettings
 from assets.metadata import md_table, reward_by_agent_strategy, table_metadata
 from assets.partitions import round_of, rounds
-from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
-from pipeline.rollout.loop import merge_shards, shard_of
-from pipeline.run.rounds import evaluate_base, sample_round, stage_rollouts
+from assets.resources import EngineResource, PolicyRegistryResource, StoreResource, engine_options
+from pipeline.rollout.loop import merge_shards
+from pipeline.run.ray_shards import ShardJob, ray_session, run_shards, sample_shard, shard_resources
+from pipeline.run.rounds import evaluate_base, stage_rollouts
 from pipeline.run.timings import record_timings
 
 SHARD_TABLE = "rollout_shards"
@@ -54,6 +60,9 @@ def rollout_shards(context: dg.OpExecutionContext, settings: RunSettings, store:
     ctx.tables.pull()
     checkpoints = {pid: str(path) for pid, path in ctx.start_checkpoints(r).items()}
     ctx.tables.remove_parts(r)  # a crashed attempt's shard files are replaced, never merged
+    if settings.executor == "ray":  # one step hands every shard to Ray, which runs them at once
+        yield dg.DynamicOutput({"shards": list(range(shards)), "checkpoints": checkpoints}, mapping_key="ray")
+        return
     for s in range(shards):
         yield dg.DynamicOutput({"shard": s, "checkpoints": checkpoints}, mapping_key=f"shard_{s}")
 
@@ -72,43 +81,59 @@ def rollout_summary(steps: pl.DataFrame) -> dict:
 @dg.op(tags={"maxit/stage": "rollouts"})
 def rollout_shard(
     context: dg.OpExecutionContext, task: dict, settings: RunSettings, store: StoreResource, engine: EngineResource, policy_registry: PolicyRegistryResource
-) -> dict:
-    """Sample one shard's problems (every strategy, every agent step) with this process's engine:
-    with one shard the round's `steps` table itself, with several this shard's part of it."""
-    r, shard, shards = round_of(context), int(task["shard"]), int(settings.shards)
+) -> list[dict]:
+    """Sample the shards of `task`: on Dagster one shard with this process's engine (with one
+    shard the round's `steps` table itself, with several this shard's part of it); on Ray every
+    shard, each a Ray task with its own engine writing its part. Returns one result per shard."""
+    r, shards = round_of(context), int(settings.shards)
+    if settings.executor == "ray":
+        return ray_shards(context, task, settings, store, engine)
+    shard = int(task["shard"])
     checkpoints = {pid: Path(path) for pid, path in task["checkpoints"].items()}
     ctx = settings.context(store, r, engine, policy_registry)
     ctx.tables.pull()
-    if shards == 1:
+    if shards > 1:
+        out = sample_shard(ctx, r, shard, shards, checkpoints)
+    else:
         # The starting checkpoints' evaluation (round -1, once per store) runs here, on the engine
         # the rollouts are about to use, and not after training, which closes the engines on a
         # CPU: one engine start and one weight swap fewer. With several shards each process has
         # its own engine, and the evaluation asset evaluates round -1 once.
         evaluate_base(ctx)
-    started = time.time()
-    problems = ctx.tables.read(r, "problems")
-    out = {"shard": shard, "pid": os.getpid(), "host": socket.gethostname(), "substages": {}, "summary": None}
-    if shards == 1:  # the stage writes the round's table and records its seconds itself
-        steps = pl.from_arrow(stage_rollouts(ctx, r, problems, checkpoints))
-        out.update(problems=problems.height, rows=steps.height, summary=rollout_summary(steps))
-    else:
-        mine = problems.filter(pl.col("uid").map_elements(lambda u: shard_of(u, shards), return_dtype=pl.Int64) == shard)
-        before = ctx.substage_seconds()
-        rows = ctx.tables.write(r, "steps", sample_round(ctx, r, mine, checkpoints), part=shard).rows if mine.height else 0
-        # the shard's engine starts and swaps travel with its result to the round's timings
-        out.update(problems=mine.height, rows=rows, substages={k: v - before[k] for k, v in ctx.substage_seconds().items() if v > before[k]})
-    ctx.tables.publish(r)  # a URL store: the table (or the part, for the merge, maybe on another machine) goes up
-    out.update(started=started, finished=time.time())
-    context.log.info(f"shard {shard}/{shards}: {out['problems']} problems, {out['rows']} rows in {out['finished'] - started:.1f}s (pid {os.getpid()})")
+        started = time.time()
+        problems = ctx.tables.read(r, "problems")
+        steps = pl.from_arrow(stage_rollouts(ctx, r, problems, checkpoints))  # writes the round's table and records its seconds
+        ctx.tables.publish(r)
+        out = {"shard": shard, "problems": problems.height, "rows": steps.height, "pid": os.getpid(), "host": socket.gethostname(),
+               "substages": {}, "summary": rollout_summary(steps), "started": started, "finished": time.time()}
+    context.log.info(f"shard {shard}/{shards}: {out['problems']} problems, {out['rows']} rows in {out['finished'] - out['started']:.1f}s (pid {os.getpid()})")
+    return [out]
+
+
+def ray_shards(context: dg.OpExecutionContext, task: dict, settings: RunSettings, store: StoreResource, engine: EngineResource) -> list[dict]:
+    """Every shard of the round as a Ray task (`pipeline.run.ray_shards`), on the run's Ray
+    instance (or, for a run the UI launched, one this step starts and stops)."""
+    r, shards = round_of(context), int(settings.shards)
+    config = settings.run_config()
+    jobs = [ShardJob(str(store.tables().location), config, engine.engine, engine.pool_options(engine_options(settings)), r, s, shards,
+                     dict(task["checkpoints"])) for s in task["shards"]]
+    engine_gpus = int(settings.tensor_parallel_size) * int(settings.data_parallel_size)
+    with ray_session(settings.ray_address) as session:
+        resources = shard_resources(session.resources, shards, engine_gpus)
+        out = run_shards(jobs, resources)
+    for s in out:
+        context.log.info(f"shard {s['shard']}/{shards} on Ray ({resources}): {s['problems']} problems, {s['rows']} rows "
+                         f"in {s['finished'] - s['started']:.1f}s (pid {s['pid']} on {s['host']})")
     return out
 
 
 @dg.op(out=dg.Out(dg.Nothing))
-def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[dict], settings: RunSettings, store: StoreResource):
-    """Every shard is in: with several, the round's `steps` table, in the order one process would
-    write it, written once (and the shards' seconds recorded); the `rollout_shards` table."""
+def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[list[dict]], settings: RunSettings, store: StoreResource):
+    """Every shard is in: unless one shard wrote it itself, the round's `steps` table from the
+    shards' parts, in the order one process would write it, written once (and the shards' seconds
+    recorded); the `rollout_shards` table."""
     r = round_of(context)
-    shards = sorted(shards, key=lambda s: s["shard"])
+    shards = sorted((s for step in shards for s in step), key=lambda s: s["shard"])
     tables = store.tables()
     tables.pull()
     wall = max(s["finished"] for s in shards) - min(s["started"] for s in shards)
