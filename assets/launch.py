@@ -151,8 +151,9 @@ def run_rounds(
 
     The run holds the store's writer lock (`pipeline.store.lock`) from before it writes anything until
     it ends: a second writer of the store stops at once with `StoreLocked`, naming this one, and
-    so does this run when another holds it. A URL store is locked in its working copy, which
-    keeps two runs on this machine apart but not runs on two machines. The step processes of a
+    so does this run when another holds it. A URL store is locked in its working copy and, on S3, by
+    the writer's lease at the URL (`pipeline.store.lease`), so runs on two machines exclude each
+    other too. The step processes of a
     sharded round (`--shards`) share the lock through `pipeline.store.lock.TOKEN_ENV`.
 
     With `--executor ray` the rounds run in this process and each round's shards are Ray tasks

@@ -22,7 +22,7 @@ def _require_ray():
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
-        pytest.skip("ray is not installed (pip install 'ray[default]'): --executor ray cannot run")
+        pytest.skip("ray is not installed (pip install 'ray==2.60.0', the ray extra): --executor ray cannot run")
 
 
 # -- checks before anything starts ----------------------------------------------------------------
