@@ -523,7 +523,9 @@ def test_real_model_mixed_round_is_swappable(hf_engine, default_model_dir, tmp_p
         assert node.height == 4 and node["selected"].sum() == 1 and node["prompt_hash"].n_unique() == 1
     # rewards are numbers for every row of the default task
     assert df["reward"].is_not_null().all()
-    assert write_steps(table, tmp_path, 0).exists()
+    from pipeline.store import Tables
+
+    assert Tables(tmp_path).write(0, "steps", table).rows == df.height
 
 
 def test_real_model_rows_reproduce_the_engine_logprobs(hf_engine, default_model_dir):
