@@ -110,7 +110,7 @@ def test_the_problems_stage_replays_the_stores_hardest(tmp_path):
 
 
 def test_problem_replay_setting():
-    assert Settings().run_config().problem_replay == RunConfig().problem_replay == 0.0
+    assert Settings().run_config().problem_replay == RunConfig().problem_replay == 0.25
     assert cli_settings("--problem-replay", "0").run_config().problem_replay == 0.0
     with pytest.raises(ConfigError, match=r"--problem-replay must be a share in \[0, 1\)"):
         Settings(problem_replay=1.0).run_config()

@@ -84,11 +84,12 @@ class RunConfig:
     """Turns at most per episode (math: DrMAS's `max_loop_num`); None = the workflow's own."""
     seed: int = 0
     """Seed of the problem draws and of sampling (each round derives its own)."""
-    problem_replay: float = 0.0
+    problem_replay: float = 0.25
     """Share of each round's training problems drawn again from earlier rounds' problems that the
     first agent's unhinted first attempts got wrong most often (`pipeline.run.rounds.replay_candidates`):
     difficulty that follows the team, as the fresh draw gets easier for it. 0 = every problem
-    fresh."""
+    fresh. 0.25, the default, was chosen over twenty rounds of the main job on three seeds
+    (docs/results/long-runs.md)."""
     start_from: Literal["last", "best"] = "last"
     """Which checkpoint round r samples with and trains from: "last", the latest round's; "best",
     the round's (the starting model included) whose held-out evaluation scored highest on the mean
