@@ -157,14 +157,14 @@ def target_table(stores: list[Path], last: int = 5) -> pl.DataFrame:
 
 def regression_rows(stores: list[Path]) -> pl.DataFrame:
     """Per store, what `maxit run` and `maxit report` name (`pipeline.run.regression.round_regressions`
-    over the math workflow's table metrics): the last round's warnings and the rounds with any."""
+    over the store's workflow's table metrics): the last round's warnings and the rounds with any."""
     from pipeline.run.regression import round_regressions
-    from pipeline.workflows.math import MathWorkflow
+    from pipeline.run.report import table_metrics_of
 
     out = []
     for s in stores:
         ev = pl.read_parquet(str(s / "round=*" / "evaluation.parquet"), hive_partitioning=False)
-        named = round_regressions(ev, MathWorkflow.table_metrics)
+        named = round_regressions(ev, table_metrics_of(s)[0])
         last = int(ev["round"].max())
         out.append({
             "store": s.name,
