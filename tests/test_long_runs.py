@@ -159,3 +159,26 @@ def test_a_round_starts_from_the_best_evaluated_checkpoint(tmp_path):
     assert best.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "0").resolve()
     assert best.start_checkpoints(1)["shared"] == (tmp_path / "ckpt" / "0").resolve()
     assert best.start_checkpoints(0)["shared"] == (tmp_path / "ckpt" / "-1").resolve()
+
+
+def test_the_policy_stage_trains_each_round_at_its_decayed_rate(tmp_path, monkeypatch):
+    """stage_policy hands the trainer the round's config (`TrainConfig.for_round`), not the run's."""
+    import types
+
+    import pipeline.learn.trainer as trainer
+    from pipeline.run.rounds import stage_policy
+
+    seen = []
+
+    def fake_train(view, pid, parent, out_dir, config, round_):
+        seen.append((round_, config.lr))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        empty = types.SimpleNamespace(overall=types.SimpleNamespace(n_rows=0), by_agent={}, by_strategy={})
+        return types.SimpleNamespace(checkpoint=out_dir, data_hash="h", diagnostics=empty, first_step_diagnostics=None,
+                                     steps=1, n_rows=1, mean_loss=0.1, tokens_per_second=1.0)
+
+    monkeypatch.setattr(trainer, "train_policy", fake_train)
+    ctx = RoundContext(Tables(tmp_path), Settings(lr_round_decay=0.5).run_config())
+    for r in (0, 1, 2):
+        stage_policy(ctx, r, view=None)
+    assert seen == [(0, 5e-4), (1, 2.5e-4), (2, 1.25e-4)]
