@@ -141,7 +141,8 @@ def regressed_lines(summary) -> list[str]:
     if not rows:
         return []
     last, *earlier = sorted(rows, reverse=True)
-    lines = [f"round {last[0]} made things worse, held-out metrics under their best by more than 2 standard errors: {last[1]}"]
+    # not "round ...": the console's round lines start so, and only they
+    lines = [f"held-out metrics under their best by more than 2 standard errors in round {last[0]}: {last[1]}"]
     if earlier:
         lines.append(f"so did rounds {', '.join(str(r) for r, _ in reversed(earlier))} (column `{REGRESSED_COLUMN}` of maxit report --markdown)")
     return lines
