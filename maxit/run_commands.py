@@ -124,8 +124,28 @@ def cmd_run(args) -> int:
     print()
     say(f"maxit run: {args.rounds} round(s) in {time.perf_counter() - t0:.0f}s, peak memory {peak:.0f} MB, store {args.store}")
     print(console_table(summary, workflow.table_metrics))
+    for line in regressed_lines(summary):
+        say(line)
     say(f"(every column: maxit report --markdown --store {args.store})")
     return 0
+
+
+def regressed_lines(summary) -> list[str]:
+    """A line for each round of the round table whose held-out metrics fell from their best by
+    more than two standard errors (its `regressed` column), the last round's first."""
+    from pipeline.run.report import REGRESSED_COLUMN
+
+    if REGRESSED_COLUMN not in summary.columns:
+        return []
+    rows = [(r, text) for r, text in summary.select("round", REGRESSED_COLUMN).iter_rows() if text]
+    if not rows:
+        return []
+    last, *earlier = sorted(rows, reverse=True)
+    # not "round ...": the console's round lines start so, and only they
+    lines = [f"held-out metrics under their best by more than 2 standard errors in round {last[0]}: {last[1]}"]
+    if earlier:
+        lines.append(f"so did rounds {', '.join(str(r) for r, _ in reversed(earlier))} (column `{REGRESSED_COLUMN}` of maxit report --markdown)")
+    return lines
 
 
 def _note_settings_changes(args, settings) -> None:

@@ -148,12 +148,13 @@ def test_scale_out_and_tracking_settings_have_a_place_in_the_tree():
 # -- the thin layer: the flags and the launchpad as they were ----------------------------------------
 
 RUN_FLAGS = {
-    # the flags of `maxit run` (option strings -> choices) at 894bd8f, before the presets moved
+    # the flags of `maxit run` (option strings -> choices) at 894bd8f, before the presets moved, with the long runs' settings
     ("--rounds",): None, ("--restart",): None, ("--verbose",): None, ("--store",): None,
     ("--algorithm",): ("maxit", "drmas", "atgrpo", "exit", "grpo"), ("--workflow",): None, ("--workflow-options",): None, ("--task",): None,
     ("--task-file",): None, ("--prompt-file",): None, ("--model-dir",): None, ("--separate-policies",): None,
     ("--engine",): ("auto", "vllm", "hf"), ("--dtype",): ("auto", "float32", "bfloat16"), ("--problems",): None, ("--samples",): None,
     ("--strategies",): None, ("--temperature",): None, ("--max-tokens",): None, ("--max-loop-num",): None, ("--seed",): None,
+    ("--problem-replay",): None, ("--start-from",): ("last", "best"),
     ("--feedback-train-context",): ("problem", "attempt"), ("--feedback-first-attempt",): ("iid", "skip"), ("--alpha",): None,
     ("--local-weight",): None, ("--group-by",): None, ("--normalize",): ("std", "center"), ("--baseline",): ("group", "batch"),
     ("--trajectory-mean", "--no-trajectory-mean"): None, ("--trajectory-score",): ("own", "mean"), ("--loss",): ("rs", "ppo", "is", "exit"),
@@ -163,7 +164,8 @@ RUN_FLAGS = {
     ("--balance-verdicts", "--no-balance-verdicts"): None, ("--relabel-verdicts", "--no-relabel-verdicts"): None, ("--verifier-replay",): None,
     ("--negative-weight",): None, ("--strategy-weights",): None, ("--lora", "--no-lora"): None, ("--lora-rank",): None, ("--lora-alpha",): None,
     ("--gradient-checkpointing",): ("auto", "on", "off"), ("--group-minibatches", "--no-group-minibatches"): None,
-    ("--optimizer-state",): ("fresh", "carry"), ("--micro-batch-tokens",): None, ("--train-on",): ("rollouts", "ground_truth"), ("--shards",): None,
+    ("--optimizer-state",): ("fresh", "carry"), ("--micro-batch-tokens",): None, ("--lr-round-decay",): None, ("--kl-beta",): None,
+    ("--train-on",): ("rollouts", "ground_truth"), ("--shards",): None,
     ("--executor",): ("dagster", "ray"), ("--ray-address",): None,
     ("--tensor-parallel-size",): None, ("--data-parallel-size",): None, ("--train-processes",): None,
     ("--fsdp",): ("off", "full_shard", "shard_grad_op", "hybrid_shard"), ("--eval-problems",): None, ("--eval-samples",): None,
@@ -171,15 +173,16 @@ RUN_FLAGS = {
 }
 
 LAUNCHPAD_DEFAULTS = {
-    # the Dagster launchpad's settings fields and their defaults at 894bd8f, with the shards' executor (None: the preset's, or unset)
+    # the Dagster launchpad's settings fields and their defaults at 894bd8f, with the shards' executor and the long runs'
+    # settings (None: the preset's, or unset)
     "algorithm": "maxit", "alpha": None, "anchor": "sampling", "balance_verdicts": None, "base_eval_cache": True, "baseline": None,
     "clip_high": None, "clip_low": None, "data_parallel_size": 1, "dtype": "auto", "dual_clip": None, "engine": "auto", "epochs": 2, "executor": "dagster",
     "eval_max_tokens": None, "eval_problems": 200, "eval_samples": 2, "feedback_first_attempt": None, "feedback_rows": None,
     "feedback_train_context": None, "fsdp": "off", "gradient_checkpointing": "auto", "group_by": None, "group_minibatches": False,
-    "hinted_rows": None, "local_weight": None, "lora": False, "lora_alpha": 32.0, "lora_rank": 16, "loss": None, "lr": None,
+    "hinted_rows": None, "kl_beta": 0.0, "local_weight": None, "lora": False, "lora_alpha": 32.0, "lora_rank": 16, "loss": None, "lr": None, "lr_round_decay": 1.0,
     "max_loop_num": None, "max_tokens": None, "micro_batch_size": 64, "micro_batch_tokens": 8192, "minibatch_size": 256, "model_dir": None,
-    "negative_weight": None, "normalize": None, "optimizer_state": "fresh", "problems": 128, "prompt_file": None, "ray_address": None, "relabel_verdicts": False,
-    "report_to": [], "samples": 4, "seed": 0, "sequence_ratio": None, "shards": 1, "shared_policy": True, "strategies": None,
+    "negative_weight": None, "normalize": None, "optimizer_state": "fresh", "problem_replay": 0.25, "problems": 128, "prompt_file": None, "ray_address": None, "relabel_verdicts": False,
+    "report_to": [], "samples": 4, "seed": 0, "sequence_ratio": None, "shards": 1, "shared_policy": True, "start_from": "last", "strategies": None,
     "strategy_weights": None, "task": "arithmetic", "task_file": None, "temperature": 1.0, "tensor_parallel_size": 1, "train_on": "rollouts",
     "train_processes": 1, "trajectory_mean": None, "trajectory_score": None, "verifier_replay": 0, "workflow": "math", "workflow_options": [],
     "zero_advantage_rows": None,

@@ -74,6 +74,7 @@ def test_the_check_finds_a_path_outside(tmp_path):
 
 MATH_MODULES = {
     "scripts/verifier_probe.py",  # a study of the math Verifier
+    "scripts/long_runs.py",  # a study of the math job's long runs
     "benchmarks/peer_trl.py",  # the math task's Solver alone against TRL's GRPOTrainer
 }
 MATH_PACKAGES = ("pipeline/tasks/", "pipeline/workflows/math/")  # the math tasks, the math workflows and their embedded model

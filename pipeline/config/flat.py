@@ -35,6 +35,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     # sampling
     "problems": ("problems",), "samples": ("samples",), "strategies": ("strategies",), "temperature": ("temperature", "train.temperature"),
     "max_tokens": ("max_tokens",), "max_loop_num": ("max_loop_num",), "seed": ("seed",),
+    "problem_replay": ("problem_replay",), "start_from": ("start_from",),
     "feedback_train_context": ("strategy_options.feedback.train_context",), "feedback_first_attempt": ("strategy_options.feedback.first_attempt",),
     # rewards and advantages
     "alpha": ("advantage.alpha",), "local_weight": ("advantage.local_weight",), "group_by": ("advantage.group_by",),
@@ -50,6 +51,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     "lora": ("train.lora",), "lora_rank": ("train.lora.r",), "lora_alpha": ("train.lora.alpha",),
     "gradient_checkpointing": ("train.gradient_checkpointing",), "group_minibatches": ("train.group_minibatches",),
     "optimizer_state": ("train.optimizer_state",), "micro_batch_tokens": ("train.micro_batch_tokens",), "train_on": ("train_on",),
+    "lr_round_decay": ("train.lr_round_decay",), "kl_beta": ("train.loss.beta",),
     # scale-out
     "shards": ("scale.shards",), "tensor_parallel_size": ("scale.tensor_parallel_size",), "data_parallel_size": ("scale.data_parallel_size",),
     "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",), "executor": ("scale.executor",), "ray_address": ("scale.ray_address",),
@@ -67,7 +69,7 @@ ZERO_ADVANTAGE_ROWS = ("drop", "keep")
 """The `zero_advantage_rows` setting: `ViewConfig.drop_zero_advantage` True or False."""
 
 _RUN_FIELDS = ("workflow", "task", "task_file", "prompt_file", "model_dir", "shared_policy", "engine", "problems", "samples",
-               "temperature", "max_tokens", "max_loop_num", "seed", "train_on")
+               "temperature", "max_tokens", "max_loop_num", "seed", "train_on", "problem_replay", "start_from")
 """The settings that are `RunConfig` fields of the same name."""
 
 
@@ -168,7 +170,7 @@ def loss_config(values: Mapping[str, Any]) -> LossConfig:
         negative_weight=float(values["negative_weight"]),
         eps_low=float(values["clip_low"]),
         eps_high=float(values["clip_high"]),
-        **_given(values, anchor="anchor"),
+        **_given(values, anchor="anchor", beta="kl_beta"),
     )
 
 
@@ -192,7 +194,8 @@ def view_config(values: Mapping[str, Any], loss: LossConfig) -> ViewConfig:
 
 def train_config(values: Mapping[str, Any], loss: LossConfig) -> TrainConfig:
     over = _given(values, epochs="epochs", minibatch_size="minibatch_size", micro_batch_size="micro_batch_size", temperature="temperature",
-                  micro_batch_tokens="micro_batch_tokens", optimizer_state="optimizer_state", group_minibatches="group_minibatches", dtype="dtype")
+                  micro_batch_tokens="micro_batch_tokens", optimizer_state="optimizer_state", group_minibatches="group_minibatches", dtype="dtype",
+                  lr_round_decay="lr_round_decay")
     if "gradient_checkpointing" in values:
         if values["gradient_checkpointing"] not in CHECKPOINTING:
             raise ConfigError(f"gradient_checkpointing must be one of {list(CHECKPOINTING)}, got {values['gradient_checkpointing']!r}")

@@ -84,6 +84,17 @@ class RunConfig:
     """Turns at most per episode (math: DrMAS's `max_loop_num`); None = the workflow's own."""
     seed: int = 0
     """Seed of the problem draws and of sampling (each round derives its own)."""
+    problem_replay: float = 0.25
+    """Share of each round's training problems drawn again from earlier rounds' problems that the
+    first agent's unhinted first attempts got wrong most often (`pipeline.run.rounds.replay_candidates`):
+    difficulty that follows the team, as the fresh draw gets easier for it. 0 = every problem
+    fresh. 0.25, the default, was chosen over twenty rounds of the main job on three seeds
+    (docs/results/long-runs.md)."""
+    start_from: Literal["last", "best"] = "last"
+    """Which checkpoint round r samples with and trains from: "last", the latest round's; "best",
+    the round's (the starting model included) whose held-out evaluation scored highest on the mean
+    of the workflow's table metrics (`pipeline.run.context.best_round`), so that a round that made
+    things worse is not built on. Selecting on the held-out split makes its later figures optimistic."""
 
     # --- Parameters that control learning ------------------------------------------------------
     advantage: AdvantageConfig | None = None
@@ -150,6 +161,11 @@ class RunConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
+        if self.start_from not in ("last", "best"):
+            raise ConfigError(f"RunConfig.start_from must be 'last' or 'best', got {self.start_from!r}")
+        replay = self.problem_replay
+        if isinstance(replay, bool) or not (isinstance(replay, (int, float)) and 0 <= replay < 1):
+            raise ConfigError(f"RunConfig.problem_replay must be a share in [0, 1), got {replay!r}")
         if self.engine not in ("auto", "vllm", "hf"):
             raise ConfigError(f"RunConfig.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
         if isinstance(self.strategies, str):

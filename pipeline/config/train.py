@@ -13,7 +13,7 @@ plan's estimator) defaults to no sequence-ratio mask and the mean over rows.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal, Mapping
 
@@ -125,8 +125,9 @@ class LossConfig:
     None = the kind's default: "token-mean", or "seq-mean-token-sum" for "exit", the only one it
     takes (its loss is per row, its gradient a token sum per row, averaged over the N rows)."""
     beta: float = 0.0
-    """Weight of the KL penalty to the reference (initial) model, k3 estimator
-    exp(r - p) - (r - p) - 1 per token; 0 disables it and no reference model is loaded."""
+    """Weight of the KL penalty to the reference model, the checkpoint the run starts from (in a
+    round: the checkpoint the round starts from), k3 estimator exp(r - p) - (r - p) - 1 per token
+    of the trained rows; 0 disables it and no reference model is loaded."""
     rs_threshold: float = 1.0
     """"rs" trains on rows whose reward >= this (rewards are 1.0 right, 0.0 wrong)."""
     negative_weight: float = 1.0
@@ -238,6 +239,10 @@ class TrainConfig:
     """Learning-rate schedule over the run."""
     warmup_steps: int = 0
     """Linear warm-up optimizer steps."""
+    lr_round_decay: float = 1.0
+    """Learning-rate schedule across the rounds of expert iteration: round r trains at
+    lr * lr_round_decay**r (`for_round`), so late rounds, whose rows the policy already gets right,
+    take smaller steps. 1 = the same rate every round."""
     report_to: str = "none"
     """Where the Trainer sends metrics ("none", "tensorboard", or any `transformers` integration
     name); TensorBoard logs are written inside the checkpoint folder, under `logs/`. "none" by
@@ -339,6 +344,8 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.max_grad_norm must be >= 0, got {self.max_grad_norm}")
         if self.lr_scheduler not in ("constant", "linear", "cosine"):
             raise ConfigError(f"TrainConfig.lr_scheduler must be 'constant', 'linear' or 'cosine', got {self.lr_scheduler!r}")
+        if not (isinstance(self.lr_round_decay, (int, float)) and 0 < self.lr_round_decay <= 1):
+            raise ConfigError(f"TrainConfig.lr_round_decay must be in (0, 1], got {self.lr_round_decay!r}")
         if self.warmup_steps < 0:
             raise ConfigError(f"TrainConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
         if not isinstance(self.loss, LossConfig):
@@ -363,6 +370,12 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.bf16 must be True, False or None, got {self.bf16!r}")
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError(f"TrainConfig.max_length must be >= 2 or None, got {self.max_length}")
+
+    def for_round(self, round_: int) -> "TrainConfig":
+        """The config round `round_` trains with: its learning rate decayed `round_` times."""
+        if self.lr_round_decay == 1 or round_ <= 0:
+            return self
+        return replace(self, lr=self.lr * self.lr_round_decay**round_)
 
     @property
     def grad_accum_steps(self) -> int:

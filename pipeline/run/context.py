@@ -4,7 +4,9 @@ checkpoint registry, the engines and the team, built once and handed to every st
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
+
+import polars as pl
 
 from pipeline.config import DEFAULT_MIX, RunConfig
 from pipeline.engines.pool import EnginePool
@@ -16,7 +18,7 @@ from pipeline.tasks import build_task
 from pipeline.types import Sampler
 from pipeline.workflows import check_workflow, load_workflow
 
-__all__ = ["RoundContext", "build_workflow", "run_strategies", "DEFAULT_MIX"]
+__all__ = ["RoundContext", "build_workflow", "run_strategies", "best_round", "DEFAULT_MIX"]
 
 
 def build_workflow(config: RunConfig):
@@ -31,6 +33,15 @@ def build_workflow(config: RunConfig):
     return load_workflow(config.workflow, shared_policy=config.shared_policy, **settings)
 
 
+def best_round(evaluation: pl.DataFrame, metrics: Iterable[tuple[str, str]]) -> int | None:
+    """The round of `evaluation` rows with the highest mean over the (agent_id, metric) pairs of
+    `metrics` that it has (the latest round among equals); None without any such row."""
+    pairs = pl.DataFrame([{"agent_id": a, "metric": m} for a, m in metrics], schema={"agent_id": pl.String, "metric": pl.String})
+    rows = evaluation.join(pairs, on=["agent_id", "metric"], how="inner")
+    if rows.is_empty():
+        return None
+    score = rows.group_by("round").agg(pl.col("value").mean()).sort(["value", "round"], descending=True)
+    return int(score["round"][0])
 
 
 def run_strategies(config: RunConfig, workflow) -> dict:
@@ -119,8 +130,9 @@ class RoundContext:
 
     def start_checkpoints(self, round_: int) -> dict[str, Path]:
         """policy_id -> the latest checkpoint registered before round `round_` (registering the
-        base model as round -1 on first use): what round `round_` trains from and, unless its
-        driver passes older ones, samples with."""
+        base model as round -1 on first use), or with `start_from="best"` the checkpoint of the
+        best evaluated round before it (`best_round`): what round `round_` trains from and, unless
+        its driver passes older ones, samples with."""
         reg = self.registry
         out = {}
         for pid in self.policy_ids:
@@ -129,6 +141,13 @@ class RoundContext:
                 reg.base(pid, self.base_model())
                 path = reg.latest(pid, round_)
             out[pid] = path
+        if self.config.start_from == "best" and round_ > 0:
+            done = [self.tables.read(r, "evaluation") for r in range(BASE_ROUND, round_) if self.tables.exists(r, "evaluation")]
+            best = best_round(pl.concat(done), [(a, m) for a, m, _ in self.workflow().table_metrics]) if done else None
+            for pid in out if best is not None else ():
+                rec = reg.get(best, pid)
+                if rec is not None:
+                    out[pid] = Path(rec.path)
         return out
 
     def trained_checkpoints(self, round_: int) -> dict[str, Path]:

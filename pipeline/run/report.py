@@ -17,6 +17,7 @@ from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
 from pipeline.run import LINE_WIDTH
 from pipeline.run.experiments import EXPERIMENT_FILE, complete_rounds, is_store, read_experiment, stored_settings
+from pipeline.run.regression import round_regressions
 from pipeline.run.timings import OLD_STAGE_LABELS, STAGES, TIMING_ROWS, seconds_column
 from pipeline.store import BASE_ROUND
 
@@ -31,6 +32,7 @@ __all__ = [
     "STAGE_COLUMNS",
     "TRAIN_COLUMNS",
     "LINE_WIDTH",
+    "REGRESSED_COLUMN",
 ]
 
 STAGE_COLUMNS = {row: seconds_column(row) for row in TIMING_ROWS}
@@ -44,6 +46,11 @@ its policies, from the metrics its policy registry entries keep)."""
 ERRORS_COLUMN = "reward_errors"
 """Column of the round table counting the round's `steps` rows with a `reward_error`: calls whose
 workflow code (or task reward) raised, hung or returned nonsense."""
+
+REGRESSED_COLUMN = "regressed"
+"""Column of the round table naming the round's held-out metrics that fell from their best by more
+than two standard errors (`pipeline.run.regression.round_regressions`); present when a round has one."""
+
 
 def trajectory_success(steps: pl.LazyFrame) -> pl.LazyFrame:
     """One row per trajectory (round, strategy, traj_uid, global_reward): its team reward at the
@@ -63,8 +70,9 @@ def trajectory_success(steps: pl.LazyFrame) -> pl.LazyFrame:
 
 def round_summary(store: str | Path, rounds: Sequence[int], metrics: Sequence[tuple[str, str, str]] | None = None) -> pl.DataFrame:
     """One row per round: the workflow's held-out metrics (`metrics`: (agent_id, metric, column)
-    triples, by default the math workflow's: Solver accuracy, Verifier verdict accuracies),
-    trajectory success by strategy, training rows and optimizer steps, the rows with a
+    triples, by default the math workflow's: Solver accuracy, Verifier verdict accuracies), the
+    metrics that fell from their best over `rounds` by more than two standard errors (the
+    `regressed` column, when a round has one), trajectory success by strategy, training rows and optimizer steps, the rows with a
     `reward_error`, rollout tokens/s (completion tokens over the rollouts stage's seconds) and the
     seconds of every stage (the `timings` table; a store written before the stages had one name
     each is read with its old labels mapped)."""
@@ -74,7 +82,12 @@ def round_summary(store: str | Path, rounds: Sequence[int], metrics: Sequence[tu
         from pipeline.workflows.math import MathWorkflow
 
         metrics = MathWorkflow.table_metrics
-    table = _heldout(tables, rounds, metrics)
+    evaluation = tables.scan("evaluation").filter(pl.col("round").is_in(rounds)).collect()
+    table = _heldout(evaluation, metrics)
+    regressed = round_regressions(evaluation, metrics)
+    if regressed:
+        column = pl.DataFrame({"round": list(regressed), REGRESSED_COLUMN: list(regressed.values())}, schema={"round": pl.Int32, REGRESSED_COLUMN: pl.String})
+        table = table.join(column, on="round", how="left")
     trained = [r for r in rounds if r >= 0]
     if trained:
         steps = tables.scan("steps").filter(pl.col("round").is_in(trained))
@@ -87,10 +100,9 @@ def round_summary(store: str | Path, rounds: Sequence[int], metrics: Sequence[tu
     return table.sort("round")
 
 
-def _heldout(tables: st.Tables, rounds: Sequence[int], metrics) -> pl.DataFrame:
-    """round and one column per metric of `metrics` the evaluation tables of `rounds` hold."""
+def _heldout(ev: pl.DataFrame, metrics) -> pl.DataFrame:
+    """round and one column per metric of `metrics` the evaluation rows `ev` hold."""
     columns = {(agent, metric): column for agent, metric, column in metrics}
-    ev = tables.scan("evaluation").filter(pl.col("round").is_in(rounds)).collect()
     picked = ev.with_columns(pl.struct("agent_id", "metric").map_elements(lambda k: columns.get((k["agent_id"], k["metric"])), return_dtype=pl.String).alias("column"))
     picked = picked.filter(pl.col("column").is_not_null())
     if picked.height:
@@ -174,7 +186,9 @@ def round_line(
     memory, e.g. `round 3 | solver_acc 81.8% (+37.5 since start) | greedy 94.5% | 1647 rows/14
     steps | 148s, 712s in all | peak 2210 MB`; a round whose workflow code raised says how many
     rows carry a `reward_error` (always shown; `reward_error_lines` gives the first error and the
-    query that lists them). At most `width` characters: what does not fit is left out, the
+    query that lists them), and a round whose held-out metrics fell from their best by more than
+    two standard errors names them at the end (`under best by > 2 se: solver_acc`, always shown;
+    the figures are in its `regressed` column). At most `width` characters: what does not fit is left out, the
     workflow's third and later metrics first, then the training counts, the memory, the seconds
     and the second metric."""
     shown = [column for _agent, _metric, column in metrics if column in row]
@@ -203,6 +217,9 @@ def round_line(
         segments.append((2, f"{seconds:.0f}s" + (f", {total_seconds:.0f}s in all" if total_seconds is not None else "")))
     if peak_mb is not None:
         segments.append((3, f"peak {peak_mb:.0f} MB"))
+    if row.get(REGRESSED_COLUMN):  # the metrics' names; their figures are in the column
+        names = [part.split(" ")[0] for part in str(row[REGRESSED_COLUMN]).split("; ")]
+        segments.append((0, f"under best by > 2 se: {', '.join(names)}"))
     line = " | ".join(text for _rank, text in segments)
     while len(line) > width and any(rank for rank, _ in segments):
         del segments[max(range(len(segments)), key=lambda k: segments[k][0])]

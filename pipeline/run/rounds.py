@@ -57,6 +57,7 @@ __all__ = [
     "BASE_ROUND",
     "DEFAULT_MIX",
     "draw_problems",
+    "replay_candidates",
     "rollout_config",
     "sample_steps",
     "advantages_frame",
@@ -104,9 +105,34 @@ def problems_from_table(df: pl.DataFrame) -> list[Problem]:
     return [Problem(uid=r["uid"], question=r["question"], answer=r["answer"], split=r["split"], hint=r["hint"]) for r in df.iter_rows(named=True)]
 
 
-def draw_problems(workflow, n: int, seed: int, round_: int) -> pl.DataFrame:
-    """Round r's training problems: `n` of the workflow's train split, drawn with `seed`."""
-    return problems_table(workflow.problems("train", n, seed), round_)
+def draw_problems(workflow, n: int, seed: int, round_: int, replay: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Round r's training problems: `n` of the workflow's train split, drawn with `seed`; with
+    `replay` (`replay_candidates`' rows, at most `n` of them used), those first and fresh problems
+    after them, none twice."""
+    if replay is None or replay.is_empty():
+        return problems_table(workflow.problems("train", n, seed), round_)
+    again = problems_from_table(replay.head(n))
+    taken = {p.uid for p in again}
+    fresh = [p for p in workflow.problems("train", n + len(again), seed) if p.uid not in taken]
+    return problems_table(again + fresh[: n - len(again)], round_)
+
+
+REPLAY_STEP_COLUMNS = ("round", "uid", "step", "strategy", "active", "local_reward")
+"""The `steps` columns `replay_candidates` reads."""
+
+
+def replay_candidates(problems: pl.DataFrame, steps: pl.DataFrame, n: int) -> pl.DataFrame:
+    """Up to `n` earlier training problems worth drawing again: those whose first attempts
+    (schedule step 0, of every strategy but the hinted `prompt_aug`) were not all right in the
+    latest round that drew them, the lowest success first, then the newest round, then by uid.
+    `problems`: earlier rounds' `problems` rows; `steps`: their `steps` rows (at least
+    `REPLAY_STEP_COLUMNS`). Returns `problems` rows (the latest round's copy of each)."""
+    first = steps.filter((pl.col("step") == 0) & (pl.col("strategy") != "prompt_aug") & pl.col("active") & pl.col("local_reward").is_not_null())
+    success = first.group_by("round", "uid").agg(success=pl.col("local_reward").mean())
+    latest = success.sort("round").group_by("uid").last()
+    hard = latest.filter(pl.col("success") < 1).sort(["success", "round", "uid"], descending=[False, True, False]).head(n)
+    rows = problems.sort("round").group_by("uid").last()
+    return hard.select("uid").join(rows, on="uid", how="inner", maintain_order="left").select(problems.columns)
 
 
 def rollout_config(config: RunConfig, workflow, round_: int, seed: int) -> RolloutConfig:
@@ -224,8 +250,22 @@ def _stage(ctx: RoundContext, round_: int, stage: str, compute, table: str | Non
 
 
 def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
-    """Draw round r's training problems (a fresh draw each round, from the train split only)."""
-    return _stage(ctx, round_, "problems", lambda: draw_problems(ctx.workflow(), ctx.config.problems, ctx.round_seed(round_, 1), round_), "problems")
+    """Draw round r's training problems from the train split only: with `problem_replay`, that
+    share of them drawn again from the earlier rounds' hardest (`replay_candidates`), the rest a
+    fresh draw."""
+
+    def compute():
+        c, tables = ctx.config, ctx.tables
+        k = round(c.problems * c.problem_replay)
+        earlier = [r for r in range(round_) if tables.exists(r, "steps") and tables.exists(r, "problems")] if k else []
+        replay = None
+        if earlier:
+            problems = pl.concat([tables.read(r, "problems") for r in earlier])
+            steps = pl.concat([pl.read_parquet(tables.path(r, "steps"), columns=list(REPLAY_STEP_COLUMNS)) for r in earlier])
+            replay = replay_candidates(problems, steps, k)
+        return draw_problems(ctx.workflow(), c.problems, ctx.round_seed(round_, 1), round_, replay)
+
+    return _stage(ctx, round_, "problems", compute, "problems")
 
 
 def sample_round(ctx: RoundContext, round_: int, problems: pl.DataFrame, checkpoints: Mapping[str, Path]) -> pa.Table:
@@ -290,7 +330,7 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
             log.info("closed the engines of %s before training", released)
         results = {}
         for pid, parent in parents.items():
-            res = train_policy(view, pid, parent, checkpoint_dir(ctx.store, round_, pid), ctx.config.train, round_=round_)
+            res = train_policy(view, pid, parent, checkpoint_dir(ctx.store, round_, pid), ctx.config.train.for_round(round_), round_=round_)
             ctx.registry.register(round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash, metrics=registry_metrics(res))
             results[pid] = res
         return ratio_diagnostics_table(results, round_), results

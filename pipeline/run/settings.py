@@ -93,38 +93,37 @@ class Settings:
     # --- sampling ---------------------------------------------------------------------------
     problems: int = _s(_default(RunConfig, "problems"), "training problems drawn per round", group="sampling")
     samples: int = _s(_default(RunConfig, "samples"), "group size of every strategy (tree: candidates per node)", group="sampling")
-    strategies: tuple[str, ...] | None = _s(
-        None, "search strategies interleaved in each round", group="sampling", metavar="STRATEGY"
-    )
+    strategies: tuple[str, ...] | None = _s(None, "search strategies interleaved in each round", group="sampling", metavar="STRATEGY")
     temperature: float = _s(_default(RunConfig, "temperature"), "sampling temperature (training computes p_train at the same temperature)", group="sampling")
     max_tokens: int | None = _s(_default(RunConfig, "max_tokens"), "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling")
     max_loop_num: int | None = _s(
         _default(RunConfig, "max_loop_num"), "turns at most per episode (math: Solver/Verifier loops per sample, DrMAS's max_loop_num); None = the workflow's (math 2)", group="sampling"
     )
     seed: int = _s(_default(RunConfig, "seed"), "seed of the problem draws and of sampling (each round derives its own)", group="sampling")
+    problem_replay: float = _s(
+        _default(RunConfig, "problem_replay"),
+        "share of each round's training problems drawn again from earlier rounds' problems whose unhinted first attempts failed most "
+        "(the lowest success first); 0 = every problem fresh", group="sampling",
+    )
+    start_from: str = _s(
+        _default(RunConfig, "start_from"),
+        "the checkpoint each round starts from: the last round's, or the best evaluated round's (the mean of the workflow's table metrics; "
+        "selecting on the held-out split makes its later figures optimistic)", group="sampling", choices=_choices(RunConfig, "start_from"),
+    )
     feedback_train_context: str | None = _s(
-        None,
-        "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt",
-        group="sampling",
-        choices=_choices(Feedback, "train_context"),
+        None, "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt", group="sampling", choices=_choices(Feedback, "train_context")
     )
     feedback_first_attempt: str | None = _s(
-        None, "the feedback strategy's first attempt: trained as an iid row, or not trained (the plan's weight 0)",
-        group="sampling", choices=_choices(Feedback, "first_attempt")
+        None, "the feedback strategy's first attempt: trained as an iid row, or not trained (the plan's weight 0)", group="sampling", choices=_choices(Feedback, "first_attempt")
     )
 
     # --- rewards and advantages -------------------------------------------------------------
     alpha: float | None = _s(None, "reward = alpha*global_reward + local_weight*local_reward", group="rewards and advantages")
     local_weight: float | None = _s(None, "weight of the local (own-action) reward", group="rewards and advantages")
     group_by: tuple[str, ...] | None = _s(
-        None,
-        "columns added to uid+strategy to form advantage groups (a group never spans strategies; none = plain GRPO per strategy)",
-        group="rewards and advantages",
-        metavar="COL",
+        None, "columns added to uid+strategy to form advantage groups (a group never spans strategies; none = plain GRPO per strategy)", group="rewards and advantages", metavar="COL"
     )
-    normalize: str | None = _s(
-        None, "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages", choices=_choices(AdvantageConfig, "normalize")
-    )
+    normalize: str | None = _s(None, "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages", choices=_choices(AdvantageConfig, "normalize"))
     baseline: str | None = _s(
         None,
         "advantage baseline: the statistics of the problem's group of samples (GRPO), or of the whole round's rows of that strategy "
@@ -132,9 +131,7 @@ class Settings:
         group="rewards and advantages",
         choices=_choices(AdvantageConfig, "baseline"),
     )
-    trajectory_mean: bool | None = _s(
-        None, "group statistics over trajectory means (one member per trajectory)", group="rewards and advantages"
-    )
+    trajectory_mean: bool | None = _s(None, "group statistics over trajectory means (one member per trajectory)", group="rewards and advantages")
     trajectory_score: str | None = _s(
         None,
         "with trajectory_mean: each row scored by its own reward (own) or by its trajectory's mean (mean, as DrMAS's code)",
@@ -188,18 +185,10 @@ class Settings:
         choices=_choices(RatioConfig, "mode"),
     )
     dual_clip: float | None = _s(
-        None,
-        "ppo: verl's dual clip (DrMAS): a negative-advantage token's loss is at most -dual_clip*A (verl's clip_ratio_c); 0 = off",
-        group="training",
+        None, "ppo: verl's dual clip (DrMAS): a negative-advantage token's loss is at most -dual_clip*A (verl's clip_ratio_c); 0 = off", group="training"
     )
-    clip_low: float | None = _s(
-        None, "ppo: token ratios below 1 - clip_low stop the gradient of negative-advantage tokens (TRL's epsilon)", group="training"
-    )
-    clip_high: float | None = _s(
-        None,
-        "ppo: token ratios above 1 + clip_high stop the gradient of positive-advantage tokens (TRL's epsilon_high)",
-        group="training",
-    )
+    clip_low: float | None = _s(None, "ppo: token ratios below 1 - clip_low stop the gradient of negative-advantage tokens (TRL's epsilon)", group="training")
+    clip_high: float | None = _s(None, "ppo: token ratios above 1 + clip_high stop the gradient of positive-advantage tokens (TRL's epsilon_high)", group="training")
     lr: float | None = _s(None, "AdamW learning rate", group="training")
     epochs: int = _s(_default(TrainConfig, "epochs"), "passes over each round's training rows", group="training")
     minibatch_size: int = _s(_default(TrainConfig, "minibatch_size"), "rows per optimizer step", group="training")
@@ -263,6 +252,14 @@ class Settings:
         "token budget of a micro-batch (rows x longest row): long rows get fewer rows per forward pass, same optimizer step; None = always micro_batch_size rows",
         group="training",
     )
+    lr_round_decay: float = _s(
+        _default(TrainConfig, "lr_round_decay"), "learning rate across rounds: round r trains at lr * lr_round_decay^r; 1 = the same rate every round", group="training"
+    )
+    kl_beta: float = _s(
+        _default(LossConfig, "beta"),
+        "weight of a KL penalty (k3, on the trained tokens) to the checkpoint the round starts from: a trust region around the previous "
+        "round's policy; 0 = off", group="training",
+    )
     train_on: str = _s(
         _default(RunConfig, "train_on"), "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training", choices=_choices(RunConfig, "train_on")
     )
@@ -290,10 +287,7 @@ class Settings:
         _default(ScaleConfig, "train_processes"), "trainer processes under `accelerate launch` (1: in-process; more: planned, `maxit train --processes N` only)", group="scale-out"
     )
     fsdp: str = _s(
-        _default(ScaleConfig, "fsdp"),
-        "FSDP sharding of the trainer under accelerate launch (planned: untested without GPUs)",
-        group="scale-out",
-        choices=_choices(ScaleConfig, "fsdp"),
+        _default(ScaleConfig, "fsdp"), "FSDP sharding of the trainer under accelerate launch (planned: untested without GPUs)", group="scale-out", choices=_choices(ScaleConfig, "fsdp")
     )
 
     # --- evaluation -------------------------------------------------------------------------
