@@ -301,6 +301,14 @@ class MaxitTrainer(Trainer):
         self.loss_count += 1
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        ranks = world()[1]
+        if "loss" in logs and ranks > 1:  # every rank logs at the same steps: what all of them saw
+            merged = LossDiagnostics()
+            for diagnostics in gather(self._log_diagnostics):
+                merged = merged.merge(diagnostics)
+            self._log_diagnostics = merged
+            if not self.fsdp:  # the Trainer logs the ranks' mean of their shares of the loss: their sum
+                logs = {**logs, "loss": logs["loss"] * ranks}
         if "loss" in logs and self._log_diagnostics.overall.n_rows:
             overall = self._log_diagnostics.overall
             log.info(
