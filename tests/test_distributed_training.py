@@ -61,24 +61,26 @@ def _view(init_dir: Path, n: int, path: Path, seed: int = 0) -> Path:
 
 # 22 rows in minibatches of 8 and micro-batches of 2: the last minibatch has 3 micro-batches, so
 # the second rank runs a stand-in there; grouped minibatches, length sorting, a shared prefix and
-# skipped zero-loss rows are on in the second case
+# skipped zero-loss rows are on in the second case; FSDP2 shards the model in the third
 CASES = {
     "plain": dict(sort_by_length=False, skip_zero_rows=False),
     "grouped-sorted-prefix-skip": dict(group_minibatches=True, sort_by_length=True, share_prefix=4, skip_zero_rows=True),
+    "fsdp": dict(sort_by_length=True, skip_zero_rows=True),
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "fsdp" else c for c in CASES])
 def test_two_processes_train_the_checkpoint_one_process_trains(init_dir, tmp_path, case):
     """One round's checkpoint from 2 ranks equals 1 process's within float tolerance: the same
     rows in the same order per optimizer step, the token counts summed over the ranks, the
-    diagnostics and bookkeeping of the run the same."""
+    diagnostics and bookkeeping of the run the same (FSDP2 on gloo too)."""
     view = _view(init_dir, 22, tmp_path / "view.parquet")
     config = TrainConfig(
         report_to="none", temperature=T, minibatch_size=8, micro_batch_size=2, epochs=2, lr=1e-3, loss=LossConfig(kind="ppo"), **CASES[case],
     )
     one = train_in_subprocess(view, "shared", init_dir, tmp_path / "one", config, round_=0)
-    two = train_in_subprocess(view, "shared", init_dir, tmp_path / "two", config, round_=0, processes=2)
+    fsdp = "full_shard" if case == "fsdp" else "off"
+    two = train_in_subprocess(view, "shared", init_dir, tmp_path / "two", config, round_=0, processes=2, fsdp=fsdp)
     assert one.n_rows == two.n_rows == 22
     assert one.steps == two.steps == 6
     assert (two.completion_tokens, two.rows_skipped, two.min_row_visits, two.max_row_visits) == (

@@ -286,15 +286,15 @@ class MaxitTrainer(Trainer):
 
     def _record(self, inputs, batch, out, zero_rows: bool) -> None:
         """The bookkeeping of one trained micro-batch (`inputs`, of which `batch` was forwarded)."""
-        if not zero_rows:
+        if not zero_rows:  # (a row forwarded only so that FSDP's collectives run counts as none)
             if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
                 self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
             self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
             self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
+            b = batch["prompt_ids"].shape[0]
+            self.real_positions += int(batch["prompt_mask"].sum().item() + batch["completion_mask"].sum().item())
+            self.padded_positions += b * (batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1])
         self.completion_tokens += int(inputs["completion_mask"].sum().item())
-        b = batch["prompt_ids"].shape[0]
-        self.real_positions += int(batch["prompt_mask"].sum().item() + batch["completion_mask"].sum().item())
-        self.padded_positions += b * (batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1])
         for sid in inputs["step_id"]:
             self.rows_seen[sid] = self.rows_seen.get(sid, 0) + 1
         self.loss_sum += float(out.loss.detach())

@@ -74,22 +74,22 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def all_sum(value: float) -> float:
-    """`value` summed over the ranks (float64, so counts stay exact)."""
+def _reduce(value: float, op) -> float:
     if world()[1] == 1:
         return value
     t = torch.tensor([float(value)], dtype=torch.float64, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=op)
     return float(t.item())
+
+
+def all_sum(value: float) -> float:
+    """`value` summed over the ranks (float64, so counts stay exact)."""
+    return _reduce(value, dist.ReduceOp.SUM)
 
 
 def all_max(value: float) -> float:
     """The largest of `value` over the ranks (the wall time of a run is its slowest rank's)."""
-    if world()[1] == 1:
-        return value
-    t = torch.tensor([float(value)], dtype=torch.float64, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return _reduce(value, dist.ReduceOp.MAX)
 
 
 def gather(obj: Any) -> list[Any]:
