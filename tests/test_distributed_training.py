@@ -69,6 +69,7 @@ CASES = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "fsdp" else c for c in CASES])
 def test_two_processes_train_the_checkpoint_one_process_trains(init_dir, tmp_path, case):
     """One round's checkpoint from 2 ranks equals 1 process's within float tolerance: the same
@@ -118,26 +119,33 @@ sys.addaudithook(_hook)
 '''
 
 
+@pytest.mark.integration
 def test_only_rank_0_writes_the_checkpoint_and_the_result(init_dir, tmp_path):
-    """Every file write, rename and folder of the ranks under the run's folder, recorded by an
-    audit hook in each rank: rank 0 writes the checkpoint and the result, rank 1 nothing there."""
+    """`maxit train --processes 2 --store S --round 0`, every file write, rename and folder under
+    the run's folder recorded per process by an audit hook: rank 0 writes the checkpoint, the
+    launching `maxit` process the registry entry, rank 1 nothing there."""
+    import os
+    import subprocess
+    import sys
+
     view = _view(init_dir, 12, tmp_path / "view.parquet")
     hooks, logs, work = tmp_path / "hooks", tmp_path / "logs", tmp_path / "work"
     for d in (hooks, logs, work):
         d.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
-    import os
-    import sys
-
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hooks), *sys.path]), "WRITES_LOG": str(logs), "WRITES_UNDER": str(work)}
-    config = TrainConfig(report_to="none", temperature=T, minibatch_size=4, micro_batch_size=2, epochs=1, lr=1e-3, loss=LossConfig(kind="ppo"))
-    result = train_in_subprocess(view, "shared", init_dir, work / "ckpt", config, processes=2, env=env)
-    assert result.steps == 3 and (work / "ckpt" / "maxit_checkpoint.json").is_file()
-    assert sorted(p.name for p in logs.iterdir()) == ["rank0.log"]  # rank 1 wrote nothing under work/
-    written = (logs / "rank0.log").read_text(encoding="utf-8")
+    maxit = str(Path(sys.executable).with_name("maxit"))
+    argv = [maxit, "train", "--view", str(view), "--policy", "shared", "--init", str(init_dir), "--out", str(work / "ckpt"), "--epochs", "1"]
+    argv += ["--report-to", "none", "--processes", "2", "--store", str(work / "store"), "--round", "0"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "trained shared: 12 rows, 1 steps" in done.stdout and "registered as round 0 of policy 'shared'" in done.stdout
+    assert sorted(p.name for p in logs.iterdir()) == ["rank0.log", "ranknone.log"]  # rank 1 wrote nothing under work/
+    ranked, launcher = ((logs / f"rank{r}.log").read_text(encoding="utf-8") for r in ("0", "none"))
     # the checkpoint's files (safetensors writes from native code, unseen here) and its rename into place
-    assert "/config.json" in written and "maxit_checkpoint.json" in written and f"os.rename {work / 'ckpt'}" in written
-    assert sorted(p.name for p in work.iterdir()) == ["ckpt"]  # no other folder, no leftover temporary
+    assert "/config.json" in ranked and "maxit_checkpoint.json" in ranked and f"os.rename {work / 'ckpt'}" in ranked
+    assert "/store" not in ranked and "/store" in launcher and "/ckpt/" not in launcher
+    assert sorted(p.name for p in work.iterdir()) == ["ckpt", "store"]  # no other folder, no leftover temporary
 
 
 def test_rank_micro_batches_deal_one_process_micro_batches_in_turn():
@@ -153,13 +161,17 @@ def test_rank_micro_batches_deal_one_process_micro_batches_in_turn():
     assert real == list(range(22))
 
 
-def test_bad_process_counts_are_one_line_errors_naming_the_flag(init_dir, tmp_path):
+def test_bad_process_counts_are_one_line_errors_naming_the_flag():
     with pytest.raises(ConfigError, match=r"^--train-processes must be an integer >= 1, got 0$"):
         train_command("v", "p", "i", "o", "c", "r", processes=0)
     with pytest.raises(ConfigError, match=r"^--fsdp must be one of"):
         train_command("v", "p", "i", "o", "c", "r", processes=2, fsdp="zero3")
     argv = train_command("v", "p", "i", "o", "c", "r", processes=2, port=29999, fsdp="full_shard")
     assert argv[1:4] == ["-m", "torch.distributed.run", "--nnodes"] and "127.0.0.1" in argv and argv[-2:] == ["--fsdp", "full_shard"]
+
+
+@pytest.mark.integration
+def test_a_rank_that_fails_is_named_in_one_line(init_dir, tmp_path):
     view = _view(init_dir, 4, tmp_path / "view.parquet")
     with pytest.raises(MaxitError, match=r"in 2 processes failed: --policy 'nobody': the view .* has no rows of that policy"):
         train_in_subprocess(view, "nobody", init_dir, tmp_path / "o", TrainConfig(report_to="none", temperature=T), processes=2)
