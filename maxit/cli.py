@@ -19,7 +19,6 @@ from maxit.run_commands import (
     small_splits,
 )
 from maxit.stage_commands import (
-    accelerate_argv,
     add_advantages_parser,
     add_model_parser,
     add_sandbox_parser,
@@ -28,7 +27,7 @@ from maxit.stage_commands import (
 )
 from pipeline.errors import MaxitError, RunInterrupted, SchemaError, one_line
 
-__all__ = ["main", "build_parser", "COMMANDS", "settings_of", "small_splits", "accelerate_argv"]
+__all__ = ["main", "build_parser", "COMMANDS", "settings_of", "small_splits"]
 
 COMMANDS = (
     add_advantages_parser,

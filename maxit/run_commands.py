@@ -32,11 +32,6 @@ def check_scale_out(settings, store_dir: str) -> None:
         value = getattr(settings, name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-    if getattr(settings, "train_processes", 1) > 1:
-        raise ConfigError(
-            "--train-processes > 1: a round's trainer under accelerate launch is planned, not built (docs/SCALING.md); "
-            "`maxit train --processes N` launches one policy's training that way"
-        )
     if is_url(str(store_dir)):
         check_store_url(str(store_dir), "--store")  # scheme, package, bucket, reachable: nothing written
         if str(store_dir).startswith("memory://") and getattr(settings, "shards", 1) > 1:

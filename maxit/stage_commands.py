@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,6 @@ __all__ = [
     "add_train_parser",
     "add_model_parser",
     "add_sandbox_parser",
-    "accelerate_argv",
     "FSDP_STRATEGIES",
 ]
 
@@ -63,8 +61,16 @@ def add_train_parser(sub) -> None:
     p.add_argument("--report-to", default="tensorboard")
     p.add_argument("--store", default=None, help="register the checkpoint in this store's policy registry (with --round); on a URL store the checkpoint is uploaded there")
     p.add_argument("--round", type=int, default=None, help="the round the checkpoint is registered as (with --store)")
-    p.add_argument("--processes", type=int, default=1, help="train under `accelerate launch` on this many processes, one per GPU (planned: untested without GPUs)")
-    p.add_argument("--fsdp", choices=("off", *FSDP_STRATEGIES), default="off", help="FSDP sharding under accelerate launch (planned: untested without GPUs)")
+    p.add_argument(
+        "--processes", type=int, default=1,
+        help="train on this many processes (torch.distributed ranks started by torchrun: gloo on a CPU, NCCL and one GPU each on CUDA); "
+        "each trains its share of every minibatch, the update is one process's, rank 0 writes the checkpoint",
+    )
+    p.add_argument(
+        "--fsdp", choices=("off", *FSDP_STRATEGIES), default="off",
+        help="shard the model over the --processes with FSDP2 (fully_shard): full_shard, shard_grad_op (kept gathered until the backward), "
+        "hybrid_shard (shards within a machine); off: every process holds the whole model",
+    )
     p.set_defaults(func=cmd_train)
 
 
@@ -181,53 +187,15 @@ def cmd_view(args) -> int:
 FSDP_STRATEGIES = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "hybrid_shard": "HYBRID_SHARD"}
 
 
-def accelerate_argv(processes: int, fsdp: str, train_args: list[str]) -> list[str]:
-    """The command that runs `maxit train train_args` under `accelerate launch` on `processes`
-    processes (one per GPU), with FSDP sharding `fsdp` ("off": plain data parallel). Planned:
-    built and checked here, not yet run on GPUs (see docs/SCALING.md, Trainer)."""
-    from pipeline.errors import ConfigError
-
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ConfigError(f"--processes must be an integer >= 1, got {processes!r}")
-    if fsdp != "off" and fsdp not in FSDP_STRATEGIES:
-        raise ConfigError(f"--fsdp must be off or one of {sorted(FSDP_STRATEGIES)}, got {fsdp!r}")
-    argv = [str(Path(sys.executable).with_name("accelerate")), "launch", "--num_processes", str(processes)]
-    if fsdp != "off":
-        argv += ["--use_fsdp", "--fsdp_sharding_strategy", FSDP_STRATEGIES[fsdp], "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"]
-    elif processes > 1:
-        argv += ["--multi_gpu"]
-    return argv + ["-m", "maxit.cli", "train", *train_args]
-
-
-def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
-    """`argv` without the given flags and their values (`--flag V` or `--flag=V`)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in flags:
-            skip = True
-            continue
-        if any(a.startswith(f + "=") for f in flags):
-            continue
-        out.append(a)
-    return out
-
-
 def cmd_train(args) -> int:
     from pipeline import store
 
-    if args.processes != 1 or args.fsdp != "off":
-        import os
-
-        train_args = _without(list(args.argv or []), ("--processes", "--fsdp"))
-        argv = accelerate_argv(args.processes, args.fsdp, train_args)
-        print("maxit train: " + " ".join(argv), flush=True)
-        os.execv(argv[0], argv)  # accelerate starts one `maxit train` per process
+    if isinstance(args.processes, bool) or args.processes < 1:
+        raise MaxitError(f"--processes must be an integer >= 1, got {args.processes}")
+    if args.fsdp != "off" and args.processes == 1:
+        raise MaxitError(f"--fsdp {args.fsdp} shards the model over its processes, but --processes is 1: give --processes 2 or more, or leave --fsdp off")
     from pipeline.models.chat import check_model_dir
     from pipeline.config.train import TrainConfig
-    from pipeline.learn.trainer import train_from_files
 
     init = args.init
     if init is not None:
@@ -250,7 +218,7 @@ def cmd_train(args) -> int:
     # the algorithm's and the loss's presets, as maxit run: learning rate, clip, ratio handling, negative-advantage weight
     preset = settings_of(args, ("algorithm", "loss", "lr"))
     config = TrainConfig(lr=preset.learning_rate(), epochs=args.epochs, temperature=temperature, loss=preset.loss_config(), report_to=args.report_to)
-    res = train_from_files(args.view, args.policy, init, args.out, config, round_=args.round, temperature_from_view=args.temperature is None)
+    res = _train(args, init, config)
     print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     if args.store is not None:
         from pipeline.store.registry import PolicyRegistry
@@ -258,6 +226,25 @@ def cmd_train(args) -> int:
         rec = PolicyRegistry(args.store).register(args.round, res.policy_id, res.checkpoint, parent=init, data_hash=res.data_hash)
         print(f"registered as round {rec.round} of policy {rec.policy_id!r} in {args.store}")
     return 0
+
+
+def _train(args, init, config):
+    """`maxit train`'s run: in this process, or (`--processes` > 1) in a process group of its own
+    whose rank 0 writes the checkpoint; this process registers it."""
+    from pipeline.learn.trainer import train_from_files, train_in_subprocess
+
+    if args.processes == 1:
+        return train_from_files(args.view, args.policy, init, args.out, config, round_=args.round, temperature_from_view=args.temperature is None)
+    if args.temperature is None:  # the view's sampling temperature, as `train_from_files` takes it
+        import dataclasses
+
+        import pyarrow.parquet as pq
+
+        from pipeline.learn.trainer import view_temperature
+
+        sampled = view_temperature(pq.read_table(args.view))
+        config = config if sampled is None else dataclasses.replace(config, temperature=sampled)
+    return train_in_subprocess(args.view, args.policy, init, args.out, config, round_=args.round, processes=args.processes, fsdp=args.fsdp)
 
 
 def cmd_model(args) -> int:

@@ -104,7 +104,7 @@ def test_maxit_run_shards_run_in_two_processes_at_once(tmp_path, default_model_d
     [
         (["--shards", "0"], "--shards must be an integer >= 1, got 0"),
         (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be an integer >= 1"),
-        (["--train-processes", "2"], "--train-processes > 1"),
+        (["--train-processes", "0"], "--train-processes must be an integer >= 1, got 0"),
         (["--store", "nosuchfs://bucket/run"], "--store nosuchfs://bucket/run: unknown filesystem scheme 'nosuchfs'"),
         (["--store", "memory://run", "--shards", "2"], "--store memory://run: the memory filesystem is one process's"),
     ],
@@ -132,18 +132,3 @@ def test_parallel_sizes_reach_the_engine_config():
     close_engines()
 
 
-def test_trainer_under_accelerate_launch_argv(tmp_path, monkeypatch):
-    from maxit import cli
-
-    argv = cli.accelerate_argv(2, "full_shard", ["--view", "v.parquet", "--policy", "shared", "--out", "o"])
-    assert argv[1:4] == ["launch", "--num_processes", "2"]
-    assert argv[argv.index("--fsdp_sharding_strategy") + 1] == "FULL_SHARD" and "--use_fsdp" in argv
-    assert argv[-8:] == ["-m", "maxit.cli", "train", "--view", "v.parquet", "--policy", "shared", "--out", "o"][-8:]
-    assert "--multi_gpu" in cli.accelerate_argv(4, "off", [])
-    # `maxit train --processes 2 --fsdp full_shard` re-executes itself under accelerate launch without those flags
-    seen = {}
-    monkeypatch.setattr("os.execv", lambda path, args: seen.setdefault("argv", args))
-    cli.main(["train", "--view", "v.parquet", "--policy", "shared", "--out", str(tmp_path / "o"), "--processes", "2", "--fsdp=full_shard"])
-    assert seen["argv"][:4] == argv[:4] and seen["argv"][-9:] == ["-m", "maxit.cli", "train", "--view", "v.parquet", "--policy", "shared", "--out", str(tmp_path / "o")]
-    with pytest.raises(Exception, match="--processes must be an integer >= 1"):
-        cli.accelerate_argv(0, "off", [])

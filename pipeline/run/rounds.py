@@ -311,14 +311,20 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
     """Train each policy on its rows; checkpoints go to `<store>/checkpoints/round=<r>/<policy>`
     (atomically) and into the registry; their importance-ratio diagnostics to the round's
     `ratio_diagnostics` table. The process's engines are closed first (`EnginePool.release`),
-    except LoRA-serving engines on a GPU."""
+    except LoRA-serving engines on a GPU. With `ScaleConfig.train_processes` > 1 each policy
+    trains in a process group of its own (torchrun, `train_in_subprocess`; FSDP2 with
+    `ScaleConfig.fsdp`): this process waits for it, then registers what its rank 0 wrote."""
+    import tempfile
 
-    def compute():
+    def compute(tmp: Path):
         # torch and the transformers Trainer take seconds to import: only this stage needs them
+        import pyarrow.parquet as pq
         import torch
 
-        from pipeline.learn.trainer import train_policy
+        from pipeline.learn.trainer import train_in_subprocess, train_policy
+        from pipeline.learn.views import to_arrow
 
+        scale, view_file = ctx.config.scale, tmp / "training_view.parquet"
         parents = ctx.start_checkpoints(round_)
         # Engines that the new checkpoints would rebuild anyway (full weights: the default swap
         # builds a new engine) are closed first, so training does not hold a live engine's memory
@@ -328,14 +334,24 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
         released = ctx.engines.release(keep_lora=torch.cuda.is_available())
         if released:
             log.info("closed the engines of %s before training", released)
+        if scale.train_processes > 1:  # the ranks read the view from a file
+            pq.write_table(to_arrow(view), view_file)
         results = {}
         for pid, parent in parents.items():
-            res = train_policy(view, pid, parent, checkpoint_dir(ctx.store, round_, pid), ctx.config.train.for_round(round_), round_=round_)
+            out = checkpoint_dir(ctx.store, round_, pid)
+            train = ctx.config.train.for_round(round_)  # the round's learning rate (--lr-round-decay)
+            if scale.train_processes == 1:
+                res = train_policy(view, pid, parent, out, train, round_=round_)
+            else:
+                res = train_in_subprocess(
+                    view_file, pid, parent, out, train, round_=round_, processes=scale.train_processes, fsdp=scale.fsdp,
+                )
             ctx.registry.register(round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash, metrics=registry_metrics(res))
             results[pid] = res
         return ratio_diagnostics_table(results, round_), results
 
-    _diagnostics, results = _stage(ctx, round_, "policy", compute, "ratio_diagnostics")
+    with tempfile.TemporaryDirectory(prefix="maxit-policy-") as tmp:
+        _diagnostics, results = _stage(ctx, round_, "policy", lambda: compute(Path(tmp)), "ratio_diagnostics")
     return results
 
 

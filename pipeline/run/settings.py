@@ -284,10 +284,12 @@ class Settings:
     tensor_parallel_size: int = _s(_default(ScaleConfig, "tensor_parallel_size"), "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out")
     data_parallel_size: int = _s(_default(ScaleConfig, "data_parallel_size"), "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out")
     train_processes: int = _s(
-        _default(ScaleConfig, "train_processes"), "trainer processes under `accelerate launch` (1: in-process; more: planned, `maxit train --processes N` only)", group="scale-out"
+        _default(ScaleConfig, "train_processes"), "processes that train each policy (1: in the step's own process; more: a torch.distributed process group started by torchrun, "
+        "gloo on a CPU, NCCL with one GPU per process on CUDA; the update equals one process's, rank 0 writes the checkpoint)", group="scale-out"
     )
     fsdp: str = _s(
-        _default(ScaleConfig, "fsdp"), "FSDP sharding of the trainer under accelerate launch (planned: untested without GPUs)", group="scale-out", choices=_choices(ScaleConfig, "fsdp")
+        _default(ScaleConfig, "fsdp"), "FSDP2 (fully_shard) sharding of each policy's model over its --train-processes: full_shard, shard_grad_op (parameters stay "
+        "gathered between forward and backward), hybrid_shard (shards within a machine, replicas across machines); off: each process holds the whole model", group="scale-out", choices=_choices(ScaleConfig, "fsdp")
     )
 
     # --- evaluation -------------------------------------------------------------------------

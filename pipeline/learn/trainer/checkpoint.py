@@ -107,15 +107,18 @@ def load_optimizer_state(path: Path) -> Mapping[str, Any]:
         raise DataError(f"{path}: not a readable optimizer state ({type(e).__name__}: {e})") from None
 
 
-def save_checkpoint(directory: Path, model, tokenizer, meta: CheckpointMeta, *, lora_base: Path | None = None) -> None:
+def save_checkpoint(
+    directory: Path, model, tokenizer, meta: CheckpointMeta, *, lora_base: Path | None = None, state_dict: Mapping[str, Any] | None = None
+) -> None:
     """Write `model`, `tokenizer` and `meta` (as `CHECKPOINT_META`) into `directory`, and remove
     its `logs` folder when no logger wrote there. With `lora_base`, `model` is a peft model and
     only its adapter is written (a LoRA checkpoint: a few MB, no copy of the base), with
-    `lora_base` as its base model folder."""
+    `lora_base` as its base model folder. `state_dict`: the weights to write instead of the
+    model's own (those of a model sharded over ranks, gathered: `full_state_dict`)."""
     if lora_base is not None:
         for config in model.peft_config.values():
             config.base_model_name_or_path = str(Path(lora_base).resolve())
-    model.save_pretrained(directory)
+    model.save_pretrained(directory, state_dict=state_dict)
     tokenizer.save_pretrained(directory)
     with contextlib.suppress(OSError):
         (directory / "logs").rmdir()  # only when empty

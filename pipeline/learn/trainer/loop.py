@@ -31,6 +31,7 @@ from pipeline.errors import ConfigError
 from pipeline.learn.loss import LossBatch, LossDiagnostics, aggregation_count, compute_loss
 from pipeline.learn.trainer.forward import _precision, completion_logps
 from pipeline.learn.trainer.memory import _autocast_dtype, train_dtype
+from pipeline.learn.trainer.ranks import EpochLoader, RankMicroBatches, StandInRows, all_max, all_sum, gather, rank_accumulation, sum_gradients, world
 from pipeline.learn.trainer.rows import _table_lengths, _table_trainable, collate, select_rows, trainable_rows
 from pipeline.learn.trainer.samplers import GroupShuffleSampler, MinibatchSortedSampler, prefix_groups, prompt_groups, row_sort_keys
 from pipeline.learn.views import to_dataset
@@ -124,9 +125,13 @@ class MaxitTrainer(Trainer):
         share_prefix: int = 0,
         optimizer_state: tuple[Mapping[str, Any], str] | None = None,
         groups: Sequence[Any] | None = None,
+        minibatch_size: int | None = None,
+        fsdp: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.minibatch_size = minibatch_size or self.args.train_batch_size * self.args.gradient_accumulation_steps
+        self.fsdp = fsdp
         self.optimizer_state = optimizer_state
         self.groups = groups
         self.share_prefix = share_prefix
@@ -151,13 +156,17 @@ class MaxitTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None):
         sampler = super()._get_train_sampler(train_dataset)
-        if type(sampler) is not RandomSampler or self.args.world_size > 1:
+        if type(sampler) is not RandomSampler:
             return sampler
-        minibatch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        return self._row_order(sampler, self.args.train_batch_size * self.args.gradient_accumulation_steps, seedable=False)
+
+    def _row_order(self, sampler: RandomSampler, minibatch: int, *, seedable: bool):
+        """The order one process trains the rows in, for minibatches of `minibatch` rows; the
+        Trainer's shuffle `sampler` as accelerate reseeds it (`seedable`: here already)."""
         if self.groups is not None:
             grouped = GroupShuffleSampler(self.groups, self.args.data_seed if self.args.data_seed is not None else self.args.seed)
             return grouped if self.sort_keys is None else MinibatchSortedSampler(grouped, self.sort_keys, minibatch)
-        if self.sort_keys is None:
+        if self.sort_keys is None and not seedable:
             return sampler
         if self.args.accelerator_config.use_seedable_sampler:
             # the shuffle accelerate would have put in its place (`prepare_data_loader`), so the
@@ -168,7 +177,32 @@ class MaxitTrainer(Trainer):
                 data_source=sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples,
                 generator=sampler.generator, data_seed=self.args.data_seed,
             )
-        return MinibatchSortedSampler(sampler, self.sort_keys, minibatch)
+        return sampler if self.sort_keys is None else MinibatchSortedSampler(sampler, self.sort_keys, minibatch)
+
+    def get_train_dataloader(self):
+        """One process: the Trainer's. Several (`ranks`): this rank's share of the micro-batches one
+        process would run (`RankMicroBatches`), stand-ins where a minibatch has none left for it."""
+        rank, ranks = world()
+        if ranks == 1:
+            return super().get_train_dataloader()
+        order = self._row_order(RandomSampler(self.train_dataset), self.minibatch_size, seedable=True)
+        batches = RankMicroBatches(order, len(self.train_dataset), self.minibatch_size, self.args.per_device_train_batch_size, rank, ranks)
+        collate_rows = self.data_collator
+
+        def collate_fn(rows):
+            return {**collate_rows(rows), "stand_in": all(r.get("stand_in", False) for r in rows)}
+
+        return EpochLoader(StandInRows(self.train_dataset), batch_sampler=batches, collate_fn=collate_fn, num_workers=0)
+
+    def _sync_replicated_trainable_parameters(self, model) -> None:
+        """Nothing: with several ranks `training_step` sums the gradients itself (FSDP: its
+        reduce-scatter), once per optimizer step."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if world()[1] > 1 and not self.fsdp and self.accelerator.sync_gradients:
+            sum_gradients([p for p in model.parameters() if p.requires_grad])
+        return loss
 
     def create_optimizer(self, model=None):
         """The Trainer's optimizer; with `optimizer_state` (a state dict and the file it came from)
@@ -198,11 +232,12 @@ class MaxitTrainer(Trainer):
         return optimizer
 
     def _get_num_items_in_batch(self, batch_samples, device):
-        return minibatch_count(batch_samples, self.loss_config)
+        # the minibatch's count over every rank's share of it (its stand-ins count nothing)
+        return all_sum(minibatch_count([b for b in batch_samples if not b.get("stand_in", False)], self.loss_config))
 
     def _rows_to_train(self, inputs) -> tuple[Mapping[str, Any], bool]:
         """(the micro-batch to forward, whether it is only a stand-in of rows whose loss is 0);
-        the micro-batch is None when none of its rows needs a forward pass (one process)."""
+        the micro-batch is None when none of its rows needs a forward pass."""
         keep = trainable_rows(inputs["advantages"].tolist(), inputs["sample_weight"].tolist(), inputs["reward"].tolist(), inputs["strategy"], self.loss_config)
         skipped = len(keep) - sum(keep)
         if not skipped:
@@ -211,48 +246,69 @@ class MaxitTrainer(Trainer):
         index = [i for i, k in enumerate(keep) if k]
         if index:
             return select_rows(inputs, index), False
-        if self.args.world_size == 1:
+        if not self.fsdp:
             return None, True  # nothing to forward: `compute_loss` returns a zero that reaches every weight
-        # several processes: the shortest row alone is forwarded (its gradient is exactly 0), so
-        # every process runs the forward and backward passes its gradient sync hooks into
+        # FSDP: every rank runs each forward and backward pass (their all-gathers and reduce-scatters),
+        # so the shortest row alone is forwarded (its gradient is exactly 0)
         lengths = inputs["prompt_mask"].sum(1) + inputs["completion_mask"].sum(1)
         return select_rows(inputs, [int(lengths.argmin())]), True
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         denominator = None if num_items_in_batch is None else float(num_items_in_batch)
-        batch, stand_in = inputs, False
-        if self.skip_zero_rows and model.training:
-            batch, stand_in = self._rows_to_train(inputs)
-        if batch is None:
-            self.micro_batches_skipped += 1
+        inputs = dict(inputs)
+        # a rank's slot with no micro-batch of this minibatch left (`RankMicroBatches`): loss 0
+        stand_in = bool(inputs.pop("stand_in", False))
+        ranks = world()[1]
+        if ranks > 1:  # gradients are summed by `training_step` (FSDP: by its hooks), not by a DDP wrapper
+            model = self.accelerator.unwrap_model(model)
+        batch, zero_rows = inputs, stand_in
+        if self.skip_zero_rows and model.training and not stand_in:
+            batch, zero_rows = self._rows_to_train(inputs)
+        if batch is None or (stand_in and not self.fsdp):
+            if not stand_in:
+                self.micro_batches_skipped += 1
             # no row of this micro-batch can move the weights: a zero with a gradient (of zeros) for
             # every trainable weight, so the optimizer step sees the same gradients as if the rows
             # had been forwarded, without the forward and backward passes through the model
-            zero = sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
-            out = SimpleNamespace(loss=zero)
+            out = SimpleNamespace(loss=sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0)
             batch = select_rows(inputs, [])
         else:
             out = batch_loss(
                 model, batch, self.loss_config, self.temperature, self.ref_model, denominator=denominator,
                 max_logit_elements=self.max_logit_elements, autocast_dtype=self.autocast_dtype, share_prefix=self.share_prefix,
             )
-        if model.training:
-            if not stand_in:
-                if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
-                    self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
-                self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
-                self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
-            self.completion_tokens += int(inputs["completion_mask"].sum().item())
+        if model.training and not stand_in:
+            self._record(inputs, batch, out, zero_rows)
+        loss = out.loss * 0.0 if stand_in else out.loss
+        if self.fsdp:  # FSDP's reduce-scatter averages the ranks' gradients; each rank's loss is its share of the sum
+            loss = loss * ranks
+        return (loss, None) if return_outputs else loss
+
+    def _record(self, inputs, batch, out, zero_rows: bool) -> None:
+        """The bookkeeping of one trained micro-batch (`inputs`, of which `batch` was forwarded)."""
+        if not zero_rows:  # (a row forwarded only so that FSDP's collectives run counts as none)
+            if self.state.global_step == 0:  # before any update: the ratios as sampled vs trained
+                self.first_step_diagnostics = self.first_step_diagnostics.merge(out.diagnostics)
+            self.run_diagnostics = self.run_diagnostics.merge(out.diagnostics)
+            self._log_diagnostics = self._log_diagnostics.merge(out.diagnostics)
             b = batch["prompt_ids"].shape[0]
             self.real_positions += int(batch["prompt_mask"].sum().item() + batch["completion_mask"].sum().item())
             self.padded_positions += b * (batch["prompt_ids"].shape[1] + batch["completion_ids"].shape[1])
-            for sid in inputs["step_id"]:
-                self.rows_seen[sid] = self.rows_seen.get(sid, 0) + 1
-            self.loss_sum += float(out.loss.detach())
-            self.loss_count += 1
-        return (out.loss, None) if return_outputs else out.loss
+        self.completion_tokens += int(inputs["completion_mask"].sum().item())
+        for sid in inputs["step_id"]:
+            self.rows_seen[sid] = self.rows_seen.get(sid, 0) + 1
+        self.loss_sum += float(out.loss.detach())
+        self.loss_count += 1
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        ranks = world()[1]
+        if "loss" in logs and ranks > 1:  # every rank logs at the same steps: what all of them saw
+            merged = LossDiagnostics()
+            for diagnostics in gather(self._log_diagnostics):
+                merged = merged.merge(diagnostics)
+            self._log_diagnostics = merged
+            if not self.fsdp:  # the Trainer logs the ranks' mean of their shares of the loss: their sum
+                logs = {**logs, "loss": logs["loss"] * ranks}
         if "loss" in logs and self._log_diagnostics.overall.n_rows:
             overall = self._log_diagnostics.overall
             log.info(
@@ -268,11 +324,12 @@ class MaxitTrainer(Trainer):
 def training_arguments(config: TrainConfig, output_dir: str | Path, *, use_cuda: bool) -> TrainingArguments:
     """The `transformers.TrainingArguments` of a run under `config`, logging to `output_dir`:
     no intermediate checkpoints, no stdout progress; accelerate's bf16 on a CUDA GPU when the run
-    trains in bf16 (`train_dtype`; on a CPU the trainer's own autocast does it, `MaxitTrainer`)."""
+    trains in bf16 (`train_dtype`; on a CPU the trainer's own autocast does it, `MaxitTrainer`).
+    On several ranks each accumulates its share of a minibatch's micro-batches (`rank_accumulation`)."""
     return TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=config.micro_batch_size,
-        gradient_accumulation_steps=config.grad_accum_steps,
+        gradient_accumulation_steps=rank_accumulation(config.grad_accum_steps, world()[1]),
         num_train_epochs=config.epochs,
         learning_rate=config.lr,
         weight_decay=config.weight_decay,
@@ -354,6 +411,8 @@ def run_trainer(
     optimizer_state: tuple[Mapping[str, Any], str] | None = None,
     keep_optimizer_state: bool = False,
     group_minibatches: bool = False,
+    minibatch_size: int | None = None,
+    fsdp: bool = False,
 ) -> TrainerRun:
     """Train `model` on the rows of `table` with a `MaxitTrainer` under `args`, the loss of
     `loss_config` at `temperature` (and `ref_model` for its KL term); `callbacks` are
@@ -361,7 +420,9 @@ def run_trainer(
     `dtype` "bfloat16": forward passes under bf16 autocast; `skip_zero_rows`, `sort_by_length`,
     `share_prefix`: see `TrainConfig`; `optimizer_state`: (state dict, its file) the optimizer
     starts from; `keep_optimizer_state`: return the optimizer's final state dict;
-    `group_minibatches`: see `TrainConfig`."""
+    `group_minibatches`: see `TrainConfig`; `minibatch_size`: rows per optimizer step (None: the
+    micro-batch size x the accumulation steps of `args`, one process's); `fsdp`: `model` is sharded
+    by FSDP2 (`fully_shard`) over the ranks."""
     if ref_model is not None and not args.use_cpu:
         ref_model = ref_model.to(args.device)
     sort_keys = _sort_keys(table, loss_config, skip_zero_rows, share_prefix) if sort_by_length else None
@@ -382,6 +443,8 @@ def run_trainer(
         share_prefix=share_prefix,
         optimizer_state=optimizer_state,
         groups=prompt_groups(table) if group_minibatches else None,
+        minibatch_size=minibatch_size,
+        fsdp=fsdp,
     )
     trainer.remove_callback(PrinterCallback)  # metrics go to `report_to` and to logging, not stdout
     # the Trainer runs gc.collect() when it starts; freezing the objects that exist now keeps
@@ -406,21 +469,37 @@ def _sort_keys(table: pa.Table, loss_config: LossConfig, skip_zero_rows: bool, s
 
 
 def _trainer_run(trainer: MaxitTrainer, seconds: float, dtype: str, keep_optimizer_state: bool) -> TrainerRun:
-    """What `trainer` did in its run of `seconds` (`TrainerRun`)."""
+    """What `trainer` did in its run of `seconds` (`TrainerRun`): on several ranks, what all of
+    them did (counts summed, diagnostics merged, the slowest rank's seconds), on every rank."""
     steps = trainer.state.global_step
+    mine = (
+        trainer.loss_sum, trainer.completion_tokens, trainer.rows_seen, trainer.run_diagnostics, trainer.first_step_diagnostics,
+        trainer.rows_skipped, trainer.micro_batches_skipped, trainer.real_positions, trainer.padded_positions,
+    )
+    ranks = gather(mine)
+    loss_sum, tokens, _, diagnostics, first, skipped, micro_skipped, real, padded = ranks[0]
+    rows_seen = dict(ranks[0][2])
+    for r in ranks[1:]:
+        loss_sum, tokens, skipped, micro_skipped, real, padded = (
+            loss_sum + r[0], tokens + r[1], skipped + r[5], micro_skipped + r[6], real + r[7], padded + r[8],
+        )
+        diagnostics, first = diagnostics.merge(r[3]), first.merge(r[4])
+        for sid, n in r[2].items():
+            rows_seen[sid] = rows_seen.get(sid, 0) + n
+    seconds = all_max(seconds)
     return TrainerRun(
         model=trainer.model,
         steps=steps,
         seconds=seconds,
-        mean_loss=trainer.loss_sum / steps if steps else math.nan,
-        completion_tokens=trainer.completion_tokens,
-        tokens_per_second=throughput(trainer.completion_tokens, seconds),
-        rows_seen=trainer.rows_seen,
-        diagnostics=trainer.run_diagnostics,
-        first_step_diagnostics=trainer.first_step_diagnostics,
-        rows_skipped=trainer.rows_skipped,
-        micro_batches_skipped=trainer.micro_batches_skipped,
-        padding_fraction=1.0 - trainer.real_positions / trainer.padded_positions if trainer.padded_positions else 0.0,
+        mean_loss=loss_sum / steps if steps else math.nan,
+        completion_tokens=tokens,
+        tokens_per_second=throughput(tokens, seconds),
+        rows_seen=rows_seen,
+        diagnostics=diagnostics,
+        first_step_diagnostics=first,
+        rows_skipped=skipped,
+        micro_batches_skipped=micro_skipped,
+        padding_fraction=1.0 - real / padded if padded else 0.0,
         dtype=dtype,
         optimizer_state=trainer.optimizer.state_dict() if keep_optimizer_state and trainer.optimizer is not None else None,
     )

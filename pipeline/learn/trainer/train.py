@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -26,6 +27,7 @@ from pipeline.learn.loss import LossDiagnostics
 from pipeline.learn.trainer.checkpoint import OPTIMIZER_STATE, checkpoint_meta, checkpoint_metrics, load_optimizer_state, save_checkpoint
 from pipeline.learn.trainer.forward import _precision, completion_logps
 from pipeline.learn.trainer.loop import TrainerRun, run_trainer, training_arguments
+from pipeline.learn.trainer.ranks import init_ranks, is_main
 from pipeline.learn.trainer.memory import _autocast_dtype, logit_elements, max_train_length, sized_for, train_dtype
 from pipeline.learn.trainer.rows import PolicyRows, _table_trainable, collate, select_policy_rows, view_temperature
 from pipeline.models import adapter_base
@@ -42,6 +44,8 @@ __all__ = [
     "train_result",
     "train_policy",
     "train_from_files",
+    "shard_model",
+    "full_state_dict",
 ]
 
 log = logging.getLogger(__name__)
@@ -97,10 +101,7 @@ class TrainResult:
 def set_threads(n: int | None = None) -> int:
     """Use `n` CPU threads (None = the cores this process may run on) for torch and OpenMP."""
     if n is None:
-        try:
-            n = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - non-Linux
-            n = os.cpu_count() or 1
+        n = _cores()
     os.environ["OMP_NUM_THREADS"] = str(n)
     os.environ["MKL_NUM_THREADS"] = str(n)
     if torch.get_num_threads() != n:
@@ -227,15 +228,22 @@ def train_policy(
     *,
     round_: int | None = None,
     callbacks: Sequence[Any] = (),
+    fsdp: str = "off",
 ) -> TrainResult:
     """Train `policy_id` on its rows of `view` (pyarrow or Polars, `training_view` schema),
     starting from the HF model directory `init_dir`, and write the checkpoint to `out_dir`
     atomically. A policy without rows gets its parent's weights written unchanged (steps=0).
-    `callbacks` are `transformers.TrainerCallback`s added to the run."""
+    `callbacks` are `transformers.TrainerCallback`s added to the run. Run by torchrun on several
+    ranks (`pipeline.learn.trainer.ranks`), each trains its share of every minibatch, the same
+    update as one process's, and rank 0 alone writes; `fsdp` (not "off"): FSDP2 shards the model
+    over the ranks (`shard_model`)."""
     init_dir, out_dir = Path(init_dir), Path(out_dir)
     if init_dir.resolve() == out_dir.resolve():
         raise ValueError(f"out_dir must differ from init_dir ({init_dir}): the parent checkpoint is kept")
-    set_threads(config.num_threads)
+    ranks = init_ranks()
+    if fsdp != "off" and config.optimizer_state == "carry":
+        raise ConfigError(f"--fsdp {fsdp}: --optimizer-state carry is not supported with FSDP (its state is sharded); use --optimizer-state fresh or --fsdp off")
+    set_threads(config.num_threads if config.num_threads or ranks == 1 else max(1, _cores() // ranks))
     tokenizer, model = load_policy_model(init_dir, config.lora)
     rows = select_policy_rows(
         view, policy_id, max_length=max_train_length(config, model.config), temperature=config.temperature, round_=round_
@@ -248,7 +256,9 @@ def train_policy(
         table = with_old_logprobs(model, table, config, pad_id)
     carry = config.optimizer_state == "carry"
     parent_state = init_dir / OPTIMIZER_STATE if carry and (init_dir / OPTIMIZER_STATE).is_file() else None
-    with atomic_dir(out_dir) as tmp:
+    model = shard_model(model, fsdp) if ranks > 1 else model
+    with atomic_dir(out_dir) if is_main() else tempfile.TemporaryDirectory(prefix="maxit-rank-") as tmp:
+        tmp = Path(tmp)
         run = TrainerRun(model=model, dtype=config.dtype)
         if table.num_rows:
             args = training_arguments(config, tmp / "logs", use_cuda=torch.cuda.is_available())
@@ -258,21 +268,63 @@ def train_policy(
                 max_logit_elements=logit_elements(config.logits_chunk_mb), dtype=config.dtype,
                 skip_zero_rows=config.skip_zero_rows, sort_by_length=config.sort_by_length, share_prefix=config.share_prefix,
                 optimizer_state=(load_optimizer_state(parent_state), str(parent_state)) if parent_state else None, keep_optimizer_state=carry,
-                group_minibatches=config.group_minibatches,
+                group_minibatches=config.group_minibatches, minibatch_size=config.minibatch_size, fsdp=fsdp != "off",
             )
             if run.rows_skipped:
                 log.info("policy %s: %d row visits skipped (loss exactly 0); padding %.1f%%", policy_id, run.rows_skipped, 100 * run.padding_fraction)
         visits = visit_range(table.column("step_id").to_pylist(), run.rows_seen)
         if visits[0] != visits[1]:
             log.warning("policy %s: rows were trained on unevenly (%d to %d times)", policy_id, *visits)
-        meta = checkpoint_meta(policy_id, init_dir, rows, config, checkpoint_metrics(run, rows.n_dropped_too_long))
-        lora_base = (adapter_base(init_dir) or init_dir) if config.lora is not None else None
-        save_checkpoint(tmp, run.model, tokenizer, meta, lora_base=lora_base)
-        if run.optimizer_state is not None:
-            torch.save(run.optimizer_state, tmp / OPTIMIZER_STATE)
-        elif parent_state is not None:  # nothing trained: the parent's state goes on unchanged
-            shutil.copyfile(parent_state, tmp / OPTIMIZER_STATE)
+        state = full_state_dict(run.model) if fsdp != "off" and ranks > 1 else None  # every rank takes part
+        if is_main():
+            meta = checkpoint_meta(policy_id, init_dir, rows, config, checkpoint_metrics(run, rows.n_dropped_too_long))
+            lora_base = (adapter_base(init_dir) or init_dir) if config.lora is not None else None
+            save_checkpoint(tmp, run.model, tokenizer, meta, lora_base=lora_base, state_dict=state)
+            if run.optimizer_state is not None:
+                torch.save(run.optimizer_state, tmp / OPTIMIZER_STATE)
+            elif parent_state is not None:  # nothing trained: the parent's state goes on unchanged
+                shutil.copyfile(parent_state, tmp / OPTIMIZER_STATE)
     return train_result(policy_id, init_dir, out_dir, rows, run, visits)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def shard_model(model, fsdp: str):
+    """`model` ready for the ranks' training loop: on a CUDA GPU on this rank's device; with
+    `fsdp` "full_shard" / "shard_grad_op" / "hybrid_shard", FSDP2 (`fully_shard`) on each
+    decoder layer and on the whole (parameters resharded after each forward, or kept gathered until
+    the backward: shard_grad_op; hybrid_shard: shards within a machine, replicas across machines).
+    The Trainer is told not to wrap it in DDP: the ranks sum their gradients themselves."""
+    if torch.cuda.is_available():
+        model = model.to(torch.device("cuda", torch.cuda.current_device()))
+    if fsdp != "off":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        size, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        shape = (size // local, local) if fsdp == "hybrid_shard" else (size,)
+        mesh = init_device_mesh(device, shape)
+        reshard = fsdp != "shard_grad_op"
+        for layer in [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    # the Trainer's switch for "this model reduces its own gradients": no DDP wrapper (peft: its base model)
+    (model.get_base_model() if hasattr(model, "get_base_model") else model)._is_distributed_loading_by_transformers = True
+    return model
+
+
+def full_state_dict(model) -> Mapping[str, Any]:
+    """The whole (unsharded) state dict of an FSDP2 `model`, on CPU; a collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def train_from_files(
@@ -284,6 +336,7 @@ def train_from_files(
     *,
     round_: int | None = None,
     temperature_from_view: bool = False,
+    fsdp: str = "off",
 ) -> TrainResult:
     """`train_policy` on a training view stored as Parquet (what `maxit train --view ... --policy ...`
     calls). With `temperature_from_view`, training runs at the view's sampling temperature (its
@@ -305,4 +358,4 @@ def train_from_files(
         sampled = view_temperature(view)
         if sampled is not None:
             config = replace(config, temperature=sampled)
-    return train_policy(view, policy_id, init_dir, out_dir, config, round_=round_)
+    return train_policy(view, policy_id, init_dir, out_dir, config, round_=round_, fsdp=fsdp)
