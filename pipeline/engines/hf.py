@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from pipeline.models.loading import left_padded
 from pipeline.types import Sample
 
 from .config import EngineConfig, check_generate_args, model_parameters, sample_seeds
@@ -91,12 +92,7 @@ class HFSampler:
 
     def _generate_batch(self, rows: list[list[int]], temperature: float, max_tokens: int) -> list[Sample]:
         torch = self._torch
-        L = max(len(r) for r in rows)
-        ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for j, r in enumerate(rows):
-            ids[j, L - len(r) :] = torch.tensor(r)
-            mask[j, L - len(r) :] = 1
+        ids, mask = left_padded(rows, self.pad_id)
         greedy = temperature == 0
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=float(temperature))
         out = self.model.generate(
@@ -117,7 +113,7 @@ class HFSampler:
             return_dict_in_generate=True,
             **sampling,
         )
-        gen = out.sequences[:, L:]
+        gen = out.sequences[:, ids.shape[1] :]
         steps = out.logits if greedy else out.scores  # greedy: raw logits = the T=1 distribution
         logp = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in steps], dim=1)
         chosen = logp.gather(-1, gen.unsqueeze(-1)).squeeze(-1)

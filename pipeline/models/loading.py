@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.errors import ConfigError
 
-__all__ = ["load_tokenizer", "load_model", "adapter_base", "ADAPTER_CONFIG"]
+__all__ = ["load_tokenizer", "load_model", "adapter_base", "ADAPTER_CONFIG", "left_padded"]
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -73,3 +73,17 @@ def _local_dir(model_dir: str | Path) -> Path:
     if not (p / "config.json").is_file() and not (p / ADAPTER_CONFIG).is_file():
         raise ConfigError(f"model_dir {str(model_dir)!r} is not a local model directory (no config.json)")
     return p
+
+
+def left_padded(rows: list[list[int]], pad_id: int):
+    """(input_ids, attention_mask) of token-id rows padded on the left to the longest, the batch
+    a decoder-only `generate` call takes (its new tokens follow every row's last token)."""
+    import torch
+
+    L = max(len(r) for r in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for j, r in enumerate(rows):
+        ids[j, L - len(r) :] = torch.tensor(r)
+        mask[j, L - len(r) :] = 1
+    return ids, mask

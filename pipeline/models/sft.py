@@ -9,6 +9,7 @@ import contextlib
 from typing import Callable, Iterator, Sequence
 
 from pipeline.errors import ConfigError
+from pipeline.models.loading import left_padded
 from pipeline.types import Message
 
 __all__ = ["FastEncoder", "encode_messages_fast", "batch_tensors", "sft_step", "sft_steps", "seeded_sampling", "generate_texts"]
@@ -143,21 +144,14 @@ def generate_texts(model, tokenizer, prompts: Sequence[list[int]], temperature: 
     """The completion of each prompt (token ids), sampled with transformers at `temperature`
     (top_k=0, top_p=1: the plain temperature distribution; 0 = greedy), `batch_size` prompts per
     `generate` call (left-padded), special tokens dropped."""
-    import torch
-
     texts: list[str] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
-        L = max(len(p) for p in chunk)
-        ids = torch.full((len(chunk), L), tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for j, p in enumerate(chunk):
-            ids[j, L - len(p) :] = torch.tensor(p)
-            mask[j, L - len(p) :] = 1
+        ids, mask = left_padded(chunk, tokenizer.pad_token_id)
         kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id, **kw,
         )
-        texts += tokenizer.batch_decode(out[:, L:], skip_special_tokens=True)
+        texts += tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
     return texts
