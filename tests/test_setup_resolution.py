@@ -43,6 +43,10 @@ def bash(script: str, *args: str, env: dict | None = None, cwd: Path = ROOT) -> 
     return out.stdout
 
 
+SDIST_ONLY = ("pycosat", "cellpylib", "zss")
+"""reasoning-gym's dependencies (the `envs` extra) that PyPI has only as source, which the set-up builds."""
+
+
 def plan(kind: str, python: str) -> tuple[list[str], list[str]]:
     """install_plan's extras and uv arguments for a `kind` machine installing for `python`."""
     env = {"MAXIT_GPU": "1" if kind == "gpu" else "0"}
@@ -56,7 +60,7 @@ def resolve(kind: str, python: str) -> dict[str, str]:
     """{package: version} that setup.sh's plan for `kind` resolves to on Python `python`."""
     extras, args = plan(kind, python)
     cmd = [uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--no-python-downloads",
-           "--only-binary", ":all:", "--python-platform", PLATFORM, "--python-version", python,
+           "--only-binary", ":all:", *(x for p in SDIST_ONLY for x in ("--no-binary", p)), "--python-platform", PLATFORM, "--python-version", python,
            "pyproject.toml", *(x for e in extras for x in ("--extra", e)), *args]
     out = subprocess.run([*cmd, "--offline"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     if out.returncode != 0:  # something is not in uv's cache: ask PyPI
