@@ -208,6 +208,12 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
     t_start = time.perf_counter()
     done: list[int] = []
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
+    if int(getattr(settings, "max_staleness", 0)) > 0:
+        try:
+            return _run_overlapped(n_rounds, tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers)
+        finally:
+            bar.close()
+            close_engines()
     try:
         for r in bar:
             if round_complete(tables, r) and not restart:
@@ -235,19 +241,91 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
     return round_summary(tables.root, [BASE_ROUND, *done], metrics)
 
 
-def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool) -> None:
-    """Run round `r`'s assets and checks from scratch on `instance`: in this process with one
-    shard, one process per step with several. A failed round is a `MaxitError` naming each failed
-    step (`round_failure`)."""
+def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers) -> pl.DataFrame:
+    """`_run_rounds` with rounds that overlap (`assets.overlap`): the first incomplete round and
+    every later one made from scratch, round r's sampling beside round r-1's training."""
+    from assets.overlap import TRAIN_STAGES, prepare_resume, run_overlapped
+
+    first = 0 if restart else next((r for r in range(n_rounds) if not round_complete(tables, r)), n_rounds)
+    done = list(range(first))
+    for r in done:
+        bar.update(1)
+    prepare_resume(tables, range(first, n_rounds), restart)
+    t_start = time.perf_counter()
+    started: dict[int, float] = {}
+
+    def run(r: int, stages: tuple[str, ...]) -> None:
+        started.setdefault(r, time.perf_counter())
+        if stages == TRAIN_STAGES:  # the trainer lane: a process of its own (`assets.lane`)
+            _materialize_in_process_of_its_own(tables, r, settings, engine, stages)
+        else:
+            _materialize_round(instance, tables, r, settings, engine, quiet_dagster, stages=stages)
+        tables.publish(r)
+
+    def finished(r: int) -> None:
+        done.append(r)
+        seconds = time.perf_counter() - started[r]  # from its sampling to its evaluation, overlapping its neighbours
+        bar.update(1)
+        bar.set_postfix_str(f"round {r}: {seconds:.0f}s")
+        summary = round_summary(tables.root, [BASE_ROUND, *done], metrics)
+        line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
+        _print_lines([line, *reward_error_lines(tables.root, r, str(tables.location))], bar, out)
+        if trackers:
+            log_round(tables.root, r, trackers, metrics=metrics)
+
+    if trackers:  # a resumed run logs the rounds a tracker has not seen yet (a no-op for the others)
+        for r in done:
+            log_round(tables.root, r, trackers, metrics=metrics)
+    run_overlapped(first, n_rounds, int(settings.max_staleness), run, finished)
+    return round_summary(tables.root, [BASE_ROUND, *done], metrics)
+
+
+def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine: str, stages: tuple[str, ...]) -> None:
+    """`_materialize_round(..., stages=stages)` run by `python -m assets.lane`, which shares this
+    run's writer lock and dies with it; its failure raised here as the `MaxitError` it reported."""
+    import json
+    import subprocess
+    import tempfile
+    from dataclasses import asdict
+
+    from assets.lane import lane_command
+
+    values = settings.settings() if hasattr(settings, "settings") else settings
+    with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
+        settings_file, result = Path(tmp) / "settings.json", Path(tmp) / "result.json"
+        settings_file.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}), encoding="utf-8")
+        argv = lane_command(str(tables.location), engine, settings_file, r, stages, dagster_home(tables.root), result)
+        done = subprocess.run(argv, cwd=PROJECT_ROOT, preexec_fn=_die_with_parent)
+        reason = json.loads(result.read_text(encoding="utf-8"))["error"] if result.is_file() else f"exit code {done.returncode}"
+    if reason is not None or done.returncode != 0:
+        raise MaxitError(reason or f"round {r}: {' '.join(stages)} stopped with exit code {done.returncode}")
+
+
+def _die_with_parent() -> None:
+    """In a child process: be killed when the run's process dies (Linux), so a lane never writes
+    the store after its run is gone."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool, stages: tuple[str, ...] | None = None) -> None:
+    """Run round `r`'s assets and checks from scratch on `instance`, or only the assets `stages`
+    (with their checks; overlapped rounds): in this process with one shard, one process per step
+    with several. A failed round is a `MaxitError` naming each failed step (`round_failure`)."""
     import dagster as dg
 
     from assets.checks import all_checks
     from assets.definitions import ROUND_ASSETS, make_resources
     from assets.partitions import rounds as rounds_def
 
-    tables.remove_temporary(r)  # left by a run killed mid-write
-    if round_complete(tables, r):  # --restart: the round is incomplete until it finishes again,
-        tables.remove(r, "evaluation")  # so a run stopped mid-way does not leave its new tables beside the old evaluation
+    if stages is None:
+        tables.remove_temporary(r)  # left by a run killed mid-write
+        if round_complete(tables, r):  # --restart: the round is incomplete until it finishes again,
+            tables.remove(r, "evaluation")  # so a run stopped mid-way does not leave its new tables beside the old evaluation
     key = str(r)
     if not instance.has_dynamic_partition(rounds_def.name, key):
         instance.add_dynamic_partitions(rounds_def.name, [key])
@@ -258,11 +336,13 @@ def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, 
         # one process per step (each shard's rollouts with its own engine), up to `shards` at once;
         # on Ray the shards are Ray tasks, handed over by one step of the in-process run below
         job = sharded_round_job(location, engine, settings)
-        result = dg.execute_job(job, instance=instance, run_config=run_config, tags={**tags, "dagster/partition": key}, raise_on_error=False)
+        selection = None if stages is None else [dg.AssetKey(s) for s in stages]
+        result = dg.execute_job(job, instance=instance, run_config=run_config, tags={**tags, "dagster/partition": key}, raise_on_error=False,
+                                asset_selection=selection)
     else:
         result = dg.materialize(
             [*ROUND_ASSETS, *all_checks], partition_key=key, instance=instance, resources=make_resources(location, engine, settings),
-            run_config=run_config, raise_on_error=False, tags=tags,
+            run_config=run_config, raise_on_error=False, tags=tags, selection=None if stages is None else list(stages),
         )
     if not result.success:
         failed_checks = [

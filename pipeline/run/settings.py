@@ -110,6 +110,19 @@ class Settings:
         "the checkpoint each round starts from: the last round's, or the best evaluated round's (the mean of the workflow's table metrics; "
         "selecting on the held-out split makes its later figures optimistic)", group="sampling", choices=_choices(RunConfig, "start_from"),
     )
+    max_staleness: int = _s(
+        _default(RunConfig, "max_staleness"),
+        "rounds the rollouts may run ahead of training: round r samples with round r-1-K's checkpoint while round r-1 trains "
+        "(0 = synchronous rounds)", group="sampling",
+    )
+    max_row_staleness: int | None = _s(
+        _default(RunConfig, "max_row_staleness"),
+        "version threshold: trained rows sampled more than this many rounds before the checkpoint they train are weighted by "
+        "--stale-row-weight (replayed rows too); None = no threshold", group="training",
+    )
+    stale_row_weight: float = _s(
+        _default(RunConfig, "stale_row_weight"), "weight factor of the rows over --max-row-staleness (0 = dropped)", group="training",
+    )
     feedback_train_context: str | None = _s(
         None, "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt", group="sampling", choices=_choices(Feedback, "train_context")
     )
