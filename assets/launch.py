@@ -276,8 +276,34 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
     if trackers:  # a resumed run logs the rounds a tracker has not seen yet (a no-op for the others)
         for r in done:
             log_round(tables.root, r, trackers, metrics=metrics)
-    run_overlapped(first, n_rounds, int(settings.max_staleness), run, finished)
+    with pinned_sampler(settings.trainer_cores):
+        run_overlapped(first, n_rounds, int(settings.max_staleness), run, finished)
     return round_summary(tables.root, [BASE_ROUND, *done], metrics)
+
+
+@contextlib.contextmanager
+def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
+    """With `trainer_cores` ("1", "2-3"): this thread (the sampler lane, and the engines it starts,
+    whose threads bind to the cores they may use) pinned to the other cores meanwhile; the trainer
+    lane's process pins itself to `trainer_cores` (`_lane_preexec`)."""
+    if trainer_cores is None:
+        yield
+        return
+    from pipeline.config.scale import parse_cores
+
+    before = os.sched_getaffinity(0)
+    mine = set(parse_cores(trainer_cores, "--trainer-cores"))
+    if not mine <= before or not before - mine:
+        raise MaxitError(f"--trainer-cores {trainer_cores}: this process may use cores {sorted(before)}; the trainer's must be among them "
+                         "and leave the sampler at least one")
+    os.sched_setaffinity(0, before - mine)
+    try:
+        import torch
+
+        torch.set_num_threads(len(before - mine))
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine: str, stages: tuple[str, ...]) -> None:
@@ -289,23 +315,30 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
     from dataclasses import asdict
 
     from assets.lane import lane_command
+    from pipeline.config.scale import parse_cores
 
     values = settings.settings() if hasattr(settings, "settings") else settings
     with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
         settings_file, result = Path(tmp) / "settings.json", Path(tmp) / "result.json"
         settings_file.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}), encoding="utf-8")
         argv = lane_command(str(tables.location), engine, settings_file, r, stages, dagster_home(tables.root), result)
-        done = subprocess.run(argv, cwd=PROJECT_ROOT, preexec_fn=_die_with_parent)
+        cores = getattr(values, "trainer_cores", None)
+        env = None if cores is None else {**os.environ, "OMP_NUM_THREADS": str(len(parse_cores(cores, "--trainer-cores")))}
+        done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=lambda: _lane_preexec(cores))
         reason = json.loads(result.read_text(encoding="utf-8"))["error"] if result.is_file() else f"exit code {done.returncode}"
     if reason is not None or done.returncode != 0:
         raise MaxitError(reason or f"round {r}: {' '.join(stages)} stopped with exit code {done.returncode}")
 
 
-def _die_with_parent() -> None:
-    """In a child process: be killed when the run's process dies (Linux), so a lane never writes
-    the store after its run is gone."""
+def _lane_preexec(cores: str | None) -> None:
+    """In the lane's process before it starts: be killed when the run's process dies (Linux), so a
+    lane never writes the store after its run is gone; pinned to `cores` when given."""
     import ctypes
 
+    if cores is not None:
+        from pipeline.config.scale import parse_cores
+
+        os.sched_setaffinity(0, parse_cores(cores, "--trainer-cores"))
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:

@@ -113,3 +113,67 @@ def test_the_version_threshold_drops_or_down_weights_stale_rows():
     weighted = apply_version_threshold(rows, 3, 1, 0.25)
     assert weighted["sample_weight"].to_list() == [1.0, 0.5, 0.5, 0.25]
     assert apply_version_threshold(rows, 3, 3, 0.0).height == 4
+
+
+def _run_cmd(store, model_dir, rounds: int) -> list[str]:
+    import sys
+    from pathlib import Path
+
+    maxit = Path(sys.executable).with_name("maxit")
+    return [
+        str(maxit), "run", "--rounds", str(rounds), "--store", str(store), "--engine", "hf", "--model-dir", str(model_dir),
+        "--problems", "4", "--samples", "2", "--eval-problems", "4", "--eval-samples", "1", "--epochs", "1", "--max-staleness", "1",
+    ]
+
+
+def _kill_when(cmd, env, cwd, ready, what: str) -> None:
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    try:
+        while not ready():
+            assert proc.poll() is None, f"maxit run ended before {what}"
+            assert time.time() < deadline, f"{what} did not happen within 10 minutes"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1800)  # three runs of two rounds, two of them cut short
+def test_kill_9_twice_in_overlapped_rounds_then_resume(tmp_path, default_model_dir):
+    import os
+    import subprocess
+
+    from pipeline.store import table_path
+
+    store = tmp_path / "store"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    cmd = _run_cmd(store, default_model_dir, 2)
+    # 1. round 1 has sampled (ahead, with the starting model) before round 0 is evaluated
+    _kill_when(cmd, env, tmp_path, lambda: table_path(store, 1, "steps").exists(), "round 1's rollouts")
+    assert not table_path(store, 0, "evaluation").exists() or not table_path(store, 1, "evaluation").exists()
+    # 2. the rerun, killed once round 1's policy is trained
+    _kill_when(cmd, env, tmp_path, lambda: table_path(store, 1, "ratio_diagnostics").exists(), "round 1's training")
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in range(2):  # every round complete, each table written once: no duplicated rows
+        assert table_path(store, r, "evaluation").exists()
+        for table in ("problems", "steps", "advantages", "training_view"):
+            df = pl.read_parquet(table_path(store, r, table))
+            key = "uid" if table == "problems" else "step_id"
+            assert df[key].n_unique() == df.height, (r, table)
+            assert set(df["round"].unique().to_list()) == {r}
+    steps = pl.read_parquet(str(store / "round=*" / "steps.parquet"), hive_partitioning=True)
+    plan = steps.group_by("round").agg(pl.col("policy_round").unique(), pl.col("staleness").unique()).sort("round")
+    assert plan.rows() == [(0, [-1], [0]), (1, [-1], [1])]
+    ev = pl.read_parquet(str(store / "round=*" / "evaluation.parquet"), hive_partitioning=True)
+    assert sorted(ev["round"].unique().to_list()) == [-1, 0, 1]
+    assert ev.group_by("round", "agent_id", "metric").len()["len"].max() == 1
+    assert not list(store.glob("round=*/.*.tmp-*"))
+    registered = sorted(p.parent.name for p in (store / "checkpoints" / "registry").glob("round=*/*.json"))
+    assert registered == ["round=-1", "round=0", "round=1"]

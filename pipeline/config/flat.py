@@ -56,6 +56,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     # scale-out
     "shards": ("scale.shards",), "tensor_parallel_size": ("scale.tensor_parallel_size",), "data_parallel_size": ("scale.data_parallel_size",),
     "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",), "executor": ("scale.executor",), "ray_address": ("scale.ray_address",),
+    "trainer_cores": ("scale.trainer_cores",),
     # evaluation and tracking
     "eval_problems": ("evaluation.problems",), "eval_samples": ("evaluation.samples",), "eval_max_tokens": ("evaluation.max_tokens",),
     "base_eval_cache": ("evaluation.reuse_base",), "report_to": ("tracking.report_to",),

@@ -214,6 +214,11 @@ class RunConfig:
             raise ConfigError(f"RunConfig.max_row_staleness must be an integer >= 0 or None, got {rows!r}")
         if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
             raise ConfigError(f"RunConfig.stale_row_weight must be a number in [0, 1], got {weight!r}")
+        if self.scale.trainer_cores is not None and not k:
+            raise ConfigError(
+                f"RunConfig.scale.trainer_cores {self.scale.trainer_cores!r} pins the trainer of overlapped rounds: it needs "
+                "RunConfig.max_staleness > 0"
+            )
         if k and self.start_from == "best":
             raise ConfigError(
                 f"RunConfig.start_from 'best' picks the checkpoint by the previous round's evaluation, which an overlapped "

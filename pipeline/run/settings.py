@@ -294,6 +294,11 @@ class Settings:
     ray_address: str | None = _s(
         _default(ScaleConfig, "ray_address"), "the Ray cluster of --executor ray (HOST:PORT or auto); None = a local Ray instance on 127.0.0.1", group="scale-out"
     )
+    trainer_cores: str | None = _s(
+        _default(ScaleConfig, "trainer_cores"),
+        "with --max-staleness: the CPU cores the trainer's process is pinned to (e.g. 1, or 2-3); the sampler keeps the others. "
+        "None = both share every core", group="scale-out",
+    )
     tensor_parallel_size: int = _s(_default(ScaleConfig, "tensor_parallel_size"), "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out")
     data_parallel_size: int = _s(_default(ScaleConfig, "data_parallel_size"), "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out")
     train_processes: int = _s(
