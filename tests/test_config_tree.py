@@ -171,6 +171,7 @@ RUN_FLAGS = {
     ("--tensor-parallel-size",): None, ("--data-parallel-size",): None, ("--train-processes",): None,
     ("--fsdp",): ("off", "full_shard", "shard_grad_op", "hybrid_shard"), ("--eval-problems",): None, ("--eval-samples",): None,
     ("--eval-max-tokens",): None, ("--no-base-eval-cache",): None, ("--report-to",): None,
+    ("--off-policy-correction",): ("none", "tis", "token-tis", "seq-mask", "geo-mask"), ("--correction-cap",): None, ("--correction-low",): None,
 }
 
 LAUNCHPAD_DEFAULTS = {
@@ -187,6 +188,7 @@ LAUNCHPAD_DEFAULTS = {
     "strategy_weights": None, "task": "arithmetic", "task_file": None, "temperature": 1.0, "tensor_parallel_size": 1, "train_on": "rollouts",
     "train_processes": 1, "trainer_cores": None, "trajectory_mean": None, "trajectory_score": None, "verifier_replay": 0, "workflow": "math", "workflow_options": [],
     "zero_advantage_rows": None,
+    "off_policy_correction": "none", "correction_cap": 2.0, "correction_low": None,
 }
 
 

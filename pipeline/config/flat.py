@@ -53,6 +53,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     "gradient_checkpointing": ("train.gradient_checkpointing",), "group_minibatches": ("train.group_minibatches",),
     "optimizer_state": ("train.optimizer_state",), "micro_batch_tokens": ("train.micro_batch_tokens",), "train_on": ("train_on",),
     "lr_round_decay": ("train.lr_round_decay",), "kl_beta": ("train.loss.beta",),
+    "off_policy_correction": ("train.loss.correction",), "correction_cap": ("train.loss.correction_cap",), "correction_low": ("train.loss.correction_low",),
     # scale-out
     "shards": ("scale.shards",), "tensor_parallel_size": ("scale.tensor_parallel_size",), "data_parallel_size": ("scale.data_parallel_size",),
     "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",), "executor": ("scale.executor",), "ray_address": ("scale.ray_address",),
@@ -174,6 +175,7 @@ def loss_config(values: Mapping[str, Any]) -> LossConfig:
         eps_low=float(values["clip_low"]),
         eps_high=float(values["clip_high"]),
         **_given(values, anchor="anchor", beta="kl_beta"),
+        **_given(values, correction="off_policy_correction", correction_cap="correction_cap", correction_low="correction_low"),
     )
 
 

@@ -167,6 +167,16 @@ class Settings:
         group="training",
         choices=_choices(LossConfig, "anchor"),
     )
+    off_policy_correction: str = _s(
+        _default(LossConfig, "correction"),
+        "staleness correction from the behaviour weight p_old/q (p_old: the policy at the start of the round's update): the row's "
+        "product truncated at --correction-cap (tis), each token's (token-tis), or rows masked outside [--correction-low, --correction-cap] "
+        "by the product (seq-mask) or its geometric mean (geo-mask); the update ratio becomes p_theta/p_old (docs/ALGORITHMS.md#staleness-corrections)",
+        group="training",
+        choices=_choices(LossConfig, "correction"),
+    )
+    correction_cap: float = _s(_default(LossConfig, "correction_cap"), "C of --off-policy-correction: the truncation point, the masks' upper bound (verl's 2)", group="training")
+    correction_low: float | None = _s(None, "lower bound of the masks of --off-policy-correction (unset: 1/--correction-cap)", group="training")
     sequence_ratio: str | None = _s(
         None,
         "every row's sequence ratio (the geometric mean of its token ratios p_train/q): rows outside [1/3, 3] masked (zeroed, still "
