@@ -22,12 +22,7 @@ from typing import Sequence
 
 from pipeline.errors import MaxitError
 
-__all__ = ["lane_command", "main"]
-
-
-def lane_command(store: str, engine: str, settings_file: Path, round_: int, stages: Sequence[str], home: Path, result: Path) -> list[str]:
-    return [sys.executable, "-m", "assets.lane", "--store", str(store), "--engine", engine, "--settings", str(settings_file),
-            "--round", str(round_), "--stages", *stages, "--home", str(home), "--result", str(result)]
+__all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -314,14 +314,14 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
     import tempfile
     from dataclasses import asdict
 
-    from assets.lane import lane_command
     from pipeline.config.scale import parse_cores
 
     values = settings.settings() if hasattr(settings, "settings") else settings
     with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
         settings_file, result = Path(tmp) / "settings.json", Path(tmp) / "result.json"
         settings_file.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}), encoding="utf-8")
-        argv = lane_command(str(tables.location), engine, settings_file, r, stages, dagster_home(tables.root), result)
+        argv = [sys.executable, "-m", "assets.lane", "--store", str(tables.location), "--engine", engine, "--settings", str(settings_file),
+                "--round", str(r), "--stages", *stages, "--home", str(dagster_home(tables.root)), "--result", str(result)]
         cores = getattr(values, "trainer_cores", None)
         env = None if cores is None else {**os.environ, "OMP_NUM_THREADS": str(len(parse_cores(cores, "--trainer-cores")))}
         done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=lambda: _lane_preexec(cores))

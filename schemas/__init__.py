@@ -184,6 +184,8 @@ RATIO_DIAGNOSTICS = TableSchema(
             _f("clip_fraction", pa.float64()),
             _f("masked_fraction", pa.float64()),
             _f("truncated_fraction", pa.float64()),
+            # tokens whose weight token-level TIS truncated (--off-policy-correction token-tis)
+            _f("truncated_token_fraction", pa.float64(), nullable=True),
             _f("ess_fraction", pa.float64()),
             _f("kl", pa.float64()),
             # rounds between the checkpoint that sampled the round's rows and the one trained (null: unknown)

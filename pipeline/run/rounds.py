@@ -222,7 +222,8 @@ def ratio_diagnostics_table(results: Mapping[str, object], round_: int, stalenes
                     "mean_log_ratio": stats.mean_log_ratio,
                     "first_step_log_ratio": first_stats.mean_log_ratio if first_stats is not None and first_stats.n_tokens else None,
                     "clip_fraction": stats.clip_fraction, "masked_fraction": stats.masked_fraction,
-                    "truncated_fraction": stats.truncated_fraction, "ess_fraction": stats.ess_fraction, "kl": stats.mean_kl,
+                    "truncated_fraction": stats.truncated_fraction, "truncated_token_fraction": stats.truncated_token_fraction,
+                    "ess_fraction": stats.ess_fraction, "kl": stats.mean_kl,
                     "staleness": staleness.get(pid),
                 }
             )
