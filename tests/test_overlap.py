@@ -91,6 +91,14 @@ def test_staleness_settings_are_checked():
             RunConfig(**bad)
     with pytest.raises(ConfigError, match="start_from 'best'"):
         RunConfig(max_staleness=1, start_from="best")
+    from pipeline.config.scale import ScaleConfig, parse_cores
+
+    assert parse_cores("0-2,5", "x") == [0, 1, 2, 5]
+    with pytest.raises(ConfigError, match="trainer_cores"):
+        ScaleConfig(trainer_cores="1-a")
+    with pytest.raises(ConfigError, match="needs RunConfig.max_staleness > 0"):
+        RunConfig(scale=ScaleConfig(trainer_cores="1"))
+    assert RunConfig(max_staleness=1, scale=ScaleConfig(trainer_cores="1")).scale.trainer_cores == "1"
 
 
 def _rows() -> pl.DataFrame:
@@ -143,8 +151,8 @@ def _kill_when(cmd, env, cwd, ready, what: str) -> None:
         proc.wait()
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(1800)  # three runs of two rounds, two of them cut short
+@pytest.mark.slow  # three runs of two rounds, two cut short: minutes on two cores
+@pytest.mark.timeout(1800)
 def test_kill_9_twice_in_overlapped_rounds_then_resume(tmp_path, default_model_dir):
     import os
     import subprocess
