@@ -208,6 +208,12 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
     t_start = time.perf_counter()
     done: list[int] = []
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
+    if int(getattr(settings, "max_staleness", 0)) > 0:
+        try:
+            return _run_overlapped(n_rounds, tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers)
+        finally:
+            bar.close()
+            close_engines()
     try:
         for r in bar:
             if round_complete(tables, r) and not restart:
@@ -235,19 +241,124 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
     return round_summary(tables.root, [BASE_ROUND, *done], metrics)
 
 
-def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool) -> None:
-    """Run round `r`'s assets and checks from scratch on `instance`: in this process with one
-    shard, one process per step with several. A failed round is a `MaxitError` naming each failed
-    step (`round_failure`)."""
+def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers) -> pl.DataFrame:
+    """`_run_rounds` with rounds that overlap (`assets.overlap`): the first incomplete round and
+    every later one made from scratch, round r's sampling beside round r-1's training."""
+    from assets.overlap import TRAIN_STAGES, prepare_resume, run_overlapped
+
+    first = 0 if restart else next((r for r in range(n_rounds) if not round_complete(tables, r)), n_rounds)
+    done = list(range(first))
+    for r in done:
+        bar.update(1)
+    prepare_resume(tables, range(first, n_rounds), restart)
+    t_start = time.perf_counter()
+    started: dict[int, float] = {}
+
+    def run(r: int, stages: tuple[str, ...]) -> None:
+        started.setdefault(r, time.perf_counter())
+        if stages == TRAIN_STAGES:  # the trainer lane: a process of its own (`assets.lane`)
+            _materialize_in_process_of_its_own(tables, r, settings, engine, stages)
+        else:
+            _materialize_round(instance, tables, r, settings, engine, quiet_dagster, stages=stages)
+        tables.publish(r)
+
+    def finished(r: int) -> None:
+        done.append(r)
+        seconds = time.perf_counter() - started[r]  # from its sampling to its evaluation, overlapping its neighbours
+        bar.update(1)
+        bar.set_postfix_str(f"round {r}: {seconds:.0f}s")
+        summary = round_summary(tables.root, [BASE_ROUND, *done], metrics)
+        line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
+        _print_lines([line, *reward_error_lines(tables.root, r, str(tables.location))], bar, out)
+        if trackers:
+            log_round(tables.root, r, trackers, metrics=metrics)
+
+    if trackers:  # a resumed run logs the rounds a tracker has not seen yet (a no-op for the others)
+        for r in done:
+            log_round(tables.root, r, trackers, metrics=metrics)
+    with pinned_sampler(settings.trainer_cores):
+        run_overlapped(first, n_rounds, int(settings.max_staleness), run, finished)
+    return round_summary(tables.root, [BASE_ROUND, *done], metrics)
+
+
+@contextlib.contextmanager
+def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
+    """With `trainer_cores` ("1", "2-3"): this thread (the sampler lane, and the engines it starts,
+    whose threads bind to the cores they may use) pinned to the other cores meanwhile; the trainer
+    lane's process pins itself to `trainer_cores` (`_lane_preexec`)."""
+    if trainer_cores is None:
+        yield
+        return
+    from pipeline.config.scale import parse_cores
+
+    before = os.sched_getaffinity(0)
+    mine = set(parse_cores(trainer_cores, "--trainer-cores"))
+    if not mine <= before or not before - mine:
+        raise MaxitError(f"--trainer-cores {trainer_cores}: this process may use cores {sorted(before)}; the trainer's must be among them "
+                         "and leave the sampler at least one")
+    os.sched_setaffinity(0, before - mine)
+    try:
+        import torch
+
+        torch.set_num_threads(len(before - mine))
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine: str, stages: tuple[str, ...]) -> None:
+    """`_materialize_round(..., stages=stages)` run by `python -m assets.lane`, which shares this
+    run's writer lock and dies with it; its failure raised here as the `MaxitError` it reported."""
+    import json
+    import subprocess
+    import tempfile
+    from dataclasses import asdict
+
+    from pipeline.config.scale import parse_cores
+
+    values = settings.settings() if hasattr(settings, "settings") else settings
+    with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
+        settings_file, result = Path(tmp) / "settings.json", Path(tmp) / "result.json"
+        settings_file.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}), encoding="utf-8")
+        argv = [sys.executable, "-m", "assets.lane", "--store", str(tables.location), "--engine", engine, "--settings", str(settings_file),
+                "--round", str(r), "--stages", *stages, "--home", str(dagster_home(tables.root)), "--result", str(result)]
+        cores = getattr(values, "trainer_cores", None)
+        env = None if cores is None else {**os.environ, "OMP_NUM_THREADS": str(len(parse_cores(cores, "--trainer-cores")))}
+        done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=lambda: _lane_preexec(cores))
+        reason = json.loads(result.read_text(encoding="utf-8"))["error"] if result.is_file() else f"exit code {done.returncode}"
+    if reason is not None or done.returncode != 0:
+        raise MaxitError(reason or f"round {r}: {' '.join(stages)} stopped with exit code {done.returncode}")
+
+
+def _lane_preexec(cores: str | None) -> None:
+    """In the lane's process before it starts: be killed when the run's process dies (Linux), so a
+    lane never writes the store after its run is gone; pinned to `cores` when given."""
+    import ctypes
+
+    if cores is not None:
+        from pipeline.config.scale import parse_cores
+
+        os.sched_setaffinity(0, parse_cores(cores, "--trainer-cores"))
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool, stages: tuple[str, ...] | None = None) -> None:
+    """Run round `r`'s assets and checks from scratch on `instance`, or only the assets `stages`
+    (with their checks; overlapped rounds): in this process with one shard, one process per step
+    with several. A failed round is a `MaxitError` naming each failed step (`round_failure`)."""
     import dagster as dg
 
     from assets.checks import all_checks
     from assets.definitions import ROUND_ASSETS, make_resources
     from assets.partitions import rounds as rounds_def
 
-    tables.remove_temporary(r)  # left by a run killed mid-write
-    if round_complete(tables, r):  # --restart: the round is incomplete until it finishes again,
-        tables.remove(r, "evaluation")  # so a run stopped mid-way does not leave its new tables beside the old evaluation
+    if stages is None:
+        tables.remove_temporary(r)  # left by a run killed mid-write
+        if round_complete(tables, r):  # --restart: the round is incomplete until it finishes again,
+            tables.remove(r, "evaluation")  # so a run stopped mid-way does not leave its new tables beside the old evaluation
     key = str(r)
     if not instance.has_dynamic_partition(rounds_def.name, key):
         instance.add_dynamic_partitions(rounds_def.name, [key])
@@ -258,11 +369,13 @@ def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, 
         # one process per step (each shard's rollouts with its own engine), up to `shards` at once;
         # on Ray the shards are Ray tasks, handed over by one step of the in-process run below
         job = sharded_round_job(location, engine, settings)
-        result = dg.execute_job(job, instance=instance, run_config=run_config, tags={**tags, "dagster/partition": key}, raise_on_error=False)
+        selection = None if stages is None else [dg.AssetKey(s) for s in stages]
+        result = dg.execute_job(job, instance=instance, run_config=run_config, tags={**tags, "dagster/partition": key}, raise_on_error=False,
+                                asset_selection=selection)
     else:
         result = dg.materialize(
             [*ROUND_ASSETS, *all_checks], partition_key=key, instance=instance, resources=make_resources(location, engine, settings),
-            run_config=run_config, raise_on_error=False, tags=tags,
+            run_config=run_config, raise_on_error=False, tags=tags, selection=None if stages is None else list(stages),
         )
     if not result.success:
         failed_checks = [

@@ -58,7 +58,7 @@ def rollout_shards(context: dg.OpExecutionContext, settings: RunSettings, store:
         raise dg.Failure(f"settings.shards must be >= 1, got {shards}")
     ctx = settings.context(store, r, policy_registry=policy_registry)
     ctx.tables.pull()
-    checkpoints = {pid: str(path) for pid, path in ctx.start_checkpoints(r).items()}
+    checkpoints = {pid: str(path) for pid, path in ctx.sample_checkpoints(r).items()}
     ctx.tables.remove_parts(r)  # a crashed attempt's shard files are replaced, never merged
     if settings.executor == "ray":  # one step hands every shard to Ray, which runs them at once
         yield dg.DynamicOutput({"shards": list(range(shards)), "checkpoints": checkpoints}, mapping_key="ray")

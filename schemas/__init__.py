@@ -82,6 +82,11 @@ _STEPS_FIELDS = [
     # Verifier rows: the parsed verdict (True approves); null on Solver rows and when unparsable
     _f("verdict", pa.bool_(), nullable=True),
     _f("model_version", pa.string()),
+    # the round of the checkpoint that sampled the row (-1: the starting model), and how many
+    # rounds older it is than the checkpoint the row's round trains (0 in synchronous rounds;
+    # --max-staleness K: K); null where unknown (rows not sampled by a registered checkpoint)
+    _f("policy_round", pa.int32(), nullable=True),
+    _f("staleness", pa.int32(), nullable=True),
     _f("engine", pa.string()),
     _f("seed", pa.int64()),
     _f("temperature", pa.float64()),
@@ -179,8 +184,12 @@ RATIO_DIAGNOSTICS = TableSchema(
             _f("clip_fraction", pa.float64()),
             _f("masked_fraction", pa.float64()),
             _f("truncated_fraction", pa.float64()),
+            # tokens whose weight token-level TIS truncated (--off-policy-correction token-tis)
+            _f("truncated_token_fraction", pa.float64(), nullable=True),
             _f("ess_fraction", pa.float64()),
             _f("kl", pa.float64()),
+            # rounds between the checkpoint that sampled the round's rows and the one trained (null: unknown)
+            _f("staleness", pa.int32(), nullable=True),
         ]
     ),
 )

@@ -560,6 +560,51 @@ def print_sweep(params: float, hw: Hardware, budget: Budget, shape: Shape, count
               f"{c.bottleneck if math.isfinite(c.total) else 'does not fit: ' + next(s.bound for s in c.stages.values() if math.isinf(s.seconds))}")
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """One round with the sampler and the trainer on devices of their own (`--max-staleness` > 0)."""
+
+    sampler_gpus: int
+    trainer_gpus: int
+    sampler: float
+    """Seconds of rollouts, tables and evaluation on the sampler's devices."""
+    trainer: float
+    """Seconds of training and the weight sync on the trainer's devices."""
+
+    @property
+    def total(self) -> float:
+        """Seconds of a round in steady state: the slower lane's."""
+        return max(self.sampler, self.trainer)
+
+
+def overlapped_round(params: float, gpus: int, hw: Hardware, budget: Budget = Budget(), shape: Shape | None = None) -> Overlap | None:
+    """The best split of `gpus` devices between the sampler and the trainer of overlapped rounds
+    (each lane's stages as `round_cost` prices them on its share), or None on one device: there
+    both lanes would time-share it, and the model, which prices every stage at the device's full
+    use, predicts no gain from that."""
+    best = None
+    for g in range(1, gpus):
+        sampling, training = round_cost(params, g, hw, budget, shape), round_cost(params, gpus - g, hw, budget, shape)
+        lane = Overlap(g, gpus - g, sampling.rollouts.seconds + sampling.tables.seconds + sampling.evaluation.seconds,
+                       training.training.seconds + training.sync.seconds)
+        if best is None or lane.total < best.total:
+            best = lane
+    return best
+
+
+def print_overlap(params: float, hw: Hardware, budget: Budget, shape: Shape, counts: list[int]) -> None:
+    print(f"\noverlapped rounds (--max-staleness 1), the best split of the devices, against synchronous rounds on all of them:")
+    print(f"  {'gpus':>5s} {'sampler':>8s} {'trainer':>8s} {'sampler s':>10s} {'trainer s':>10s} {'round s':>9s} {'sync s':>9s} {'speed-up':>9s}")
+    for g in counts:
+        sync, lanes = round_cost(params, g, hw, budget, shape), overlapped_round(params, g, hw, budget, shape)
+        if lanes is None:
+            print(f"  {g:5d} {'(one device: both lanes share it; no gain predicted)':>58s}")
+            continue
+        gain = f"{sync.total / lanes.total:9.2f}" if math.isfinite(lanes.total) else "  does not fit"
+        print(f"  {g:5d} {lanes.sampler_gpus:8d} {lanes.trainer_gpus:8d} {fmt_s(lanes.sampler):>10s} {fmt_s(lanes.trainer):>10s} "
+              f"{fmt_s(lanes.total):>9s} {fmt_s(sync.total):>9s} {gain}")
+
+
 BUDGET_HELP = {
     "problems": "training problems per round",
     "samples": "samples per problem and strategy",
@@ -589,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sweep", type=int, nargs="*", default=SWEEP, help="device counts of the bottleneck table (none: no table)")
     ap.add_argument("--budget", default="default", help="budget preset the flags below start from: " + ", ".join(BUDGETS))
     ap.add_argument("--calibrate", action="store_true", help="print the CPU predictions against the measured figures and stop")
+    ap.add_argument("--overlap", action="store_true", help="also price overlapped rounds (the sampler and the trainer on devices of their own)")
     for f in ("problems", "samples", "strategies", "agents", "max_loops", "max_tokens", "epochs", "minibatch", "eval_problems", "eval_samples", "policies"):
         ap.add_argument("--" + f.replace("_", "-"), type=int, default=None, help=BUDGET_HELP[f] + f" (default preset: {getattr(d, f)})")
     for f in ("turns", "prompt_tokens", "completion_tokens", "train_fraction", "bytes_per_token"):
@@ -621,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     print_cost(round_cost(params, args.gpus, hw, budget, shape), params, hw, shape, budget)
     if args.sweep:
         print_sweep(params, hw, budget, shape, sorted(set(args.sweep)))
+    if args.overlap:
+        print_overlap(params, hw, budget, shape, sorted(set(args.sweep or [args.gpus])))
     print(f"\nassumed {hw.name}: {hw.note}")
     if hw.name == "cpu":
         print()

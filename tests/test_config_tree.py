@@ -166,10 +166,12 @@ RUN_FLAGS = {
     ("--gradient-checkpointing",): ("auto", "on", "off"), ("--group-minibatches", "--no-group-minibatches"): None,
     ("--optimizer-state",): ("fresh", "carry"), ("--micro-batch-tokens",): None, ("--lr-round-decay",): None, ("--kl-beta",): None,
     ("--train-on",): ("rollouts", "ground_truth"), ("--shards",): None,
+    ("--max-staleness",): None, ("--trainer-cores",): None, ("--max-row-staleness",): None, ("--stale-row-weight",): None,
     ("--executor",): ("dagster", "ray"), ("--ray-address",): None,
     ("--tensor-parallel-size",): None, ("--data-parallel-size",): None, ("--train-processes",): None,
     ("--fsdp",): ("off", "full_shard", "shard_grad_op", "hybrid_shard"), ("--eval-problems",): None, ("--eval-samples",): None,
     ("--eval-max-tokens",): None, ("--no-base-eval-cache",): None, ("--report-to",): None,
+    ("--off-policy-correction",): ("none", "tis", "token-tis", "seq-mask", "geo-mask"), ("--correction-cap",): None, ("--correction-low",): None,
 }
 
 LAUNCHPAD_DEFAULTS = {
@@ -180,12 +182,13 @@ LAUNCHPAD_DEFAULTS = {
     "eval_max_tokens": None, "eval_problems": 200, "eval_samples": 2, "feedback_first_attempt": None, "feedback_rows": None,
     "feedback_train_context": None, "fsdp": "off", "gradient_checkpointing": "auto", "group_by": None, "group_minibatches": False,
     "hinted_rows": None, "kl_beta": 0.0, "local_weight": None, "lora": False, "lora_alpha": 32.0, "lora_rank": 16, "loss": None, "lr": None, "lr_round_decay": 1.0,
-    "max_loop_num": None, "max_tokens": None, "micro_batch_size": 64, "micro_batch_tokens": 8192, "minibatch_size": 256, "model_dir": None,
+    "max_loop_num": None, "max_row_staleness": None, "max_staleness": 0, "max_tokens": None, "micro_batch_size": 64, "micro_batch_tokens": 8192, "minibatch_size": 256, "model_dir": None,
     "negative_weight": None, "normalize": None, "optimizer_state": "fresh", "problem_replay": 0.25, "problems": 128, "prompt_file": None, "ray_address": None, "relabel_verdicts": False,
-    "report_to": [], "samples": 4, "seed": 0, "sequence_ratio": None, "shards": 1, "shared_policy": True, "start_from": "last", "strategies": None,
+    "report_to": [], "samples": 4, "seed": 0, "sequence_ratio": None, "shards": 1, "shared_policy": True, "stale_row_weight": 0.0, "start_from": "last", "strategies": None,
     "strategy_weights": None, "task": "arithmetic", "task_file": None, "temperature": 1.0, "tensor_parallel_size": 1, "train_on": "rollouts",
-    "train_processes": 1, "trajectory_mean": None, "trajectory_score": None, "verifier_replay": 0, "workflow": "math", "workflow_options": [],
+    "train_processes": 1, "trainer_cores": None, "trajectory_mean": None, "trajectory_score": None, "verifier_replay": 0, "workflow": "math", "workflow_options": [],
     "zero_advantage_rows": None,
+    "off_policy_correction": "none", "correction_cap": 2.0, "correction_low": None,
 }
 
 

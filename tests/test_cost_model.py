@@ -159,3 +159,15 @@ def test_command_line_prints_the_round_and_the_sweep():
         assert word in out.stdout
     bad = subprocess.run([sys.executable, str(SCRIPT), "--gpus", "-3"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "--gpus" in bad.stderr
+
+
+def test_overlapped_rounds_take_the_slower_lane_of_the_best_split():
+    hw = cm.for_model(cm.HARDWARE["h100"], 7e9)
+    budget = cm.BUDGETS["gsm8k"]
+    assert cm.overlapped_round(7e9, 1, hw, budget) is None  # one device: no split to price
+    lanes = cm.overlapped_round(7e9, 8, hw, budget)
+    assert lanes.sampler_gpus + lanes.trainer_gpus == 8 and lanes.total == max(lanes.sampler, lanes.trainer)
+    for g in range(1, 8):  # no other split is faster
+        other = cm.round_cost(7e9, g, hw, budget), cm.round_cost(7e9, 8 - g, hw, budget)
+        sampler = other[0].rollouts.seconds + other[0].tables.seconds + other[0].evaluation.seconds
+        assert max(sampler, other[1].training.seconds + other[1].sync.seconds) >= lanes.total

@@ -51,8 +51,9 @@ def make_store(path: Path, rounds: int, skill: float, with_timings: bool = True)
         write_table(steps, table_path(path, r, "steps"))
         diag = pl.DataFrame(
             {"round": [r], "policy_id": ["shared"], "agent_id": ["*"], "strategy": ["*"], "rows": [10], "tokens": [100], "mean_log_ratio": [0.01 * r],
-             "first_step_log_ratio": [0.0], "clip_fraction": [0.1], "masked_fraction": [0.0], "truncated_fraction": [0.0], "ess_fraction": [0.9], "kl": [0.002]},
-            schema_overrides={"round": pl.Int32},
+             "first_step_log_ratio": [0.0], "clip_fraction": [0.1], "masked_fraction": [0.0], "truncated_fraction": [0.0], "truncated_token_fraction": [0.0], "ess_fraction": [0.9], "kl": [0.002],
+             "staleness": [0]},
+            schema_overrides={"round": pl.Int32, "staleness": pl.Int32},
         )
         write_table(diag, table_path(path, r, "ratio_diagnostics"), "ratio_diagnostics")
         if with_timings and r == 0:

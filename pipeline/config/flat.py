@@ -36,6 +36,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     "problems": ("problems",), "samples": ("samples",), "strategies": ("strategies",), "temperature": ("temperature", "train.temperature"),
     "max_tokens": ("max_tokens",), "max_loop_num": ("max_loop_num",), "seed": ("seed",),
     "problem_replay": ("problem_replay",), "start_from": ("start_from",),
+    "max_staleness": ("max_staleness",), "max_row_staleness": ("max_row_staleness",), "stale_row_weight": ("stale_row_weight",),
     "feedback_train_context": ("strategy_options.feedback.train_context",), "feedback_first_attempt": ("strategy_options.feedback.first_attempt",),
     # rewards and advantages
     "alpha": ("advantage.alpha",), "local_weight": ("advantage.local_weight",), "group_by": ("advantage.group_by",),
@@ -52,9 +53,11 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     "gradient_checkpointing": ("train.gradient_checkpointing",), "group_minibatches": ("train.group_minibatches",),
     "optimizer_state": ("train.optimizer_state",), "micro_batch_tokens": ("train.micro_batch_tokens",), "train_on": ("train_on",),
     "lr_round_decay": ("train.lr_round_decay",), "kl_beta": ("train.loss.beta",),
+    "off_policy_correction": ("train.loss.correction",), "correction_cap": ("train.loss.correction_cap",), "correction_low": ("train.loss.correction_low",),
     # scale-out
     "shards": ("scale.shards",), "tensor_parallel_size": ("scale.tensor_parallel_size",), "data_parallel_size": ("scale.data_parallel_size",),
     "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",), "executor": ("scale.executor",), "ray_address": ("scale.ray_address",),
+    "trainer_cores": ("scale.trainer_cores",),
     # evaluation and tracking
     "eval_problems": ("evaluation.problems",), "eval_samples": ("evaluation.samples",), "eval_max_tokens": ("evaluation.max_tokens",),
     "base_eval_cache": ("evaluation.reuse_base",), "report_to": ("tracking.report_to",),
@@ -69,7 +72,8 @@ ZERO_ADVANTAGE_ROWS = ("drop", "keep")
 """The `zero_advantage_rows` setting: `ViewConfig.drop_zero_advantage` True or False."""
 
 _RUN_FIELDS = ("workflow", "task", "task_file", "prompt_file", "model_dir", "shared_policy", "engine", "problems", "samples",
-               "temperature", "max_tokens", "max_loop_num", "seed", "train_on", "problem_replay", "start_from")
+               "temperature", "max_tokens", "max_loop_num", "seed", "train_on", "problem_replay", "start_from",
+               "max_staleness", "max_row_staleness", "stale_row_weight")
 """The settings that are `RunConfig` fields of the same name."""
 
 
@@ -171,6 +175,7 @@ def loss_config(values: Mapping[str, Any]) -> LossConfig:
         eps_low=float(values["clip_low"]),
         eps_high=float(values["clip_high"]),
         **_given(values, anchor="anchor", beta="kl_beta"),
+        **_given(values, correction="off_policy_correction", correction_cap="correction_cap", correction_low="correction_low"),
     )
 
 

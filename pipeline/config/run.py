@@ -96,6 +96,19 @@ class RunConfig:
     of the workflow's table metrics (`pipeline.run.context.best_round`), so that a round that made
     things worse is not built on. Selecting on the held-out split makes its later figures optimistic."""
 
+    max_staleness: int = 0
+    """How many rounds a round's rollouts may run ahead of training: round r samples with the
+    checkpoint of round r-1-K (the base model before round 0), so its rollouts overlap round
+    r-1's training (`assets.launch`); its rows then have staleness K at training time, corrected
+    by the loss's ratio p_train/q (and `train.loss.correction`). 0 = synchronous rounds: round r
+    samples with the checkpoint it trains from."""
+    max_row_staleness: int | None = None
+    """Version threshold: a trained row sampled more than this many rounds before the checkpoint it
+    trains has its sample weight multiplied by `stale_row_weight` (0 drops it); it acts on every row
+    the view trains, the replayed rows of earlier rounds included. None = no threshold."""
+    stale_row_weight: float = 0.0
+    """The weight factor of rows over `max_row_staleness` (0: dropped; in (0, 1]: down-weighted)."""
+
     # --- Parameters that control learning ------------------------------------------------------
     advantage: AdvantageConfig | None = None
     """Rewards (alpha, local weight), grouping and normalization of advantages; None = the
@@ -166,6 +179,7 @@ class RunConfig:
         replay = self.problem_replay
         if isinstance(replay, bool) or not (isinstance(replay, (int, float)) and 0 <= replay < 1):
             raise ConfigError(f"RunConfig.problem_replay must be a share in [0, 1), got {replay!r}")
+        self._check_staleness()
         if self.engine not in ("auto", "vllm", "hf"):
             raise ConfigError(f"RunConfig.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
         if isinstance(self.strategies, str):
@@ -191,6 +205,25 @@ class RunConfig:
                            ("scale", ScaleConfig), ("tracking", TrackingConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(f"RunConfig.{name} must be a {kind.__name__}, got {type(getattr(self, name)).__name__}")
+
+    def _check_staleness(self) -> None:
+        k, rows, weight = self.max_staleness, self.max_row_staleness, self.stale_row_weight
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"RunConfig.max_staleness must be an integer >= 0, got {k!r}")
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ConfigError(f"RunConfig.max_row_staleness must be an integer >= 0 or None, got {rows!r}")
+        if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
+            raise ConfigError(f"RunConfig.stale_row_weight must be a number in [0, 1], got {weight!r}")
+        if self.scale.trainer_cores is not None and not k:
+            raise ConfigError(
+                f"RunConfig.scale.trainer_cores {self.scale.trainer_cores!r} pins the trainer of overlapped rounds: it needs "
+                "RunConfig.max_staleness > 0"
+            )
+        if k and self.start_from == "best":
+            raise ConfigError(
+                f"RunConfig.start_from 'best' picks the checkpoint by the previous round's evaluation, which an overlapped "
+                f"round (RunConfig.max_staleness {k}) starts before; use start_from 'last' or max_staleness 0"
+            )
 
     def _check_across_stages(self) -> None:
         """Combinations of fields of different stages that would train the wrong rows, or fail

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pipeline.errors import ConfigError
 
-__all__ = ["ScaleConfig", "TrackingConfig", "TRACKERS"]
+__all__ = ["ScaleConfig", "TrackingConfig", "TRACKERS", "parse_cores"]
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 """The experiment trackers a run can log its rounds to (`pipeline.run.tracking`)."""
@@ -40,7 +40,14 @@ class ScaleConfig:
     """The Ray cluster the shards run on (`ray.init(address=...)`, e.g. "HOST:6379" or "auto");
     None = a local Ray instance started for the run, on 127.0.0.1."""
 
+    trainer_cores: str | None = None
+    """Overlapped rounds (`RunConfig.max_staleness` > 0) on a CPU: the cores the trainer's process
+    is pinned to, e.g. "1" or "2-3,6" (the sampler and its engines get the others); None: both
+    share every core."""
+
     def __post_init__(self) -> None:
+        if self.trainer_cores is not None:
+            parse_cores(self.trainer_cores, "ScaleConfig.trainer_cores")
         for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -59,6 +66,21 @@ class ScaleConfig:
                 f"ScaleConfig.fsdp {self.fsdp} shards the trainer over its processes, but ScaleConfig.train_processes is 1: "
                 "give more processes, or leave fsdp off"
             )
+
+
+def parse_cores(text: str, name: str) -> list[int]:
+    """"0-2,5" -> [0, 1, 2, 5]; anything else a ConfigError naming `name`."""
+    cores: set[int] = set()
+    try:
+        for part in str(text).split(","):
+            low, _, high = part.strip().partition("-")
+            first, last = int(low), int(high) if high else int(low)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            cores.update(range(first, last + 1))
+    except ValueError:
+        raise ConfigError(f"{name} must list CPU cores like '1' or '2-3,6', got {text!r}") from None
+    return sorted(cores)
 
 
 @dataclass(frozen=True)

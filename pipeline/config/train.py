@@ -19,12 +19,17 @@ from typing import Literal, Mapping
 
 from pipeline.errors import ConfigError
 
-__all__ = ["RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS", "CHECKPOINTING_PARAMETERS", "ACTIVATION_VALUES_PER_TOKEN"]
+__all__ = [
+    "RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS", "CORRECTIONS", "CHECKPOINTING_PARAMETERS",
+    "ACTIVATION_VALUES_PER_TOKEN",
+]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LOSS_KINDS = ("rs", "ppo", "is", "exit")
 """The losses (`LossConfig.kind`); rs, the default run's, first."""
 ANCHORS = ("sampling", "proximal")
+CORRECTIONS = ("none", "tis", "token-tis", "seq-mask", "geo-mask")
+"""The staleness corrections (`LossConfig.correction`, docs/ALGORITHMS.md "Staleness corrections")."""
 CHECKPOINTING_PARAMETERS = 50_000_000
 """Models above this many parameters train with gradient checkpointing unless told otherwise."""
 ACTIVATION_VALUES_PER_TOKEN = 4
@@ -99,7 +104,30 @@ class LossConfig:
     ratio handling (`ratio`) judges p_old / q with this anchor. "exit" has no clip, so it only
     takes "sampling"."""
     off_policy_cap: float = 3.0
-    """With anchor="proximal": the per-token off-policy weight p_old/q is truncated at this."""
+    """With anchor="proximal" and no `correction`: the per-token off-policy weight p_old/q is
+    truncated at this."""
+    correction: Literal["none", "tis", "token-tis", "seq-mask", "geo-mask"] = "none"
+    """The staleness correction (decoupled form, `pipeline.learn.corrections`): the behaviour
+    weight w_t = p_old(y_t|x_train) / q(y_t|x_sample) of each token (p_old: the policy at the start
+    of the round's update, computed once before the first step; q: the stored sampling logprobs,
+    from whichever checkpoint sampled the row) is kept apart from the update ratio p_theta / p_old,
+    and decides a detached weight c on each row's (or token's) loss:
+    "tis": c_i = min(W_i, C), W_i = prod_t w_t (sequence-level truncated importance sampling);
+    "token-tis": c_t = min(w_t, C); "seq-mask": c_i = 1 if low <= W_i <= C else 0; "geo-mask":
+    c_i = 1 if low <= G_i <= C else 0, G_i = exp(mean_t log w_t). C = `correction_cap`, low =
+    `correction_low`. Under "ppo" / "is" the clip and the ratio see p_theta / p_old (as with
+    anchor="proximal", whatever `anchor` says) and c replaces the proximal anchor's
+    `off_policy_cap` weight; under "exit" the row loss is -(p_theta / p_old)_i c_i A_i w_i (its
+    sequence ratio not detached; "token-tis" has no row weight, so "exit" refuses it); under
+    "rs" each passing row's NLL is multiplied by c (importance-weighted rejection sampling).
+    Masked rows stay in the denominators. "none" (the default): no correction and no p_old
+    forward pass unless the anchor asks for one."""
+    correction_cap: float = 2.0
+    """C of `correction`: the truncation point of "tis" / "token-tis", the upper bound of the
+    masks (verl's `rollout_is_threshold` default, 2.0). Must be >= 1."""
+    correction_low: float | None = None
+    """Lower bound of "seq-mask" / "geo-mask" (None = 1 / `correction_cap`, as verl's
+    `rollout_rs_threshold_lower`). Must be in (0, 1]."""
     eps_low: float = 0.2
     """PPO clip: token ratios below 1 - eps_low stop contributing gradient (docs/FINDINGS.md: 0.8)."""
     eps_high: float = 0.28
@@ -175,15 +203,42 @@ class LossConfig:
             raise ConfigError(f"LossConfig.anchor must be 'sampling' with kind='exit' (the plan's estimator has no clip to anchor), got {self.anchor!r}")
         if not (isinstance(self.off_policy_cap, (int, float)) and math.isfinite(self.off_policy_cap) and self.off_policy_cap >= 1):
             raise ConfigError(f"LossConfig.off_policy_cap must be a finite number >= 1, got {self.off_policy_cap!r}")
+        self._check_correction()
         if not (isinstance(self.negative_weight, (int, float)) and math.isfinite(self.negative_weight) and 0 <= self.negative_weight <= 1):
             raise ConfigError(f"LossConfig.negative_weight must be in [0, 1], got {self.negative_weight!r}")
         object.__setattr__(self, "sft_strategies", tuple(self.sft_strategies))
         if not math.isfinite(self.rs_threshold):
             raise ConfigError(f"LossConfig.rs_threshold must be finite, got {self.rs_threshold!r}")
 
+    def _check_correction(self) -> None:
+        if self.correction not in CORRECTIONS:
+            raise ConfigError(f"LossConfig.correction must be one of {CORRECTIONS}, got {self.correction!r}")
+        cap, low = self.correction_cap, self.correction_low
+        if isinstance(cap, bool) or not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1):
+            raise ConfigError(f"LossConfig.correction_cap must be a finite number >= 1, got {cap!r}")
+        if low is not None and (isinstance(low, bool) or not (isinstance(low, (int, float)) and math.isfinite(low) and 0 < low <= 1)):
+            raise ConfigError(f"LossConfig.correction_low must be None (1 / correction_cap) or a number in (0, 1], got {low!r}")
+        if self.kind == "exit" and self.correction == "token-tis":
+            raise ConfigError(
+                "LossConfig.correction 'token-tis' weights tokens, and kind 'exit' weights rows by their sequence ratio: "
+                "use 'tis' (sequence-level) with kind 'exit'"
+            )
+
     def ratio_for(self, strategy: str) -> RatioConfig:
         """The sequence-ratio handling of `strategy`."""
         return self.ratio_by_strategy.get(strategy, self.ratio)
+
+    @property
+    def correction_bounds(self) -> tuple[float, float]:
+        """(low, C) of `correction`: `correction_low` (None: 1 / `correction_cap`) and `correction_cap`."""
+        cap = float(self.correction_cap)
+        return (1.0 / cap if self.correction_low is None else float(self.correction_low)), cap
+
+    @property
+    def needs_old_logp(self) -> bool:
+        """Whether the trainer computes p_old (`with_old_logprobs`) before the first step: for the
+        proximal anchor (not under "rs", which has no ratio) and for every correction but "none"."""
+        return self.correction != "none" or (self.anchor == "proximal" and self.kind != "rs")
 
 
 @dataclass(frozen=True)

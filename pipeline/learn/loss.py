@@ -61,10 +61,17 @@ Verifier's relabelled replay, `pipeline.learn.views.verifier_replay`) are traine
 in the same aggregation (under "exit" the row's NLL summed over its tokens, in the row mean):
 their completions were not sampled from q under this context, so they have no ratio.
 Negative advantages are scaled by `LossConfig.negative_weight` (1 = the plain estimator).
+Staleness corrections (`LossConfig.correction`, `pipeline.learn.corrections`): the behaviour weight
+p_old / q is kept apart from the update ratio p_theta / p_old and decides a detached weight c (a
+row's, or under "token-tis" a token's). "ppo" / "is": the clip and the ratio see p_theta / p_old
+(as the proximal anchor) and c replaces its `off_policy_cap` weight; "exit": the row loss is
+-(p_theta / p_old)_i c_i A_i w_i; "rs": each passing row's NLL times c. Step 3 still applies (on
+p_old / q, as with the proximal anchor); rows of `sft_strategies` get no c.
 
 Diagnostics (`LossDiagnostics`) are additive sums, so micro-batches merge exactly: mean log ratio,
 clip fraction (tokens where the clip, or the dual clip, stops the gradient; 0 under "is" / "exit"),
-dual-clip fraction (tokens where the dual clip binds), masked / truncated fraction (rows),
+dual-clip fraction (tokens where the dual clip binds), masked / truncated fraction (rows: step 3's
+and the staleness correction's), truncated-token fraction (the correction "token-tis"),
 effective sample size (sum r)^2 / sum r^2 of the sequence likelihood ratios r_i = exp(sum_t log rho)
 (whatever level step 3 decides on; under "exit" the r_i of its loss), overall, per strategy, per
 agent, per (agent, strategy).
@@ -78,10 +85,13 @@ from typing import Mapping, Sequence
 import torch
 
 from pipeline.config.train import LossConfig, RatioConfig
+from pipeline.learn.corrections import LOG_RATIO_CLAMP, Correction, staleness_correction
 
-__all__ = ["LossBatch", "RatioStats", "LossDiagnostics", "LossOutput", "compute_loss", "aggregate", "aggregation_count", "LossConfig", "RatioConfig"]
+__all__ = [
+    "LossBatch", "RatioStats", "LossDiagnostics", "LossOutput", "compute_loss", "aggregate", "aggregation_count", "LossConfig", "RatioConfig",
+    "LOG_RATIO_CLAMP",
+]
 
-LOG_RATIO_CLAMP = 20.0
 _MODES = {"none": 0, "mask": 1, "truncate": 2}
 
 
@@ -109,7 +119,7 @@ class LossBatch:
     """(B, T) log p_ref of each token, required when beta > 0."""
     old_logp: torch.Tensor | None = None
     """(B, T) log p_old(y_t | x_train, y_<t): the policy at the start of the update (no grad),
-    required with `LossConfig.anchor="proximal"`."""
+    required where `LossConfig.needs_old_logp` (the proximal anchor, a staleness correction)."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +139,13 @@ class RatioStats:
     """Tokens where the dual clip bound the loss (A < 0 and rho > dual_clip); also counted in
     `n_clipped_tokens`."""
     n_masked_rows: int = 0
-    """Rows zeroed by a sequence-ratio mask."""
+    """Rows zeroed by a sequence-ratio mask or by a staleness correction's mask ("seq-mask",
+    "geo-mask")."""
     n_truncated_rows: int = 0
-    """Rows whose sequence ratio was truncated to the cap."""
+    """Rows whose sequence ratio was truncated to the cap (`RatioConfig` "truncate", or the
+    staleness correction "tis")."""
+    n_truncated_tokens: int = 0
+    """Tokens whose behaviour weight p_old/q the staleness correction "token-tis" truncated."""
     n_rs_rows: int = 0
     """Rows the "rs" loss trained on (reward >= threshold)."""
     sum_seq_ratio: float = 0.0
@@ -165,6 +179,10 @@ class RatioStats:
         return self.n_truncated_rows / self.n_rows if self.n_rows else 0.0
 
     @property
+    def truncated_token_fraction(self) -> float:
+        return self.n_truncated_tokens / self.n_tokens if self.n_tokens else 0.0
+
+    @property
     def ess(self) -> float:
         """Effective sample size (sum s)^2 / sum s^2 (equals n_rows when every ratio is equal)."""
         return self.sum_seq_ratio**2 / self.sum_seq_ratio_sq if self.sum_seq_ratio_sq > 0 else 0.0
@@ -184,6 +202,7 @@ class RatioStats:
             "dual_clip_fraction": self.dual_clip_fraction,
             "masked_fraction": self.masked_fraction,
             "truncated_fraction": self.truncated_fraction,
+            "truncated_token_fraction": self.truncated_token_fraction,
             "ess_fraction": self.ess_fraction,
             "kl": self.mean_kl,
             "rows": float(self.n_rows),
@@ -295,29 +314,37 @@ class _Rows:
     """(B, T) bool: tokens whose gradient the clip (or the dual clip) stopped; None: none."""
     dual_tok: torch.Tensor | None = None
     """(B, T) bool: tokens where the dual clip binds; None: none."""
+    truncated_tok: torch.Tensor | None = None
+    """(B, T) bool: tokens whose behaviour weight the staleness correction truncated; None: none."""
 
 
 def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None = None) -> LossOutput:
     """The loss of one batch under `config`, with its diagnostics (see the module docstring).
     `denominator`: the aggregation count of the whole minibatch (see `aggregation_count`)."""
     mask = batch.mask.to(batch.logp.dtype)
-    proximal = config.anchor == "proximal" and config.kind != "rs"
-    if proximal and batch.old_logp is None:
-        raise ValueError("LossConfig.anchor='proximal' needs old_logp (the policy at the start of the update) in the batch")
+    decoupled = config.needs_old_logp  # the proximal anchor (not under "rs") or a staleness correction
+    if decoupled and batch.old_logp is None:
+        raise ValueError(
+            "LossConfig.anchor='proximal' and LossConfig.correction need old_logp (the policy at the start of the update) in the batch"
+        )
 
     # 1. token log ratio, zero on padding, clamped so exp() stays finite
-    log_ratio, rho, off_log_ratio, off_weight = _token_ratios(batch, config, mask, proximal)
+    log_ratio, update_log_ratio, off_log_ratio, off_weight = _token_ratios(batch, config, mask, decoupled)
+    rho = torch.exp(update_log_ratio)
+    # the staleness correction's detached weight c, from the behaviour weight p_old / q
+    corr = None if config.correction == "none" else staleness_correction(off_log_ratio, mask, config)
     # 3. sequence ratio of each row (detached: it only scales rows, like a weight)
     rows = _sequence_ratios(batch, config, mask, log_ratio, off_log_ratio)
     # 2. the per-token loss of the kind: PPO clip ("ppo"), the plain ratio ("is"), one sequence
     # ratio per row ("exit"), or the NLL of the rows that passed ("rs")
     weighted_adv = _weighted_advantage(batch, config)
     if config.kind == "exit":
-        per_token, rows = _exit_loss(batch, config, mask, log_ratio, weighted_adv, rows)
+        per_token, rows = _exit_loss(batch, config, mask, log_ratio if corr is None else update_log_ratio, weighted_adv, rows, corr)
     elif config.kind in ("ppo", "is"):
-        per_token, rows = _token_loss(batch, config, mask, rho, off_weight, weighted_adv, rows)
+        per_token, rows = _token_loss(batch, config, mask, rho, off_weight if corr is None else corr.weight, weighted_adv, rows)
     else:
-        per_token, rows = _rs_loss(batch, config, rows)
+        per_token, rows = _rs_loss(batch, config, rows, corr)
+    rows = _corrected_rows(batch, config, rows, corr)
 
     # 4. KL to the reference model (k3), unweighted
     kl = torch.zeros_like(mask)
@@ -336,21 +363,25 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
     return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, rows, kl))
 
 
-def _token_ratios(batch: LossBatch, config: LossConfig, mask: torch.Tensor, proximal: bool):
-    """Step 1: (log rho against the sampling logprobs, the ratio the clip sees, the log ratio
-    step 3 judges rows by, the off-policy weight): with the proximal anchor the clip sees p_theta /
-    p_old, rows are judged by p_old / q, and each token is weighted min(p_old / q, cap)."""
+def _token_ratios(batch: LossBatch, config: LossConfig, mask: torch.Tensor, decoupled: bool):
+    """Step 1: (log rho against the sampling logprobs, the log of the update ratio the clip sees,
+    the log ratio step 3 judges rows by, the off-policy weight): decoupled (the proximal anchor, a
+    staleness correction), the clip sees p_theta / p_old, rows are judged by p_old / q, and,
+    without a correction, each token is weighted min(p_old / q, `off_policy_cap`) (with one, the
+    correction decides the weight)."""
     logq = batch.logq.to(batch.logp.dtype)
     log_ratio = ((batch.logp - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    if proximal:
+    off_weight = None
+    if decoupled:
         old = batch.old_logp.to(batch.logp.dtype)
-        clip_log_ratio = ((batch.logp - old) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        update_log_ratio = ((batch.logp - old) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         with torch.no_grad():
             off_log_ratio = ((old - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-            off_weight = torch.exp(off_log_ratio).clamp(max=config.off_policy_cap)
+            if config.correction == "none":
+                off_weight = torch.exp(off_log_ratio).clamp(max=config.off_policy_cap)
     else:
-        clip_log_ratio, off_log_ratio, off_weight = log_ratio, log_ratio.detach(), None
-    return log_ratio, torch.exp(clip_log_ratio), off_log_ratio, off_weight
+        update_log_ratio, off_log_ratio = log_ratio, log_ratio.detach()
+    return log_ratio, update_log_ratio, off_log_ratio, off_weight
 
 
 def _sequence_ratios(batch: LossBatch, config: LossConfig, mask: torch.Tensor, log_ratio: torch.Tensor, off_log_ratio: torch.Tensor) -> _Rows:
@@ -388,13 +419,19 @@ def _sft_rows(batch: LossBatch, config: LossConfig, like: torch.Tensor) -> torch
     return sft if bool(sft.any()) else None
 
 
-def _exit_loss(batch: LossBatch, config: LossConfig, mask, log_ratio, weighted_adv, rows: _Rows) -> tuple[torch.Tensor, _Rows]:
+def _exit_loss(
+    batch: LossBatch, config: LossConfig, mask, log_ratio, weighted_adv, rows: _Rows, corr: Correction | None = None
+) -> tuple[torch.Tensor, _Rows]:
     """The plan's estimator: one sequence likelihood ratio per row, r_i = exp(sum_t log rho), not
     detached, so d(-r A w) = -r A w * grad sum_t logp; the sum is clamped again. (B, 1): one
-    "token" per row holding the row's loss."""
+    "token" per row holding the row's loss. With a staleness correction `log_ratio` is the update
+    ratio's (p_theta / p_old) and the row loss is -r_i c_i A_i w_i."""
     r = torch.exp(log_ratio.sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    rows = replace(rows, seq_ratio=r.detach())
-    per_token = (-r * weighted_adv[:, 0] * rows.row_factor)[:, None]
+    if corr is None:
+        rows = replace(rows, seq_ratio=r.detach())
+        per_token = (-r * weighted_adv[:, 0] * rows.row_factor)[:, None]
+    else:  # the ESS stays that of p_theta / q (`_sequence_ratios`)
+        per_token = (-r * weighted_adv[:, 0] * rows.row_factor * corr.row_weight)[:, None]
     sft = _sft_rows(batch, config, rows.row_factor)
     if sft is not None:  # the row's NLL summed over its tokens, in the row mean
         nll = -(batch.logp * mask).sum(-1) * batch.sample_weight.to(batch.logp.dtype)
@@ -434,14 +471,35 @@ def _token_loss(batch: LossBatch, config: LossConfig, mask, rho, off_weight, wei
     return per_token, replace(rows, clipped_tok=clipped_tok, dual_tok=dual_tok)
 
 
-def _rs_loss(batch: LossBatch, config: LossConfig, rows: _Rows) -> tuple[torch.Tensor, _Rows]:
+def _rs_loss(batch: LossBatch, config: LossConfig, rows: _Rows, corr: Correction | None = None) -> tuple[torch.Tensor, _Rows]:
     """Rejection sampling: the NLL of the rows that passed, weighted by their sample weight (no
-    ratio, so no mask or truncation)."""
+    ratio, so no mask or truncation); with a staleness correction, times its weight c (detached;
+    not on the rows of `sft_strategies`, which have no behaviour ratio)."""
     reward = batch.reward.to(batch.logp.dtype)
     rs_rows = (~torch.isnan(reward) & (reward >= config.rs_threshold)).to(batch.logp.dtype)
     per_token = -batch.logp * batch.sample_weight.to(batch.logp.dtype)[:, None]
+    if corr is not None:
+        sft = _sft_rows(batch, config, rs_rows)
+        per_token = per_token * (corr.weight if sft is None else torch.where(sft[:, None], torch.ones_like(corr.weight), corr.weight))
     return per_token, replace(
         rows, rs_rows=rs_rows, selected=rs_rows, masked=torch.zeros_like(rows.masked), truncated=torch.zeros_like(rows.truncated)
+    )
+
+
+def _corrected_rows(batch: LossBatch, config: LossConfig, rows: _Rows, corr: Correction | None) -> _Rows:
+    """`rows` with what the staleness correction did, counted on the rows it weights: not those
+    trained by their NLL without a ratio (`sft_strategies`), and under "rs" only the rows that
+    passed (the others are not trained)."""
+    if corr is None:
+        return rows
+    nll = rows.rs_rows > 0
+    if config.kind == "rs":
+        sft = _sft_rows(batch, config, rows.rs_rows)
+        keep = nll if sft is None else nll & ~sft
+    else:
+        keep = ~nll
+    return replace(
+        rows, masked=rows.masked | (corr.masked & keep), truncated=rows.truncated | (corr.truncated & keep), truncated_tok=corr.truncated_tok & keep[:, None]
     )
 
 
@@ -457,6 +515,7 @@ def _diagnostics(batch: LossBatch, log_ratio, mask, rows: _Rows, kl) -> LossDiag
     none = torch.zeros_like(mask, dtype=torch.bool)
     clipped_tok = none if rows.clipped_tok is None else rows.clipped_tok
     dual_tok = none if rows.dual_tok is None else rows.dual_tok
+    truncated_tok = none if rows.truncated_tok is None else rows.truncated_tok
     masked, truncated, rs_rows, seq_ratio = rows.masked, rows.truncated, rows.rs_rows, rows.seq_ratio
     with torch.no_grad():
         cols = torch.stack(
@@ -471,6 +530,7 @@ def _diagnostics(batch: LossBatch, log_ratio, mask, rows: _Rows, kl) -> LossDiag
                 seq_ratio,
                 seq_ratio * seq_ratio,
                 (kl.detach() * mask).sum(-1),
+                (truncated_tok.to(mask.dtype)).sum(-1),
             ],
             dim=1,
         ).double().cpu().tolist()
@@ -487,6 +547,7 @@ def _diagnostics(batch: LossBatch, log_ratio, mask, rows: _Rows, kl) -> LossDiag
             sum_seq_ratio=c[7],
             sum_seq_ratio_sq=c[8],
             sum_kl=c[9],
+            n_truncated_tokens=int(c[10]),
         )
         for c in cols
     ]

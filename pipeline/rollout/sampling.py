@@ -45,6 +45,12 @@ class RolloutConfig:
     seed: int = 0
     """Base seed; each request of an agent step gets a seed derived from it, the round, the step
     and the request's trajectory (`request_seed`), recorded in the `seed` column."""
+    policy_rounds: Mapping[str, int] = field(default_factory=dict)
+    """policy_id -> the round of the checkpoint sampling its agents (-1: the starting model),
+    written to `policy_round`; a policy not named gets null."""
+    staleness: Mapping[str, int] = field(default_factory=dict)
+    """policy_id -> how many rounds that checkpoint is older than the one its rows will train
+    (written to `staleness`)."""
     reward_timeout: float | None = 10.0
     """Seconds one call of the task's reward or verdict parser may take before its reward is
     null with a `reward_error`; None runs them unguarded by time (exceptions are still caught)."""

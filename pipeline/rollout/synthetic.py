@@ -104,6 +104,8 @@ def _fill_steps_columns(df: pl.DataFrame, rng: np.random.Generator, agents: tupl
         # answer when its local reward is 1
         pl.when(pl.col("agent_id") == agents[-1]).then((pl.col("local_reward") >= 0.5) == (pl.col("global_reward") >= 0.5)).alias("verdict"),
         pl.lit("synthetic").alias("model_version"),
+        pl.lit(-1, dtype=pl.Int32).alias("policy_round"),
+        pl.lit(0, dtype=pl.Int32).alias("staleness"),
         pl.lit("synthetic").alias("engine"),
         pl.lit(0, dtype=pl.Int64).alias("seed"),
         pl.lit(1.0, dtype=pl.Float64).alias("temperature"),

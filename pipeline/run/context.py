@@ -150,6 +150,51 @@ class RoundContext:
                     out[pid] = Path(rec.path)
         return out
 
+    def sample_checkpoints(self, round_: int) -> dict[str, Path]:
+        """policy_id -> the checkpoint round `round_` samples with: its start checkpoints in
+        synchronous rounds; with `max_staleness` K > 0 the checkpoints of round r-1-K exactly (the
+        starting model's before round K+1), whatever has been registered since, so that a round's
+        rows do not depend on how fast the trainer ran. The driver starts the round's rollouts
+        once they are registered (`assets.launch`); before that, this is an error naming them."""
+        k = self.config.max_staleness
+        if k == 0:
+            return self.start_checkpoints(round_)
+        source = max(BASE_ROUND, round_ - 1 - k)
+        if source == BASE_ROUND:
+            return self.start_checkpoints(0)
+        out = {}
+        for pid in self.policy_ids:
+            rec = self.registry.get(source, pid)
+            if rec is None:
+                raise DataError(
+                    f"round {round_} samples with round {source}'s checkpoint of policy {pid!r} (--max-staleness {k}), "
+                    "which is not registered yet"
+                )
+            out[pid] = Path(rec.path)
+        return out
+
+    def staleness_plan(self, round_: int, checkpoints: Mapping[str, Path]) -> tuple[dict[str, int], dict[str, int]]:
+        """(policy_id -> the round of the checkpoint in `checkpoints` that samples it, policy_id ->
+        how many rounds it is older than the checkpoint round `round_` trains): the `policy_round`
+        and `staleness` of the round's rows. A checkpoint the registry does not hold has neither.
+        The trained checkpoint is the latest registered before the round in synchronous rounds, and
+        round r-1's with `max_staleness` > 0 (it is registered before round r trains)."""
+        sampled, staleness = {}, {}
+        for pid, path in checkpoints.items():
+            policy_round = self.registry.round_of(pid, path)
+            if policy_round is None:
+                continue
+            sampled[pid] = policy_round
+            if self.config.max_staleness:
+                trained = max(BASE_ROUND, round_ - 1)
+            else:
+                rec = self.registry.latest_record(pid, round_)
+                trained = rec.round if rec is not None else BASE_ROUND
+                if self.config.start_from == "best":
+                    trained = sampled[pid]  # "best" trains from the checkpoint it samples with
+            staleness[pid] = max(0, trained - sampled[pid])
+        return sampled, staleness
+
     def trained_checkpoints(self, round_: int) -> dict[str, Path]:
         """policy_id -> the checkpoint trained in `round_` (-1: the base model)."""
         if round_ == BASE_ROUND:

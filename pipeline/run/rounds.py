@@ -39,6 +39,7 @@ from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError
 from pipeline.learn.advantages import compute_advantages
 from pipeline.learn.baselines import ground_truth_view
+from pipeline.learn.staleness import apply_version_threshold
 from pipeline.learn.views import build_training_view, verifier_replay, with_verifier_replay
 from pipeline.models import load_tokenizer
 from pipeline.rollout.loop import RolloutConfig, run_rollouts
@@ -74,6 +75,7 @@ __all__ = [
     "stage_training_view",
     "stage_policy",
     "stage_evaluation",
+    "round_staleness",
     "evaluate_base",
     "run_round_stages",
     "round_complete",
@@ -135,10 +137,13 @@ def replay_candidates(problems: pl.DataFrame, steps: pl.DataFrame, n: int) -> pl
     return hard.select("uid").join(rows, on="uid", how="inner", maintain_order="left").select(problems.columns)
 
 
-def rollout_config(config: RunConfig, workflow, round_: int, seed: int) -> RolloutConfig:
+def rollout_config(config: RunConfig, workflow, round_: int, seed: int, policy_rounds=None, staleness=None) -> RolloutConfig:
     """How round r samples: the run's temperature and reward mix; the run's completion budget,
-    else each agent's own (`workflow.max_tokens`), else `RolloutConfig`'s."""
+    else each agent's own (`workflow.max_tokens`), else `RolloutConfig`'s; the rounds of the
+    checkpoints that sample each policy and their staleness (`RoundContext.staleness_plan`)."""
     return RolloutConfig(
+        policy_rounds=dict(policy_rounds or {}),
+        staleness=dict(staleness or {}),
         round=round_,
         temperature=config.temperature,
         max_tokens=config.max_tokens or workflow.max_tokens(workflow.turn_order[0]) or RolloutConfig.max_tokens,
@@ -193,9 +198,11 @@ def registry_metrics(result) -> dict[str, float]:
     return {k: v for k, v in values.items() if math.isfinite(v)}
 
 
-def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.DataFrame:
+def ratio_diagnostics_table(results: Mapping[str, object], round_: int, staleness: Mapping[str, int] | None = None) -> pl.DataFrame:
     """The importance-ratio diagnostics of a round's training runs, one row per policy and
-    (agent, strategy) cell, plus each policy's per-agent, per-strategy and overall rows ("*")."""
+    (agent, strategy) cell, plus each policy's per-agent, per-strategy and overall rows ("*"),
+    each with the staleness of the policy's sampled rows (`staleness`: policy_id -> rounds)."""
+    staleness = staleness or {}
     rows = []
     for pid, res in results.items():
         whole, first = res.diagnostics, getattr(res, "first_step_diagnostics", None)
@@ -215,7 +222,9 @@ def ratio_diagnostics_table(results: Mapping[str, object], round_: int) -> pl.Da
                     "mean_log_ratio": stats.mean_log_ratio,
                     "first_step_log_ratio": first_stats.mean_log_ratio if first_stats is not None and first_stats.n_tokens else None,
                     "clip_fraction": stats.clip_fraction, "masked_fraction": stats.masked_fraction,
-                    "truncated_fraction": stats.truncated_fraction, "ess_fraction": stats.ess_fraction, "kl": stats.mean_kl,
+                    "truncated_fraction": stats.truncated_fraction, "truncated_token_fraction": stats.truncated_token_fraction,
+                    "ess_fraction": stats.ess_fraction, "kl": stats.mean_kl,
+                    "staleness": staleness.get(pid),
                 }
             )
     return pl.DataFrame(rows, schema=polars_schema(RATIO_DIAGNOSTICS))
@@ -272,17 +281,16 @@ def sample_round(ctx: RoundContext, round_: int, problems: pl.DataFrame, checkpo
     """The rollouts stage's middle with its engines: the team on `problems` (round r's, or a
     shard's share of them) under every strategy, sampled by engines pointed at `checkpoints`."""
     workflow = ctx.workflow()
-    config = rollout_config(ctx.config, workflow, round_, ctx.round_seed(round_, 2))
+    config = rollout_config(ctx.config, workflow, round_, ctx.round_seed(round_, 2), *ctx.staleness_plan(round_, checkpoints))
     return sample_steps(problems, workflow, ctx.strategy_objects().values(), ctx.samplers(checkpoints), config)
 
 
 def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame, checkpoints: Mapping[str, Path] | None = None) -> pa.Table:
     """Sample the team on round r's problems under every strategy with `checkpoints` (policy_id ->
-    checkpoint, as its driver passes them: older ones for a driver that lets rollouts run ahead of
-    training; None: the round's start checkpoints, `RoundContext.start_checkpoints`) -> the
-    `steps` table."""
+    checkpoint, as its driver passes them; None: the round's, `RoundContext.sample_checkpoints`:
+    its start checkpoints, or round r-1-K's with `max_staleness` K) -> the `steps` table."""
     if checkpoints is None:
-        checkpoints = ctx.start_checkpoints(round_)
+        checkpoints = ctx.sample_checkpoints(round_)
     return _stage(ctx, round_, "rollouts", lambda: sample_round(ctx, round_, problems, checkpoints), "steps")
 
 
@@ -297,12 +305,19 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
     c, tables = ctx.config, ctx.tables
 
     def compute():
-        tokenizer = load_tokenizer(next(iter(ctx.start_checkpoints(round_).values())))
+        # the checkpoints it sampled with are registered even when the ones it trains are not yet
+        # (overlapped rounds); a run's checkpoints share one tokenizer
+        tokenizer = load_tokenizer(next(iter(ctx.sample_checkpoints(round_).values())))
         earlier = []
         if c.view.verifier_replay and c.train_on == "rollouts":
             earlier = [tables.read(r, "advantages") for r in range(round_ - 1, max(-1, round_ - c.view.verifier_replay), -1) if tables.exists(r, "advantages")]
         problems = tables.read(round_, "problems") if c.train_on == "ground_truth" else None
-        return training_view(advantages, ctx.strategy_objects(), tokenizer, c, ctx.workflow(), round_, earlier=earlier, problems=problems)
+        rows = advantages
+        if c.max_row_staleness is not None:  # the version threshold, on the round's rows and the replayed ones
+            trained = round_ - 1  # the round trains round r-1's checkpoint (round 0: the starting model, -1)
+            rows = apply_version_threshold(rows, trained, c.max_row_staleness, c.stale_row_weight)
+            earlier = [apply_version_threshold(e, trained, c.max_row_staleness, c.stale_row_weight) for e in earlier]
+        return training_view(rows, ctx.strategy_objects(), tokenizer, c, ctx.workflow(), round_, earlier=earlier, problems=problems)
 
     return _stage(ctx, round_, "training_view", compute, "training_view")
 
@@ -325,22 +340,26 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
         from pipeline.learn.views import to_arrow
 
         scale, view_file = ctx.config.scale, tmp / "training_view.parquet"
+        # overlapped rounds: the next round's rollouts sample meanwhile, with engines that are not
+        # this stage's to close (the trainer lane is a process of its own: `assets.lane`)
+        overlapped = ctx.config.max_staleness > 0
         parents = ctx.start_checkpoints(round_)
         # Engines that the new checkpoints would rebuild anyway (full weights: the default swap
         # builds a new engine) are closed first, so training does not hold a live engine's memory
         # as well; keeping them saves no time. LoRA-serving engines stay on a GPU, where a new
         # adapter is only a new request; on a CPU the engine and the trainer share one RAM, so they
         # are closed too and rebuilt after training. Measured: docs/results/engines.md.
-        released = ctx.engines.release(keep_lora=torch.cuda.is_available())
+        released = [] if overlapped else ctx.engines.release(keep_lora=torch.cuda.is_available())
         if released:
             log.info("closed the engines of %s before training", released)
-        if scale.train_processes > 1:  # the ranks read the view from a file
+        in_process = scale.train_processes == 1
+        if not in_process:  # the trainer's processes read the view from a file
             pq.write_table(to_arrow(view), view_file)
         results = {}
         for pid, parent in parents.items():
             out = checkpoint_dir(ctx.store, round_, pid)
             train = ctx.config.train.for_round(round_)  # the round's learning rate (--lr-round-decay)
-            if scale.train_processes == 1:
+            if in_process:
                 res = train_policy(view, pid, parent, out, train, round_=round_)
             else:
                 res = train_in_subprocess(
@@ -348,11 +367,25 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
                 )
             ctx.registry.register(round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash, metrics=registry_metrics(res))
             results[pid] = res
-        return ratio_diagnostics_table(results, round_), results
+        return ratio_diagnostics_table(results, round_, round_staleness(ctx.tables, round_)), results
 
     with tempfile.TemporaryDirectory(prefix="maxit-policy-") as tmp:
         _diagnostics, results = _stage(ctx, round_, "policy", lambda: compute(Path(tmp)), "ratio_diagnostics")
     return results
+
+
+def round_staleness(tables: Tables, round_: int) -> dict[str, int]:
+    """policy_id -> the staleness of round `round_`'s sampled rows (their largest), from its
+    `steps` table; {} for a table without the column (written before it existed)."""
+    import pyarrow.parquet as pq
+
+    if not tables.exists(round_, "steps"):
+        return {}
+    path = tables.path(round_, "steps")
+    if "staleness" not in pq.read_schema(path).names:
+        return {}
+    df = pl.read_parquet(path, columns=["policy_id", "staleness"]).group_by("policy_id").agg(pl.col("staleness").max())
+    return {pid: int(v) for pid, v in df.iter_rows() if v is not None}
 
 
 def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:

@@ -110,6 +110,19 @@ class Settings:
         "the checkpoint each round starts from: the last round's, or the best evaluated round's (the mean of the workflow's table metrics; "
         "selecting on the held-out split makes its later figures optimistic)", group="sampling", choices=_choices(RunConfig, "start_from"),
     )
+    max_staleness: int = _s(
+        _default(RunConfig, "max_staleness"),
+        "rounds the rollouts may run ahead of training: round r samples with round r-1-K's checkpoint while round r-1 trains "
+        "(0 = synchronous rounds)", group="sampling",
+    )
+    max_row_staleness: int | None = _s(
+        _default(RunConfig, "max_row_staleness"),
+        "version threshold: trained rows sampled more than this many rounds before the checkpoint they train are weighted by "
+        "--stale-row-weight (replayed rows too); None = no threshold", group="training",
+    )
+    stale_row_weight: float = _s(
+        _default(RunConfig, "stale_row_weight"), "weight factor of the rows over --max-row-staleness (0 = dropped)", group="training",
+    )
     feedback_train_context: str | None = _s(
         None, "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt", group="sampling", choices=_choices(Feedback, "train_context")
     )
@@ -154,6 +167,16 @@ class Settings:
         group="training",
         choices=_choices(LossConfig, "anchor"),
     )
+    off_policy_correction: str = _s(
+        _default(LossConfig, "correction"),
+        "staleness correction from the behaviour weight p_old/q (p_old: the policy at the start of the round's update): the row's "
+        "product truncated at --correction-cap (tis), each token's (token-tis), or rows masked outside [--correction-low, --correction-cap] "
+        "by the product (seq-mask) or its geometric mean (geo-mask); the update ratio becomes p_theta/p_old (docs/ALGORITHMS.md#staleness-corrections)",
+        group="training",
+        choices=_choices(LossConfig, "correction"),
+    )
+    correction_cap: float = _s(_default(LossConfig, "correction_cap"), "C of --off-policy-correction: the truncation point, the masks' upper bound (verl's 2)", group="training")
+    correction_low: float | None = _s(None, "lower bound of the masks of --off-policy-correction (unset: 1/--correction-cap)", group="training")
     sequence_ratio: str | None = _s(
         None,
         "every row's sequence ratio (the geometric mean of its token ratios p_train/q): rows outside [1/3, 3] masked (zeroed, still "
@@ -280,6 +303,11 @@ class Settings:
     )
     ray_address: str | None = _s(
         _default(ScaleConfig, "ray_address"), "the Ray cluster of --executor ray (HOST:PORT or auto); None = a local Ray instance on 127.0.0.1", group="scale-out"
+    )
+    trainer_cores: str | None = _s(
+        _default(ScaleConfig, "trainer_cores"),
+        "with --max-staleness: the CPU cores the trainer's process is pinned to (e.g. 1, or 2-3); the sampler keeps the others. "
+        "None = both share every core", group="scale-out",
     )
     tensor_parallel_size: int = _s(_default(ScaleConfig, "tensor_parallel_size"), "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out")
     data_parallel_size: int = _s(_default(ScaleConfig, "data_parallel_size"), "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out")

@@ -205,6 +205,13 @@ class PolicyRegistry:
                 out.append(rec)
         return sorted(out, key=lambda r: (r.round, r.policy_id))
 
+    def round_of(self, policy_id: str, path: str | Path) -> int | None:
+        """The latest round whose entry of `policy_id` names the checkpoint `path` (a local folder
+        of the working copy or of the store), or None when no entry does."""
+        stored = self._stored(path)
+        rounds = [rec.round for rec in self.records(policy_id) if rec.path == stored]
+        return rounds[-1] if rounds else None
+
     def latest_record(self, policy_id: str, before_round: int) -> CheckpointRecord | None:
         """The entry of `policy_id` with the highest round < `before_round`, or None."""
         earlier = [r for r in self.records(policy_id) if r.round < before_round]

@@ -163,7 +163,7 @@ def _pad_id(tokenizer) -> int:
 def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) -> pa.Table:
     """`table` with an `old_logprobs` column: log p_old of every completion token under the
     training context, from `model` as it is before the update (the proximal anchor of decoupled
-    PPO), computed without gradients in micro-batches of `config.micro_batch_size`, in the
+    PPO, and p_old of the staleness corrections' behaviour weight p_old / q), computed without gradients in micro-batches of `config.micro_batch_size`, in the
     precision training runs in (`train_dtype`). With `config.skip_zero_rows`, rows whose loss is
     0 (`trainable_rows`) are not forwarded: their anchor, never used, is their sampling logprobs."""
     rows = table.select(["step_id", "train_prompt_ids", "completion_ids", "sampling_logprobs", "advantage", "sample_weight", "strategy", "agent_id"]).to_pylist()
@@ -252,7 +252,7 @@ def train_policy(
     ref_model = load_reference(init_dir) if config.loss.beta > 0 and rows.table.num_rows else None
     pad_id = _pad_id(tokenizer)
     table = rows.table
-    if config.loss.anchor == "proximal" and config.loss.kind != "rs" and table.num_rows:
+    if config.loss.needs_old_logp and table.num_rows:  # the proximal anchor, a staleness correction
         table = with_old_logprobs(model, table, config, pad_id)
     carry = config.optimizer_state == "carry"
     parent_state = init_dir / OPTIMIZER_STATE if carry and (init_dir / OPTIMIZER_STATE).is_file() else None
