@@ -425,7 +425,8 @@ def _evaluated(store, metrics, calls: float | None, label: str, team_rows: int |
                 note += f" (the team: {team_rows})" if team_rows is not None else ""
                 note += f"; store {store}" if skip_start else ""
             who = f"{label}, {'start' if r == BASE_ROUND else f'round {r}'}"
-            rows.append({"who": who, "calls": calls, "success": float(at["value"][0]), "team_reward": None, "note": note})
+            # an agent's own metric (math: the Solver's one-call accuracy) is not at the team's calls
+            rows.append({"who": who, "calls": calls if agent == "team" else None, "success": float(at["value"][0]), "team_reward": None, "note": note})
         break
     return rows
 
