@@ -43,7 +43,7 @@ def _run_single(store, sibling, settings, rounds: int) -> None:
     from assets.config import RunSettings
     from assets.launch import run_rounds
 
-    say(f"maxit baselines: the trained single agent: workflow {settings.workflow} {' '.join(settings.workflow_options)}, "
+    say(f"maxit baselines: the trained single agent: workflow {' '.join((settings.workflow, *settings.workflow_options))}, "
         f"{settings.problems} problems per round, {rounds} round(s), into {sibling}")
     settings.run_config()  # every setting checked before anything starts
     run_rounds(rounds, str(sibling), RunSettings.from_settings(settings), engine=settings.engine, quiet_dagster=True)

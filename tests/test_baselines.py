@@ -268,22 +268,30 @@ def test_store_baselines_written_once_and_shown_by_the_report(tmp_path, fake_tok
     from pipeline.run.baselines import compute_baselines, read_baselines
     from pipeline.run.report import baselines_summary, markdown_round_table
 
+    from pipeline.store.registry import PolicyRegistry
+
     store = team_store(tmp_path)
+    PolicyRegistry(store).register(0, "shared", tmp_path / "model", metrics={"train_rows": 120.0})  # round 0's trained checkpoint
     pool = FakePool(ArithmeticSampler(solver_accuracy=0.5))
-    table = compute_baselines(store, engines=pool)
+    both = compute_baselines(store, engines=pool)
     assert read_baselines(store) is not None and pool.gets
+    # round 0's table: the trained team alone, played as the baselines are
+    trained = both.filter(pl.col("round") == 0)
+    assert set(trained["baseline"]) == {"team"} and (store / "round=0" / "baselines.parquet").is_file()
+    table = both.filter(pl.col("round") == -1)
     by = {(r["baseline"], r["metric"]): r["value"] for r in table.iter_rows(named=True)}
     assert table["team_calls"][0] == 6.0 and table["calls_source"][0].startswith("steps: rows per iid trajectory")
     assert by[("single", "calls")] == 1.0 and by[("best_of_k", "calls")] == 6.0 and by[("self_refine", "calls")] == 6.0
     assert 1.0 <= by[("team", "calls")] <= 4.0  # the Solver/Verifier loop: 2 or 4 calls
     # computed once: a second call reads the table and samples nothing
     again = FakePool(ArithmeticSampler())
-    assert compute_baselines(store, engines=again).equals(table) and again.gets == 0
+    assert compute_baselines(store, engines=again).equals(both) and again.gets == 0
     frame, where = baselines_summary(store)
     assert "6.00 (steps: rows per iid trajectory" in where
     assert frame["who"].to_list()[:4] == ["team, untrained (played as the baselines are)", "single agent, untrained, 1 call per turn",
                                           "single agent, untrained, best-of-6 majority vote", "single agent, untrained, self-refine x6"]
-    assert frame["who"].to_list()[4:] == ["team, start", "team, round 0"] and frame["success"].to_list()[4:] == pytest.approx([0.4, 0.6])
+    assert frame["who"].to_list()[4:] == ["team, round 0 (played as the baselines are)", "team, start", "team, round 0"]
+    assert frame["success"].to_list()[5:] == pytest.approx([0.4, 0.6])
     text = markdown_round_table(store)
     assert "baselines (the starting model as a single agent at the team's budget;" in text
     assert "| single agent, untrained, best-of-6 majority vote | 6.00 |" in text

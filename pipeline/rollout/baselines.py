@@ -162,18 +162,19 @@ def _one(sampler: Sampler, prompts, temperature: float, max_tokens: int, seeds) 
 
 
 def baseline_rows(team, single, problems: Sequence[Problem], sampler_of: Callable[[str], tuple[Sampler, object]], *, k: float, source: str,
-                  samples: int, temperature: float, max_tokens: Callable[[object], int], seed: int) -> list[dict]:
-    """The rows of the `baselines` table (round -1) for `team` and its single agent `single` (None:
-    the workflow has none; its rows then carry a note). `sampler_of(agent_id)` gives the engine and
-    tokenizer of that agent's starting checkpoint; `k` and `source` the team's calls per problem
-    and where they were counted (`team_calls`)."""
+                  samples: int, temperature: float, max_tokens: Callable[[object], int], seed: int, round_: int = -1, team_only: bool = False) -> list[dict]:
+    """The rows of the `baselines` table of `round_` (-1: the starting checkpoints) for `team` and
+    its single agent `single` (None: the workflow has none; its rows then carry a note), or with
+    `team_only` for the team alone. `sampler_of(agent_id)` gives the engine and tokenizer of that
+    agent's checkpoint; `k` and `source` the team's calls per problem and where they were counted
+    (`team_calls`)."""
     rows: list[dict] = []
 
     def add(baseline: str, agent: str, played: Played | None, m: int, note: str | None) -> None:
         values = {"success": None, "team_reward": None, "calls": None} if played is None else {
             "success": played.success, "team_reward": played.team_reward, "calls": played.calls}
         for metric, value in values.items():
-            rows.append({"round": -1, "baseline": baseline, "agent_id": agent, "metric": metric, "value": value,
+            rows.append({"round": round_, "baseline": baseline, "agent_id": agent, "metric": metric, "value": value,
                          "n": played.episodes if played else 0, "calls_per_call": m, "team_calls": k, "calls_source": source, "note": note})
 
     def run(workflow, mode: str, m: int) -> Played:
@@ -182,6 +183,8 @@ def baseline_rows(team, single, problems: Sequence[Problem], sampler_of: Callabl
         return play(workflow, problems, sampler, tokenizer, samples=samples, temperature=temperature, max_tokens=max_tokens(workflow), seed=seed, mode=mode, m=m)
 
     add("team", "*", run(team, "plain", 1), 1, None)
+    if team_only:
+        return rows
     if single is None:
         for b in BASELINES[1:]:
             add(b, "-", None, 1, f"workflow {team.name or type(team).__name__!r} has no single agent (Workflow.single_agent is None)")

@@ -57,9 +57,12 @@ def _record(store: Path) -> dict:
 
 
 def read_baselines(store: str | Path) -> pl.DataFrame | None:
-    """The store's `baselines` table, or None when it has none."""
+    """The store's `baselines` tables (round -1's and any trained round's, in round order), or None
+    when it has no round -1 table."""
     tables = st.Tables(store)
-    return tables.read(BASE_ROUND, TABLE) if tables.exists(BASE_ROUND, TABLE) else None
+    if not tables.exists(BASE_ROUND, TABLE):
+        return None
+    return tables.scan(TABLE).collect().sort("round", maintain_order=True)
 
 
 def team_of(store: Path):
@@ -71,50 +74,60 @@ def team_of(store: Path):
 
 
 def compute_baselines(store: str | Path, *, engines=None, force: bool = False) -> pl.DataFrame:
-    """The store's `baselines` table: read when it has one (unless `force`), else computed from its
-    starting checkpoints on the held-out problems of its evaluation and written as round -1. A
-    store without an evaluation, or whose team's calls per problem cannot be counted, is a
-    one-line `DataError`."""
-    from pipeline.models.loading import load_tokenizer
-    from pipeline.rollout.baselines import baseline_rows, team_calls
-    from pipeline.rollout.loop import RolloutConfig
+    """The store's `baselines` tables, computed where missing (all of them with `force`) and read
+    back: round -1's (the untrained team and its single agent's baselines, from the starting
+    checkpoints) and its last complete round's (the trained team played as the baselines are, with
+    that round's checkpoints, when they are registered), on the held-out problems of its
+    evaluation. A store without an evaluation, or whose team's calls per problem cannot be
+    counted, is a one-line `DataError`."""
+    from pipeline.rollout.baselines import team_calls
     from pipeline.run.context import RoundContext
-    from pipeline.run.rounds import evaluation_config
-    from schemas import BASELINES, polars_schema, validate
 
     store = Path(store)
     config, _ = team_of(store)
     tables = st.Tables(store)
-    if not force and tables.exists(BASE_ROUND, TABLE):
-        return tables.read(BASE_ROUND, TABLE)
     if not tables.has_any("evaluation"):
         raise DataError(f"store {store}: no evaluation table (run `maxit run --store {store}` first): the team's budget is counted from it")
-    evaluation = tables.scan("evaluation").collect()
-    steps = tables.scan("steps").select("round", "strategy", "traj_uid").collect() if tables.has_any("steps") else None
-    k, source = team_calls(evaluation, steps)
     ctx = RoundContext(tables, config, engines=engines)
+    rounds = [r for r in (BASE_ROUND, *complete_rounds(store)[-1:]) if force or not tables.exists(r, TABLE)]
+    rounds = [r for r in rounds if r == BASE_ROUND or all(ctx.registry.get(r, pid) is not None for pid in ctx.policy_ids)]
+    if rounds:
+        steps = tables.scan("steps").select("round", "strategy", "traj_uid").collect() if tables.has_any("steps") else None
+        k, source = team_calls(tables.scan("evaluation").collect(), steps)
+        try:
+            for r in rounds:
+                tables.write(r, TABLE, _played(ctx, r, k, source))
+        finally:
+            if engines is None:
+                ctx.engines.close()
+    return read_baselines(store)
+
+
+def _played(ctx, round_: int, k: float, source: str) -> pl.DataFrame:
+    """Round `round_`'s `baselines` rows: with round -1 the untrained team and its single agent's
+    baselines, with a trained round the team alone, each with that round's checkpoints."""
+    from pipeline.models.loading import load_tokenizer
+    from pipeline.rollout.baselines import baseline_rows
+    from pipeline.rollout.loop import RolloutConfig
+    from pipeline.run.rounds import evaluation_config
+    from schemas import BASELINES, polars_schema, validate
+
     team = ctx.workflow()
-    checkpoints = ctx.trained_checkpoints(BASE_ROUND)
+    checkpoints = ctx.trained_checkpoints(round_)
     policy_of = {a.agent_id: a.policy_id for a in team.agents}
     samplers = ctx.samplers(checkpoints)
     tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
-    ev = evaluation_config(config)
+    ev = evaluation_config(ctx.config)
 
     def budget(workflow) -> int:
         return ev.max_tokens or workflow.max_tokens(workflow.turn_order[0], "eval") or RolloutConfig.max_tokens
 
-    try:
-        rows = baseline_rows(
-            team, team.single_agent(), team.problems("heldout", ev.problems, ev.seed),
-            lambda agent: (samplers[policy_of[agent]], tokenizers[policy_of[agent]]),
-            k=k, source=source, samples=ev.samples, temperature=ev.temperature, max_tokens=budget, seed=ev.seed,
-        )
-    finally:
-        if engines is None:
-            ctx.engines.close()
-    frame = validate(pl.DataFrame(rows, schema=polars_schema(BASELINES)), BASELINES)
-    tables.write(BASE_ROUND, TABLE, frame)
-    return frame
+    rows = baseline_rows(
+        team, team.single_agent(), team.problems("heldout", ev.problems, ev.seed),
+        lambda agent: (samplers[policy_of[agent]], tokenizers[policy_of[agent]]),
+        k=k, source=source, samples=ev.samples, temperature=ev.temperature, max_tokens=budget, seed=ev.seed, round_=round_, team_only=round_ != BASE_ROUND,
+    )
+    return validate(pl.DataFrame(rows, schema=polars_schema(BASELINES)), BASELINES)
 
 
 def trained_single_settings(store: str | Path):
@@ -126,7 +139,7 @@ def trained_single_settings(store: str | Path):
     table = read_baselines(store)
     if table is None:
         raise DataError(f"store {store}: no baselines table: compute it first (maxit baselines --store {store})")
-    single = table.filter((pl.col("baseline") == "single") & (pl.col("metric") == "calls"))
+    single = table.filter((pl.col("round") == BASE_ROUND) & (pl.col("baseline") == "single") & (pl.col("metric") == "calls"))
     if single.is_empty() or single["value"][0] is None:
         raise DataError(f"store {store}: its workflow has no single agent, so there is no trained single agent to run")
     ratio = float(single["team_calls"][0]) / float(single["value"][0])

@@ -369,8 +369,8 @@ BASELINE_NAMES = {
 
 def baselines_summary(store: str | Path, metrics: Sequence[tuple[str, str, str]] | None = None) -> tuple[pl.DataFrame, str] | None:
     """The team beside its budget-matched baselines, one row each (`who`, `calls` per held-out
-    problem, `success`, `team_reward`, `note`): the rows of the store's `baselines` table, the
-    team's evaluation (its first round-table metric at the start and its last complete round) and
+    problem, `success`, `team_reward`, `note`): the rows of the store's `baselines` tables (round
+    -1's baselines, then the trained team played as they are), the team's evaluation (its first round-table metric at the start and its last complete round) and
     the trained single agent's run (`<store>-single`, its last complete round) when there is one.
     Returns the rows and a line saying where the team's calls were counted; None when the store
     has no `baselines` table."""
@@ -381,12 +381,11 @@ def baselines_summary(store: str | Path, metrics: Sequence[tuple[str, str, str]]
         return None
     rows: list[dict] = []
     k = float(table["team_calls"][0])
-    for baseline in dict.fromkeys(table["baseline"].to_list()):
-        part = table.filter(pl.col("baseline") == baseline)
+    for (round_, baseline), part in table.group_by("round", "baseline", maintain_order=True):
         value = {r["metric"]: r["value"] for r in part.iter_rows(named=True)}
         m = int(part["calls_per_call"][0])
-        rows.append({"who": BASELINE_NAMES.get(baseline, baseline).format(m=m), "calls": value.get("calls"), "success": value.get("success"),
-                     "team_reward": value.get("team_reward"), "note": part["note"][0]})
+        who = BASELINE_NAMES.get(baseline, baseline).format(m=m) if round_ == BASE_ROUND else f"{baseline}, round {round_} (played as the baselines are)"
+        rows.append({"who": who, "calls": value.get("calls"), "success": value.get("success"), "team_reward": value.get("team_reward"), "note": part["note"][0]})
     metrics = metrics if metrics is not None else table_metrics_of(store)[0]
     rows += _evaluated(store, metrics, k, "team")
     sibling = single_store(store)
