@@ -28,11 +28,15 @@ def add_baselines_parser(sub) -> None:
 def cmd_baselines(args) -> int:
     from pathlib import Path
 
-    from pipeline.run.baselines import compute_baselines, single_store, trained_single_settings
+    from assets.launch import console_to_log
+    from pipeline.run.baselines import compute_baselines, single_store, team_of, trained_single_settings
+    from pipeline.run.experiments import LOG_FILE
     from pipeline.run.report import baselines_markdown
 
     store = Path(args.store)
-    compute_baselines(store, force=args.force)
+    team_of(store)  # a folder that is not a recorded store is named before anything is written
+    with console_to_log(store / LOG_FILE):  # the engines' output goes to the store's log, as maxit run's does
+        compute_baselines(store, force=args.force)
     if args.trained_single:
         _run_single(store, single_store(store), *trained_single_settings(store))
     print("\n".join(baselines_markdown(store, args.store)))
