@@ -148,13 +148,22 @@ def _texts(workflow, agent: str, seen: dict, sampler: Sampler, tokenizer, temper
     seeds = [(seed * 1009 + i) % (2**31 - 1) for i in order]  # an episode's draws do not depend on which others are live
     if mode == "vote":
         out = generate_calls(sampler, [GenerateCall(prompts, m, temperature, max_tokens, seeds)])[0]
-        return {i: per[majority([workflow.answer_key(agent, s.text) for s in per])].text for i, per in zip(order, out)}
+        return {i: per[majority([_key(workflow, agent, s.text) for s in per])].text for i, per in zip(order, out)}
     texts = {i: per[0].text for i, per in zip(order, _one(sampler, prompts, temperature, max_tokens, seeds))}
     for r in range(1, m if mode == "refine" else 1):
         again = {i: workflow.refine_messages(agent, seen[i], texts[i]) for i in order}
         prompts = [encode_prompt(tokenizer, again[i]) for i in order]
         texts = {i: per[0].text for i, per in zip(order, _one(sampler, prompts, temperature, max_tokens, [s + 104729 * r for s in seeds]))}
     return texts
+
+
+def _key(workflow, agent: str, text: str) -> str | None:
+    """The answer's key, None when the workflow's (or its task's) code raises on it: no vote."""
+    try:
+        key = workflow.answer_key(agent, text)
+    except Exception:  # noqa: BLE001 - workflow and task code may raise anything
+        return None
+    return None if key is None else str(key)
 
 
 def _one(sampler: Sampler, prompts, temperature: float, max_tokens: int, seeds) -> list:

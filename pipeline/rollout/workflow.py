@@ -33,6 +33,12 @@ reward and `reward_error` names what went wrong, and the round goes on. A workfl
 the contract where it can be checked before sampling (no agents, repeated ids, a turn order
 naming an unknown agent, a strategy it does not support) is a one-line `ConfigError` naming the
 workflow (`check_workflow`).
+
+The budget-matched baselines (`pipeline.rollout.baselines`) ask a workflow three more things, each
+with a default: its single agent (`single_agent`: by default `SoloWorkflow`, the first agent of the
+turn order alone taking every seat), whether and how its answers compare (`answer_key`; by default
+they do not, and there is no majority vote) and what an agent sees when it answers again
+(`refine_messages`).
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ mix runs iid, prompt_aug and tree on it).
 Embedded model (`default_model`): `pipeline.workflows.grid.model`, a tiny Llama with a character-level
 tokenizer warm-started on the game in code, one build per game options; what the team learns in
 five default rounds is in docs/results/grid.md.
+
+Budget-matched baselines (`pipeline.rollout.baselines`): the single agent plays both roles, one
+call per turn (the planner's prompt, its letter committed as the move); answers compare by the
+move letter.
 """
 
 from __future__ import annotations

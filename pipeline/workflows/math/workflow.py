@@ -25,6 +25,9 @@ Evaluation (`evaluate_team`), on the held-out problems, without hints:
 - Solver `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
 Answers are scored and verdicts parsed as in the rollouts: guarded (`pipeline.rollout.rewards`) and
 with the one correctness rule `is_correct`.
+
+Budget-matched baselines (`pipeline.rollout.baselines`): the single agent is the Solver alone
+(`single`); its answers compare by the number the reward reads (or the task's `answer_key`).
 """
 
 from __future__ import annotations
