@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from maxit.baseline_commands import add_baselines_parser
 from maxit.common import settings_of
 from maxit.run_commands import (
     add_report_parser,
@@ -35,6 +36,7 @@ COMMANDS = (
     add_ui_parser,
     add_runs_parser,
     add_report_parser,
+    add_baselines_parser,
     add_rollout_parser,
     add_view_parser,
     add_train_parser,

@@ -23,6 +23,7 @@ __all__ = [
     "EVALUATION",
     "RATIO_DIAGNOSTICS",
     "TIMINGS",
+    "BASELINES",
     "ROLLOUT_SHARDS",
     "PROBLEMS",
     "SCHEMAS",
@@ -224,9 +225,31 @@ ROLLOUT_SHARDS = TableSchema(
     unique=("shard",),
 )
 
+# The team's untrained budget-matched baselines on the held-out problems (round -1, once per store;
+# pipeline.rollout.baselines): one row per (baseline, metric); a baseline that does not apply to the
+# workflow has null values and a note saying why.
+BASELINES = TableSchema(
+    "baselines",
+    pa.schema(
+        [
+            _f("round", pa.int32()),
+            _f("baseline", pa.string()),
+            _f("agent_id", pa.string()),
+            _f("metric", pa.string()),
+            _f("value", pa.float64(), nullable=True),
+            _f("n", pa.int64()),
+            _f("calls_per_call", pa.int64()),
+            _f("team_calls", pa.float64()),
+            _f("calls_source", pa.string()),
+            _f("note", pa.string(), nullable=True),
+        ]
+    ),
+)
+
 SCHEMAS: dict[str, TableSchema] = {
     s.name: s for s in (PROBLEMS, STEPS, ADVANTAGES, TRAINING_VIEW, EVALUATION, RATIO_DIAGNOSTICS, TIMINGS, ROLLOUT_SHARDS)
 }
+SCHEMAS[BASELINES.name] = BASELINES
 
 
 def polars_schema(schema: "TableSchema | str"):

@@ -331,3 +331,42 @@ def test_settings_changes_names_what_a_continued_store_changes(tmp_path):
     (store / "experiment.json").write_text(json.dumps(record))
     assert settings_changes(store, first) == ["the preset's clip_high 0.28 (was 0.2)"]
     assert settings_changes(tmp_path / "new", Settings(lr=2e-5)) == []
+
+
+def baselines_table(store: Path, note_vote: str | None = None) -> Path:
+    """A `baselines` table as `maxit baselines` writes it: the team's 3.2 calls per problem, the
+    single agent's 1, and the vote and refine at m = 3 (the vote a note when `note_vote`)."""
+    values = {"team": (0.45, 3.2), "single": (0.30, 1.0), "best_of_k": (None if note_vote else 0.52, None if note_vote else 3.0), "self_refine": (0.33, 3.0)}
+    rows = []
+    for baseline, (success, calls) in values.items():
+        for metric, value in (("success", success), ("team_reward", success), ("calls", calls)):
+            rows.append({"round": -1, "baseline": baseline, "agent_id": "solver", "metric": metric, "value": value, "n": 400,
+                         "calls_per_call": 1 if baseline in ("team", "single") else 3, "team_calls": 3.2, "calls_source": "steps: rows per iid trajectory",
+                         "note": note_vote if baseline == "best_of_k" else None})
+    from schemas import BASELINES, polars_schema
+
+    write_table(pl.DataFrame(rows, schema=polars_schema(BASELINES)), table_path(store, -1, "baselines"), "baselines")
+    return store
+
+
+def test_the_baselines_are_shown_beside_the_team(stores, tmp_path):
+    store = baselines_table(recorded(stores[0], seed=3))
+    text = markdown_round_table(store)
+    table, _, beside = text.partition("\n\nbaselines (")
+    assert markdown_rows(table)[2][0][0] == "-1 (start)"  # the round table stays whole above
+    assert beside.startswith("the starting model as a single agent at the team's budget; the team's calls per held-out problem: 3.20 (steps: rows per iid trajectory)")
+    lines = beside.splitlines()
+    assert lines[6] == "| single agent, untrained, best-of-3 majority vote | 3.00 | 52.0 | 0.52 |  |"
+    assert lines[8] == "| team, start |  | 25.0 |  | evaluation `solver_acc` (solver accuracy) |"  # the Solver's own metric
+    assert lines[9].startswith("| team, round 2 |  | 40.0 |")
+    # the trained single agent's run, a sibling store, beside the team
+    single = baselines_table(recorded(make_store(tmp_path / "exp-a-single", 2, 0.35), workflow="single"))
+    assert single.name == f"{store.name}-single"
+    assert markdown_round_table(store).splitlines()[-1].startswith(f"| trained single agent, round 1 |  | 40.0 |  | evaluation `solver_acc` (solver accuracy)")
+    page = build_report([store], tmp_path / "b.html").read_text()
+    assert "<h2>Budget-matched baselines</h2>" in page and "single agent, untrained, self-refine x3</td><td>3.00</td><td>33.0%</td>" in page
+    # a baseline that does not apply is a row with its note, for any workflow; a store without the table shows none
+    baselines_table(stores[1], note_vote="answers of workflow 'grid-single' do not compare")
+    assert "| single agent, untrained, best-of-3 majority vote |  |  |  | answers of workflow 'grid-single' do not compare |" in markdown_round_table(recorded(stores[1], workflow="grid"))
+    assert "\n\nbaselines (" not in markdown_round_table(recorded(make_store(tmp_path / "plain", 1, 0.3)))
+    assert "no baselines computed (maxit baselines --store" in build_report([tmp_path / "plain"], tmp_path / "c.html").read_text()

@@ -33,6 +33,12 @@ reward and `reward_error` names what went wrong, and the round goes on. A workfl
 the contract where it can be checked before sampling (no agents, repeated ids, a turn order
 naming an unknown agent, a strategy it does not support) is a one-line `ConfigError` naming the
 workflow (`check_workflow`).
+
+The budget-matched baselines (`pipeline.rollout.baselines`) ask a workflow three more things, each
+with a default: its single agent (`single_agent`: by default `SoloWorkflow`, the first agent of the
+turn order alone taking every seat), whether and how its answers compare (`answer_key`; by default
+they do not, and there is no majority vote) and what an agent sees when it answers again
+(`refine_messages`).
 """
 
 from __future__ import annotations
@@ -48,7 +54,10 @@ from pipeline.rollout.contract import Env, StepResult, check_messages, check_wor
 
 # Env, StepResult and the checks live in .contract, below the rollout engine (which imports them);
 # they are re-exported here, where the contract is described.
-__all__ = ["StepResult", "Env", "Workflow", "check_workflow", "check_messages", "finite_reward", "with_policies"]
+__all__ = ["StepResult", "Env", "Workflow", "SoloWorkflow", "SoloEnv", "REFINE_PROMPT", "check_workflow", "check_messages", "finite_reward", "with_policies"]
+
+REFINE_PROMPT = "Check your answer above and answer again."
+"""What the self-refine baseline says after an agent's previous attempt (`Workflow.refine_messages`)."""
 
 
 class Workflow:
@@ -113,6 +122,30 @@ class Workflow:
     )
     """(agent_id, metric, column) of the evaluation metrics the round table shows."""
 
+    # -- the budget-matched baselines (`pipeline.rollout.baselines`) ----------------------------
+    def single_agent(self) -> "Workflow | None":
+        """The team's single-agent variant: a team of one agent that does the team's job alone,
+        which the baselines play at the team's number of model calls. Default: the first agent of
+        `turn_order` alone, playing every seat of every turn (`SoloWorkflow`: the environment sees
+        the team's schedule, each call made by that one agent). None: the workflow has no single
+        agent (the baselines' rows then say so)."""
+        return SoloWorkflow(self)
+
+    def answer_key(self, agent_id: str, text: str) -> str | None:
+        """What `agent_id`'s call `text` answered, as a key that is equal for equal answers (the
+        best-of-k majority vote counts keys), or None when the text holds no answer. Default:
+        answers do not compare (`compares_answers` False: no vote baseline)."""
+        return None
+
+    compares_answers: ClassVar[bool] = False
+    """Whether `answer_key` reads answers that compare (the best-of-k vote applies)."""
+
+    def refine_messages(self, agent_id: str, messages: list, attempt: str) -> list | None:
+        """What `agent_id` sees when it answers again in the self-refine baseline: the messages of
+        its call, its previous attempt as an assistant turn and `REFINE_PROMPT`. None: the
+        workflow has no self-refine loop."""
+        return [*messages, {"role": "assistant", "content": attempt}, {"role": "user", "content": REFINE_PROMPT}]
+
     @property
     def policy_ids(self) -> tuple[str, ...]:
         """The team's policies, in the order of their first agent."""
@@ -139,3 +172,80 @@ def with_policies(workflow: Workflow, shared: bool) -> Workflow:
     except AttributeError as err:  # a frozen dataclass workflow
         raise ConfigError(f"workflow {workflow.name!r}: cannot set its agents' policies ({err})") from None
     return clone
+
+
+class SoloEnv(Env):
+    """The team's environment played by one agent: each call is made in the next seat of `seats`
+    (the team agents whose turns the one agent takes, in order), and the seats of `echo` are then
+    stepped with the same text without a call of their own (e.g. a mover committing the planner's
+    letter). The episode ends when any of these steps ends it."""
+
+    def __init__(self, env: Env, seats: tuple[str, ...], echo: tuple[str, ...] = ()) -> None:
+        self.env, self.seats, self.echo, self.seat = env, seats, echo, 0
+
+    def copy(self) -> "SoloEnv":
+        out = SoloEnv(self.env.copy(), self.seats, self.echo)
+        out.seat = self.seat
+        return out
+
+    def observe(self, agent_id: str):
+        return self.env.observe(self.seats[self.seat])
+
+    def step(self, agent_id: str, text: str) -> StepResult:
+        result = self.env.step(self.seats[self.seat], text)
+        self.seat = (self.seat + 1) % len(self.seats)
+        for seat in self.echo if not result.done else ():
+            after = self.env.step(seat, text)
+            result = StepResult(result.reward, after.done, result.verdict, result.error or after.error)
+            if after.done:
+                break
+        return result
+
+    def team_reward(self):
+        return self.env.team_reward()
+
+
+class SoloWorkflow(Workflow):
+    """`team` played by one agent (`Workflow.single_agent`): the agent `agent_id` (default: the
+    first of the team's `turn_order`) takes every seat of `seats` (default: the whole turn order)
+    in turn, one call per seat, and `echo` seats are stepped with its text (`SoloEnv`). Problems,
+    budgets, the embedded model and the answers' keys are the team's."""
+
+    supports_feedback: ClassVar[bool] = False
+
+    def __init__(self, team: Workflow, agent_id: str | None = None, seats: tuple[str, ...] | None = None, echo: tuple[str, ...] = ()) -> None:
+        self.team = team
+        agent_id = agent_id or team.turn_order[0]
+        self.agents = tuple(a for a in team.agents if a.agent_id == agent_id)
+        if not self.agents:
+            raise ConfigError(f"workflow {team.name or type(team).__name__!r} has no agent {agent_id!r} to play alone")
+        self.seats = tuple(seats) if seats else team.turn_order
+        self.echo = tuple(echo)
+        self.name = f"{team.name or type(team).__name__}-single"
+
+    @property
+    def max_turns(self) -> int:
+        return self.team.max_turns * len(self.seats)
+
+    def problems(self, split: str, n: int, seed: int):
+        return self.team.problems(split, n, seed)
+
+    def reset(self, problem: Problem, strategy) -> SoloEnv:
+        return SoloEnv(self.team.reset(problem, strategy), self.seats, self.echo)
+
+    def max_tokens(self, agent_id: str, kind: str = "rollout") -> int | None:
+        budgets = [b for seat in self.seats if (b := self.team.max_tokens(seat, kind))]
+        return max(budgets) if budgets else None
+
+    def default_model(self):
+        return self.team.default_model()
+
+    @property
+    def compares_answers(self) -> bool:  # type: ignore[override]
+        return self.team.compares_answers
+
+    def answer_key(self, agent_id: str, text: str) -> str | None:
+        return self.team.answer_key(self.seats[0], text)
+
+    def refine_messages(self, agent_id: str, messages: list, attempt: str) -> list | None:
+        return self.team.refine_messages(self.seats[0], messages, attempt)

@@ -258,6 +258,32 @@ def _settings_table(labels: Sequence[str], stores: Sequence[Path]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _baselines_tables(labels: Sequence[str], stores: Sequence[Path]) -> str:
+    """Each store's team beside its budget-matched baselines (`baselines_summary`), or a line saying
+    how to compute them."""
+    from pipeline.run.report import baselines_summary
+
+    parts = []
+    for label, store in zip(labels, stores):
+        summary = baselines_summary(store)
+        if summary is None:
+            parts.append(f"<p>{html.escape(label)}: no baselines computed (maxit baselines --store {html.escape(str(store))})</p>")
+            continue
+        frame, where = summary
+
+        def fmt(v, percent: bool) -> str:
+            return "" if v is None or v != v else (f"{100 * v:.1f}%" if percent else f"{v:.2f}")
+
+        rows = "".join(
+            f"<tr><td>{html.escape(r['who'])}</td><td>{fmt(r['calls'], False)}</td><td>{fmt(r['success'], True)}</td>"
+            f"<td>{fmt(r['team_reward'], False)}</td><td>{html.escape(r['note'] or '')}</td></tr>"
+            for r in frame.iter_rows(named=True)
+        )
+        head = "<tr><th></th><th>calls/problem</th><th>success</th><th>team_reward</th><th>note</th></tr>"
+        parts.append(f"<h3>{html.escape(label)}: the team and its baselines</h3><p>{html.escape(where)}</p><table>{head}{rows}</table>")
+    return f"<section id='baselines'><h2>Budget-matched baselines</h2>{''.join(parts)}</section>"
+
+
 def build_report(stores: Sequence[str | Path], out: str | Path, title: str = "maxit report") -> Path:
     """Write the HTML report of `stores` (one colour each) to `out`; returns its path. The page
     holds plotly.js itself, so it opens without a network."""
@@ -284,7 +310,7 @@ def build_report(stores: Sequence[str | Path], out: str | Path, title: str = "ma
              " td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top} section{margin-top:24px}")
     page = (
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1><p>Generated {html.escape(now_iso())}.</p>{_settings_table(labels, paths)}{''.join(parts)}</body></html>\n"
+        f"<h1>{html.escape(title)}</h1><p>Generated {html.escape(now_iso())}.</p>{_settings_table(labels, paths)}{_baselines_tables(labels, paths)}{''.join(parts)}</body></html>\n"
     )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

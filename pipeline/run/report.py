@@ -33,6 +33,8 @@ __all__ = [
     "TRAIN_COLUMNS",
     "LINE_WIDTH",
     "REGRESSED_COLUMN",
+    "baselines_summary",
+    "baselines_markdown",
 ]
 
 STAGE_COLUMNS = {row: seconds_column(row) for row in TIMING_ROWS}
@@ -353,5 +355,96 @@ def markdown_round_table(store: str | Path, label: str | None = None) -> str:
 
     lines = [header, "", line(["round", *(f"`{c}`" for c in table.columns[1:])]), "|" + "---:|" * table.width]
     lines += [line([cell(c, v) for c, v in row.items()]) for row in table.iter_rows(named=True)]
-    return "\n".join(lines)
+    beside = baselines_markdown(root, name, metrics)
+    return "\n".join(lines + (["", *beside] if beside else []))
+
+
+BASELINE_NAMES = {
+    "team": "team, untrained (played as the baselines are)",
+    "single": "single agent, untrained, 1 call per turn",
+    "best_of_k": "single agent, untrained, best-of-{m} majority vote",
+    "self_refine": "single agent, untrained, self-refine x{m}",
+}
+
+
+def baselines_summary(store: str | Path, metrics: Sequence[tuple[str, str, str]] | None = None) -> tuple[pl.DataFrame, str] | None:
+    """The team beside its budget-matched baselines, one row each (`who`, `calls` per held-out
+    problem, `success`, `team_reward`, `note`): the rows of the store's `baselines` tables (round
+    -1's baselines, then the trained team played as they are), the team's evaluation (its first round-table metric at the start and its last complete round) and
+    the trained single agent's run (`<store>-single`, its last complete round) when there is one.
+    Returns the rows and a line saying where the team's calls were counted; None when the store
+    has no `baselines` table."""
+    from pipeline.run.baselines import read_baselines, single_store
+
+    table = read_baselines(store)
+    if table is None:
+        return None
+    rows: list[dict] = []
+    k = float(table["team_calls"][0])
+    for (round_, baseline), part in table.group_by("round", "baseline", maintain_order=True):
+        value = {r["metric"]: r["value"] for r in part.iter_rows(named=True)}
+        m = int(part["calls_per_call"][0])
+        who = BASELINE_NAMES.get(baseline, baseline).format(m=m) if round_ == BASE_ROUND else f"{baseline}, round {round_} (played as the baselines are)"
+        rows.append({"who": who, "calls": value.get("calls"), "success": value.get("success"), "team_reward": value.get("team_reward"), "note": part["note"][0]})
+    metrics = metrics if metrics is not None else table_metrics_of(store)[0]
+    rows += _evaluated(store, metrics, k, "team")
+    sibling = single_store(store)
+    if is_store(sibling) and complete_rounds(sibling):
+        rows += _evaluated(sibling, table_metrics_of(sibling)[0], None, "trained single agent", _train_rows(store), skip_start=True)
+    frame = pl.DataFrame(rows, schema={"who": pl.String, "calls": pl.Float64, "success": pl.Float64, "team_reward": pl.Float64, "note": pl.String})
+    return frame, f"the team's calls per held-out problem: {k:.2f} ({table['calls_source'][0]})"
+
+
+def _train_rows(store: str | Path) -> int | None:
+    done = complete_rounds(Path(store))
+    counts = _training_counts(Path(store), done) if done else None
+    return int(counts[TRAIN_COLUMNS["rows"]].sum()) if counts is not None else None
+
+
+def _evaluated(store, metrics, calls: float | None, label: str, team_rows: int | None = None, skip_start: bool = False) -> list[dict]:
+    """Rows for the first metric of `metrics` the store's evaluation holds: at the start (round
+    -1, unless `skip_start`) and at its last complete round, with the rows it trained."""
+    done = complete_rounds(Path(store))
+    ev = st.Tables(store).scan("evaluation").collect() if st.Tables(store).has_any("evaluation") else None
+    if ev is None:
+        return []
+    rows = []
+    for agent, metric, column in metrics:
+        picked = ev.filter((pl.col("agent_id") == agent) & (pl.col("metric") == metric))
+        if picked.is_empty():
+            continue
+        for r in ([] if skip_start else [BASE_ROUND]) + done[-1:]:
+            at = picked.filter(pl.col("round") == r)
+            if at.is_empty():
+                continue
+            note = f"evaluation `{column}` ({agent} {metric})"
+            if r != BASE_ROUND:
+                trained = _train_rows(store)
+                note += f"; {trained} training rows" if trained is not None else ""
+                note += f" (the team: {team_rows})" if team_rows is not None else ""
+                note += f"; store {store}" if skip_start else ""
+            who = f"{label}, {'start' if r == BASE_ROUND else f'round {r}'}"
+            # an agent's own metric (math: the Solver's one-call accuracy) is not at the team's calls
+            rows.append({"who": who, "calls": calls if agent == "team" else None, "success": float(at["value"][0]), "team_reward": None, "note": note})
+        break
+    return rows
+
+
+def baselines_markdown(store: str | Path, name: str | None = None, metrics: Sequence[tuple[str, str, str]] | None = None) -> list[str]:
+    """The lines `maxit report --markdown` prints under a store's round table: the team beside its
+    budget-matched baselines (`baselines_summary`) as a markdown table; none when the store has no
+    `baselines` table (`maxit baselines --store S` computes it)."""
+    summary = baselines_summary(store, metrics)
+    if summary is None:
+        return []
+    frame, where = summary
+
+    def fmt(v, percent: bool) -> str:
+        return "" if v is None or v != v else (f"{100 * v:.1f}" if percent else f"{v:.2f}")
+
+    lines = [f"baselines (the starting model as a single agent at the team's budget; {where}; success in percent):", "",
+             "| | calls/problem | success | team_reward | note |", "|---|---:|---:|---:|---|"]
+    for r in frame.iter_rows(named=True):
+        lines.append(f"| {r['who']} | {fmt(r['calls'], False)} | {fmt(r['success'], True)} | {fmt(r['team_reward'], False)} | {r['note'] or ''} |")
+    return lines
 

@@ -18,6 +18,10 @@ mix runs iid, prompt_aug and tree on it).
 Embedded model (`default_model`): `pipeline.workflows.grid.model`, a tiny Llama with a character-level
 tokenizer warm-started on the game in code, one build per game options; what the team learns in
 five default rounds is in docs/results/grid.md.
+
+Budget-matched baselines (`pipeline.rollout.baselines`): the single agent plays both roles, one
+call per turn (the planner's prompt, its letter committed as the move); answers compare by the
+move letter.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import ClassVar
 from pipeline.rollout.agent import Agent
 from pipeline.errors import ConfigError
 from pipeline.types import Problem
-from pipeline.rollout.workflow import Workflow
+from pipeline.rollout.workflow import SoloWorkflow, Workflow
 from pipeline.workflows.grid.game import (
     MAX_CELLS,
     MOVER,
@@ -180,6 +184,18 @@ class GridWorkflow(Workflow):
         if self.task_file is not None:  # puzzles of any shape: the model of the default game
             return grid_model()
         return grid_model(game=GridGame(self.size, self.walls, self.min_dist, self.max_dist, self.heldout_fraction, self.slack))
+
+    # -- the budget-matched baselines: one agent playing both roles, its moves compared
+    compares_answers: ClassVar[bool] = True
+
+    def single_agent(self) -> SoloWorkflow:
+        """One agent playing both roles: the planner's call, its letter committed as the move
+        (the mover steps the same text without a call of its own), one call per turn."""
+        return SoloWorkflow(self, PLANNER, seats=(PLANNER,), echo=(MOVER,))
+
+    def answer_key(self, agent_id: str, text: str) -> str | None:
+        """The move letter the text names (`read_move`), None when it names none."""
+        return read_move(text)
 
     def metrics(self, steps) -> list[tuple[str, str, float, int]]:
         """Extra evaluation rows: how often the mover commits the planner's proposal."""

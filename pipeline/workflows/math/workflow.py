@@ -25,6 +25,9 @@ Evaluation (`evaluate_team`), on the held-out problems, without hints:
 - Solver `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
 Answers are scored and verdicts parsed as in the rollouts: guarded (`pipeline.rollout.rewards`) and
 with the one correctness rule `is_correct`.
+
+Budget-matched baselines (`pipeline.rollout.baselines`): the single agent is the Solver alone
+(`single`); its answers compare by the number the reward reads (or the task's `answer_key`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from pipeline.workflows.math.orchestra import FEEDBACK_TURNS, SOLVER, VERIFIER, 
 from pipeline.errors import ConfigError
 from pipeline.models.chat import encode_prompt
 from pipeline.rollout.rewards import Outcome, is_correct, parse_verdicts, score_attempts, verifier_local_reward
+from pipeline.tasks.answers import last_number
 from pipeline.tasks.base import budget_of
 from pipeline.strategies import Feedback, PromptAug
 from pipeline.types import GenerateCall, Problem, Sampler, generate_calls
@@ -223,6 +227,27 @@ class MathWorkflow(Workflow):
     def evaluate(self, samplers, tokenizers, config, round_: int):
         return evaluate_team(self.task, self.agents, samplers, tokenizers, config, round_)
 
+    # -- the budget-matched baselines: the Solver alone, its answers compared by their number
+    compares_answers: ClassVar[bool] = True
+
+    def single_agent(self) -> "SingleWorkflow":
+        """The Solver alone on the same task (`single`), with the same rules and budgets."""
+        solver = next(a for a in self.agents if a.role == SOLVER)
+        return SingleWorkflow(task=self.task, agents=(solver,), orchestra=self.orchestra)
+
+    def answer_key(self, agent_id: str, text: str) -> str | None:
+        """The Solver's answer as the task reads it: the task's own `answer_key(text)` when it has
+        one, else the number the reward reads (its "#### x", else its last number); None for a
+        Verifier's call or a reply without one."""
+        if agent_id != self.solver_id:
+            return None
+        own = getattr(self.task, "answer_key", None)
+        if callable(own):
+            key = own(text)
+            return None if key is None else str(key)
+        number = last_number(text)
+        return None if number is None else repr(float(number))
+
 
 @dataclass
 class SingleWorkflow(MathWorkflow):
@@ -238,6 +263,9 @@ class SingleWorkflow(MathWorkflow):
     @property
     def max_turns(self) -> int:
         return max(self.max_loop_num, FEEDBACK_TURNS)
+
+    def single_agent(self) -> "SingleWorkflow":
+        return self
 
 
 def _correct(task, problems: Sequence[Problem], texts: Sequence[Sequence[str]], timeout: float | None) -> list[list[bool]]:
