@@ -20,8 +20,7 @@ from pipeline.types import Problem  # noqa: E402
 from pipeline.workflows import WORKFLOW_NAMES, load_workflow  # noqa: E402
 from pipeline.workflows.games import evaluation as games_eval  # noqa: E402
 from pipeline.workflows.games.env import SPECS, GameEnv, read_action, replay, ttt_heuristic  # noqa: E402
-from pipeline.workflows.games.model import best_moves  # noqa: E402
-from pipeline.workflows.games.spiel import Table, load_game  # noqa: E402
+from pipeline.workflows.games.spiel import Table, best_moves, load_game  # noqa: E402
 from tests.test_grid import ScriptedSampler  # noqa: E402
 
 TTT = SPECS["tic_tac_toe"]
@@ -119,6 +118,14 @@ def test_rewards_by_hand():
     blunder = env.step("player_0", "8")  # leaves o its win at 5
     assert blunder.reward == 0.0 and not blunder.done
     assert env.step("player_1", "5").reward == 1.0 and env.result(1) == 1.0
+    # reward="best": 1.0 for an optimal move (the grid's rule), 0.0 for another legal one
+    best = load_workflow("tic_tac_toe", reward="best")
+    env = best.reset(problem("0,3,8,4"), IID(group_size=1))  # x must block at 5
+    assert env.step("player_0", "5").reward == 1.0
+    env = best.reset(problem("0,3,8,4"), IID(group_size=1))
+    assert env.step("player_0", "1").reward == 0.0
+    with pytest.raises(ConfigError, match="unknown reward 'best'"):
+        load_workflow("bargaining", reward="best")
     # the tree strategy's copy: an independent table
     env = GameEnv(TTT, replay(TTT, "", seed="s"), {"player_0": 0, "player_1": 1}, -1.0)
     twin = env.copy()

@@ -33,9 +33,9 @@ from pipeline.rollout.contract import Env, StepResult
 from pipeline.errors import ConfigError
 from pipeline.tasks.base import split_of
 from pipeline.types import Message
-from pipeline.workflows.games.spiel import Table, solved_value
+from pipeline.workflows.games.spiel import Table, best_moves, solved_value
 
-__all__ = ["GameSpec", "GameEnv", "SPECS", "PLAYERS", "OPPONENTS", "read_action", "draw_histories", "positions", "replay", "prompt_text"]
+__all__ = ["GameSpec", "GameEnv", "SPECS", "REWARDS", "PLAYERS", "OPPONENTS", "read_action", "draw_histories", "positions", "replay", "prompt_text"]
 
 PLAYERS = ("player_0", "player_1")
 """The agents: one per seat (OpenSpiel's players 0 and 1)."""
@@ -50,7 +50,7 @@ class GameSpec:
     roles: tuple[str, str]
     """What each seat is called on the prompt's first line."""
     reward: str
-    """"value": a call's local reward is the mover's minimax value after its move, as 1 win, 0.5
+    """"value" (or "best", `REWARDS`): a call's local reward is the mover's minimax value after its move, as 1 win, 0.5
     draw, 0 loss (exact; small zero-sum games); "outcome": the mover's utility when its move ends the game, else 0."""
     scale: float
     """Utilities are divided by this (bargaining's deal values run to 10; tic-tac-toe's are +-1)."""
@@ -63,6 +63,11 @@ class GameSpec:
     max_turns: int
     """Turns at most (each seat moves once per turn)."""
 
+
+REWARDS = {"tic_tac_toe": ("value", "best"), "bargaining": ("outcome",)}
+"""The local rewards a game offers (the workflow's `reward` option; the first is the default).
+"best": 1.0 when the move's minimax result is the best the mover could get from the position (an
+optimal move, the grid's rule: the default "rs" loss trains exactly these), else 0.0."""
 
 SPECS = {
     "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="value", scale=1.0, team="legal", opening=4, max_turns=5),
@@ -182,8 +187,10 @@ class GameEnv(Env):
     team reward (evaluation against an opponent: 1 win, 0.5 draw, 0 loss); None in self-play."""
 
     def __init__(self, spec: GameSpec, table: Table, seats: dict[str, int], penalty: float,
-                 opponent: Callable[[Table, random.Random], int] | None = None, judge: int | None = None, seed: str = "") -> None:
+                 opponent: Callable[[Table, random.Random], int] | None = None, judge: int | None = None, seed: str = "", reward: str | None = None) -> None:
         self.spec, self.table, self.seats, self.penalty = spec, table, dict(seats), float(penalty)
+        self.reward = reward or spec.reward
+        """How a call is rewarded (`REWARDS`); the spec's by default."""
         self.opponent, self.judge = opponent, judge
         self.rng = random.Random(f"opponent:{seed}")
         self.forfeit: int | None = None
@@ -225,8 +232,11 @@ class GameEnv(Env):
         if action is None:
             self.forfeit = seat
             return StepResult(self.penalty, done=True)
+        best = best_moves(self.table) if self.reward == "best" else ()
         self.table.step(action)
-        if self.spec.reward == "value":
+        if self.reward == "best":
+            reward = 1.0 if action in best else 0.0
+        elif self.reward == "value":
             reward = (solved_value(self.table, seat) / self.spec.scale + 1.0) / 2.0
         else:
             reward = self.table.rewards()[seat] / self.spec.scale if self.table.done else 0.0

@@ -56,7 +56,7 @@ class Versus(Workflow):
         table = self.game.table(problem)
         seats = {a.agent_id: PLAYERS.index(a.agent_id) for a in self.agents}
         scripted = OPPONENTS[self.game.spec.name][self.game.opponent] if self.opponent == "scripted" else None
-        return GameEnv(self.game.spec, table, seats, self.game.illegal_penalty, opponent=scripted, judge=self.seat, seed=problem.uid)
+        return GameEnv(self.game.spec, table, seats, self.game.illegal_penalty, opponent=scripted, judge=self.seat, seed=problem.uid, reward=self.game.reward)
 
     def max_tokens(self, agent_id: str, kind: str = "rollout") -> int | None:
         return self.game.max_tokens(agent_id, kind)

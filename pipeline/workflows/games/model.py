@@ -24,7 +24,7 @@ from pipeline.errors import ConfigError
 from pipeline.models.build import ModelConfig, cached_build, count_parameters, untrained_model
 from pipeline.types import Message
 
-__all__ = ["TTTWarmStartConfig", "ttt_sft_examples", "ttt_model", "build_ttt_model", "best_moves", "TTT_BUILD_VERSION"]
+__all__ = ["TTTWarmStartConfig", "ttt_sft_examples", "ttt_model", "build_ttt_model", "TTT_BUILD_VERSION"]
 
 TTT_BUILD_VERSION = 1
 """Bump when the build code changes what it produces, so old cached models are not reused."""
@@ -56,25 +56,11 @@ class TTTWarmStartConfig:
             raise ConfigError(f"tic-tac-toe warm start: noise must be in [0, 1], got {self.noise}")
 
 
-def best_moves(table) -> list[int]:
-    """The mover's legal moves whose minimax result is the best it can get."""
-    from pipeline.workflows.games.spiel import solved_value
-
-    me = table.agent_selection
-    scored = []
-    for a in table.legal():
-        child = table.clone()
-        child.step(a)
-        scored.append((solved_value(child, me), a))
-    top = max(v for v, _ in scored)
-    return [a for v, a in scored if v == top]
-
-
 def ttt_sft_examples(rng: random.Random, n: int, config: TTTWarmStartConfig) -> list[tuple[list[Message], str]]:
     """`n` (messages, target cell) pairs at train-split positions of random games."""
     from pipeline.tasks.base import split_of
     from pipeline.workflows.games.env import SPECS, prompt_text
-    from pipeline.workflows.games.spiel import Table
+    from pipeline.workflows.games.spiel import Table, best_moves
 
     spec = SPECS["tic_tac_toe"]
     out: list[tuple[list[Message], str]] = []

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from pipeline.errors import ConfigError
 
-__all__ = ["Table", "load_game", "solved_value", "EXTRA"]
+__all__ = ["Table", "load_game", "solved_value", "best_moves", "EXTRA"]
 
 EXTRA = "games"
 """The pyproject extra that installs OpenSpiel (pip install 'maxit[games]')."""
@@ -101,6 +101,18 @@ def solved_value(table: Table, player: int) -> float:
     chance nodes past the deal, small enough to solve (tic-tac-toe: 5,478 positions)."""
     v0 = _minimax0(table.game_name, table.state)
     return v0 if player == 0 else -v0
+
+
+def best_moves(table: Table) -> list[int]:
+    """The mover's legal moves whose minimax result (`solved_value`) is the best it can get."""
+    me = table.agent_selection
+    scored = []
+    for a in table.legal():
+        child = table.clone()
+        child.step(a)
+        scored.append((solved_value(child, me), a))
+    top = max(v for v, _ in scored)
+    return [a for v, a in scored if v == top]
 
 
 _VALUES: dict[tuple[str, str], float] = {}

@@ -21,7 +21,7 @@ from pipeline.errors import ConfigError
 from pipeline.rollout.agent import Agent
 from pipeline.rollout.workflow import Workflow
 from pipeline.types import Problem
-from pipeline.workflows.games.env import OPPONENTS, PLAYERS, SPECS, GameEnv, GameSpec, draw_histories, replay
+from pipeline.workflows.games.env import OPPONENTS, PLAYERS, REWARDS, SPECS, GameEnv, GameSpec, draw_histories, replay
 
 __all__ = ["GameWorkflow", "TicTacToeWorkflow", "BargainingWorkflow", "GAME_WORKFLOWS"]
 
@@ -43,13 +43,15 @@ class GameWorkflow(Workflow):
     `illegal_penalty` (the local reward of an illegal or unparsable move, which ends the game),
     `opponent` (the scripted player of the evaluation: tic_tac_toe "heuristic" (default) or
     "random"; bargaining "random"), `base_model` (the starting policy the evaluation plays against;
-    default: the workflow's embedded model)."""
+    default: the workflow's embedded model), `reward` (how a call is rewarded:
+    `pipeline.workflows.games.env.REWARDS`; tic_tac_toe "value" (default) or "best")."""
 
     opening: int | None = None
     heldout_fraction: float = 0.3
     illegal_penalty: float = -1.0
     opponent: str | None = None
     base_model: str | None = None
+    reward: str | None = None
     agents: tuple[Agent, ...] = field(default_factory=_players)
 
     spec: ClassVar[GameSpec]
@@ -66,6 +68,9 @@ class GameWorkflow(Workflow):
             raise ConfigError(f"workflow {name!r}: heldout_fraction must be in (0, 1), got {self.heldout_fraction!r}")
         if isinstance(self.illegal_penalty, bool) or not isinstance(self.illegal_penalty, (int, float)):
             raise ConfigError(f"workflow {name!r}: illegal_penalty must be a number, got {self.illegal_penalty!r}")
+        self.reward = self.reward or REWARDS[name][0]
+        if self.reward not in REWARDS[name]:
+            raise ConfigError(f"workflow {name!r}: unknown reward {self.reward!r}; choose from {list(REWARDS[name])}")
         scripted = OPPONENTS[name]
         self.opponent = self.opponent or next(iter(scripted))
         if self.opponent not in scripted:
@@ -100,7 +105,7 @@ class GameWorkflow(Workflow):
             raise ConfigError(f"workflow {self.spec.name!r}: problem {problem.uid!r} is not a history of legal moves ({err})") from None
 
     def reset(self, problem: Problem, strategy) -> GameEnv:
-        return GameEnv(self.spec, self.table(problem), {p: i for i, p in enumerate(PLAYERS)}, self.illegal_penalty)
+        return GameEnv(self.spec, self.table(problem), {p: i for i, p in enumerate(PLAYERS)}, self.illegal_penalty, reward=self.reward)
 
     def max_tokens(self, agent_id: str, kind: str = "rollout") -> int | None:
         return 4 if self.spec.name == "tic_tac_toe" else 48
