@@ -184,6 +184,17 @@ def test_bargaining_rewards_each_players_deal_and_the_joint_value():
     assert bad.height == 1 and bad["local_reward"].to_list() == [-1.0] and bad["global_reward"].to_list() == [0.0]
 
 
+def test_the_starting_policy_holds_the_other_seat():
+    wf = load_workflow("tic_tac_toe", shared_policy=False)
+    for seat in (0, 1):
+        versus = games_eval.Versus(wf, seat, "base")
+        policies = {a.agent_id: a.policy_id for a in versus.agents}
+        assert policies == {f"player_{seat}": f"player_{seat}", f"player_{1 - seat}": games_eval.BASE_POLICY}
+        steps = play(versus, [problem("")], first_free)
+        assert set(steps.select("agent_id", "policy_id").unique().iter_rows()) == set(policies.items())
+    assert [a.agent_id for a in games_eval.Versus(wf, 1, "scripted").agents] == ["player_1"]
+
+
 def _evaluate(monkeypatch, policy, base_policy):
     monkeypatch.setattr(games_eval, "_base_sampler", lambda game, samplers: ScriptedSampler(base_policy))
     wf = load_workflow("tic_tac_toe")
@@ -195,6 +206,7 @@ def test_evaluation_against_the_scripted_player_and_the_base(monkeypatch):
     from pipeline.workflows.games.spiel import solved_value
 
     m, frame = _evaluate(monkeypatch, perfect, first_free)
+    assert m[("team", "win_vs_base")] > m[("team", "loss_vs_base")]  # perfect play beats first-free play
     positions = load_workflow("tic_tac_toe").problems("heldout", 12, EvalConfig().seed)
     # perfect play loses only from positions already lost for its seat (the opponent moving first
     # cannot improve on the position's value for it)

@@ -41,9 +41,9 @@ class Versus(Workflow):
         self.game, self.seat, self.opponent = game, seat, opponent
         self.name = game.name
         policy = {a.agent_id: a.policy_id for a in game.agents}
-        mine = Agent(PLAYERS[seat], policy[PLAYERS[seat]])
+        mine = Agent(PLAYERS[seat], policy_id=policy[PLAYERS[seat]])
         if opponent == "base":
-            other = Agent(PLAYERS[1 - seat], BASE_POLICY)
+            other = Agent(PLAYERS[1 - seat], policy_id=BASE_POLICY)
             self.agents = tuple(sorted((mine, other), key=lambda a: PLAYERS.index(a.agent_id)))
         else:
             self.agents = (mine,)
