@@ -234,3 +234,18 @@ def test_without_the_extra_one_line_error_names_it(monkeypatch):
             load_workflow("tic_tac_toe").reset(problem(""), IID(group_size=1))
     finally:
         load_game.cache_clear()
+
+
+def test_only_the_adapter_imports_the_game_libraries():
+    """pyspiel, shimmy and pettingzoo are imported by `pipeline/workflows/games/spiel.py` alone."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted((root / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] in ("pyspiel", "shimmy", "pettingzoo", "open_spiel") for n in names):
+                found.append(str(path.relative_to(root)))
+    assert set(found) == {"pipeline/workflows/games/spiel.py"}
