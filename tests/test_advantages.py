@@ -463,3 +463,37 @@ def test_batch_baseline_compares_every_problem_with_the_rounds_mean():
         assert got[8:] == pytest.approx([1 / 2**0.5, -1 / 2**0.5])  # the tree's own statistics
     with pytest.raises(ConfigError, match="baseline"):
         AdvantageConfig(baseline="global")
+
+
+def test_role_baseline_is_a_running_mean_per_role_by_hand():
+    """baseline="role" (SPIRAL's RAE): b starts at 0; after each round b <- d*b + (1-d)*(the round's
+    mean reward of that role's rows); A = reward - b after the row's own round. Decay 0.5 by hand:
+    round 0: x rewards [1, 0] (mean 0.5) -> b 0.25, o [1] -> b 0.5; round 1: x [1] -> b 0.625,
+    o [0, 0] -> b 0.25; a row with a null reward is outside the mean, A 0, weight 0."""
+    config = AdvantageConfig(baseline="role", role_decay=0.5)
+    r0 = frame(round=[0, 0, 0], agent_id=["x", "x", "o"], reward=[1.0, 0.0, 1.0])
+    r1 = frame(round=[1, 1, 1, 1], agent_id=["x", "o", "o", "x"], reward=[1.0, 0.0, 0.0, None]).with_columns(pl.col("step_id") + "-r1")
+    a0 = compute_advantages(r0, config)
+    assert a0["group_mean"].to_list() == [0.25, 0.25, 0.5]
+    assert a0["advantage"].to_list() == [0.75, -0.25, 0.5]
+    a1 = compute_advantages(r1, config, earlier=r0)
+    assert a1["group_mean"].to_list() == [0.625, 0.25, 0.25, 0.625]
+    assert a1["advantage"].to_list() == [0.375, -0.25, -0.25, 0.0]
+    assert a1["sample_weight"].to_list() == [1.0, 1.0, 1.0, 0.0]
+    # one table holding both rounds gives the same numbers: the mean is a function of the rows
+    both = compute_advantages(pl.concat([r0, r1]), config)
+    assert both["advantage"].to_list() == a0["advantage"].to_list() + a1["advantage"].to_list()
+    # a later round without its history is refused, not silently restarted at 0
+    with pytest.raises(ConfigError, match="earlier rounds"):
+        compute_advantages(r1, config)
+    with pytest.raises(ConfigError, match="role_decay"):
+        AdvantageConfig(baseline="role", role_decay=1.0)
+
+
+def test_role_baseline_uses_the_mixed_reward():
+    """With global and local parts the return is alpha*global + local_weight*local, as elsewhere."""
+    config = AdvantageConfig(baseline="role", role_decay=0.0, alpha=1.0, local_weight=1.0)
+    df = frame(round=[0, 0], agent_id=["x", "o"], global_reward=[1.0, 1.0], local_reward=[0.0, -1.0])
+    out = compute_advantages(df, config)
+    assert out["reward"].to_list() == [1.0, 0.0]
+    assert out["advantage"].to_list() == [0.0, 0.0]  # decay 0: b is the round's own mean per role

@@ -156,7 +156,7 @@ RUN_FLAGS = {
     ("--strategies",): None, ("--temperature",): None, ("--max-tokens",): None, ("--max-loop-num",): None, ("--seed",): None,
     ("--problem-replay",): None, ("--start-from",): ("last", "best"),
     ("--feedback-train-context",): ("problem", "attempt"), ("--feedback-first-attempt",): ("iid", "skip"), ("--alpha",): None,
-    ("--local-weight",): None, ("--group-by",): None, ("--normalize",): ("std", "center"), ("--baseline",): ("group", "batch"),
+    ("--local-weight",): None, ("--group-by",): None, ("--normalize",): ("std", "center"), ("--baseline",): ("group", "batch", "role"),
     ("--trajectory-mean", "--no-trajectory-mean"): None, ("--trajectory-score",): ("own", "mean"), ("--loss",): ("rs", "ppo", "is", "exit"),
     ("--anchor",): ("sampling", "proximal"), ("--sequence-ratio",): ("mask", "truncate", "none"), ("--hinted-rows",): ("mask", "truncate", "none", "drop"),
     ("--zero-advantage-rows",): ("drop", "keep"), ("--feedback-rows",): ("mask", "truncate", "none"), ("--dual-clip",): None, ("--clip-low",): None,

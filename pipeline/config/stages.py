@@ -111,12 +111,21 @@ class AdvantageConfig:
     singleton: Literal["zero", "raw"] = "zero"
     """Groups of one member: "zero" gives A = 0 (there is no baseline to compare against);
     "raw" uses verl's rule mean 0, std 1, so A = r / (1 + eps) (r with "center")."""
-    baseline: Literal["group", "batch"] = "group"
+    baseline: Literal["group", "batch", "role"] = "group"
     """"group": the statistics of the row's group of samples of one problem (GRPO, DrMAS,
     AT-GRPO). "batch": of all the round's rows of the same strategy (and `group_by` columns),
     every problem together: REINFORCE with a mean-reward baseline, so a problem whose samples were
     all right still has a positive advantage (its samples are above the round's mean) where the
-    group baseline gives it 0."""
+    group baseline gives it 0.
+    "role" (SPIRAL's role-conditioned advantage estimation, RAE, for self-play games): a running
+    mean of the reward per role (`agent_id`; the game is the run's workflow), A = reward - b,
+    where after each round b <- role_decay * b + (1 - role_decay) * (the round's mean reward of
+    that role's rows), starting at 0, and a round's rows are scored against the b updated with
+    their own round. The running mean is a function of the earlier rounds' stored rows
+    (`compute_advantages(..., earlier=...)`), so it survives a resumed run. It ignores
+    `group_by`, `normalize` and `singleton` (no std: A is the centred return)."""
+    role_decay: float = 0.95
+    """The running mean's decay under baseline="role" (SPIRAL's alpha, 0.95)."""
 
     # --- Parameters that control rewards ----------------------------------------------------
     alpha: float = 0.0
@@ -151,8 +160,10 @@ class AdvantageConfig:
             raise ConfigError("trajectory_score='mean' needs trajectory_mean=True (without it every row is scored by its own reward)")
         if self.normalize not in ("std", "center"):
             raise ConfigError(f"normalize must be 'std' or 'center', got {self.normalize!r}")
-        if self.baseline not in ("group", "batch"):
-            raise ConfigError(f"baseline must be 'group' or 'batch', got {self.baseline!r}")
+        if self.baseline not in ("group", "batch", "role"):
+            raise ConfigError(f"baseline must be 'group', 'batch' or 'role', got {self.baseline!r}")
+        if not (_is_number(self.role_decay) and 0 <= self.role_decay < 1):
+            raise ConfigError(f"role_decay must be in [0, 1), got {self.role_decay!r}")
         if self.singleton not in ("zero", "raw"):
             raise ConfigError(f"singleton must be 'zero' or 'raw', got {self.singleton!r}")
         if not (_is_number(self.eps) and self.eps >= 0):

@@ -25,7 +25,9 @@ Semantics (docs/ALGORITHMS.md; AdvantageConfig documents each switch):
   Stratified strategy weights are applied by the training view, over the rows each policy
   actually trains on (`ViewConfig.strategy_weights`), which this stage cannot know;
 - a `round` column, when present, is part of every group, so a table spanning several rounds
-  gives the same numbers as each round on its own.
+  gives the same numbers as each round on its own;
+- baseline="role" (SPIRAL's RAE, `role_advantages`): no groups; a running mean of the reward per
+  role (agent_id) over the rounds, A = reward - that mean, fed by the `earlier` rounds' rows.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from __future__ import annotations
 import polars as pl
 
 from pipeline.config import AdvantageConfig
-from pipeline.errors import DataError, SchemaError
+from pipeline.errors import ConfigError, DataError, SchemaError
 from schemas import duplicates_problem
 
-__all__ = ["compute_advantages", "advantage_metrics", "required_columns", "ADVANTAGE_COLUMNS"]
+__all__ = ["compute_advantages", "advantage_metrics", "required_columns", "role_baselines", "ADVANTAGE_COLUMNS"]
 
 ADVANTAGE_COLUMNS = ("group_size", "group_mean", "group_std", "advantage", "sample_weight")
 
@@ -116,13 +118,16 @@ def _check_values(out: pl.DataFrame, config: AdvantageConfig) -> None:
         raise DataError("cannot compute advantages:\n  - " + "\n  - ".join(problems))
 
 
-def compute_advantages(steps: pl.DataFrame | pl.LazyFrame, config: AdvantageConfig | None = None) -> pl.DataFrame:
+def compute_advantages(steps: pl.DataFrame | pl.LazyFrame, config: AdvantageConfig | None = None, *, earlier: pl.DataFrame | None = None) -> pl.DataFrame:
     """The input rows, in input order, with `reward` (recomputed from global/local when present)
-    and `group_size, group_mean, group_std, advantage, sample_weight` added."""
+    and `group_size, group_mean, group_std, advantage, sample_weight` added. `earlier`: the
+    earlier rounds' rows (steps or advantages tables, with `round`), read by baseline="role" only."""
     config = config or AdvantageConfig()
     df = steps.collect() if isinstance(steps, pl.LazyFrame) else steps
     schema = df.schema
     _check_input(schema, config)
+    if config.baseline == "role":
+        return role_advantages(df, config, earlier)
     # a repeated row would count twice in its group's statistics (a table of several rounds
     # read through a round=* glob: step_ids are unique per round)
     duplicated = duplicates_problem(df, "step_id", within="round" if "round" in schema else None)
@@ -304,3 +309,71 @@ def advantage_metrics(advantages: pl.DataFrame | pl.LazyFrame, config: Advantage
         )
     )
     return rows.join(groups, on=by, how="left").sort(by).collect()
+
+
+# -- role-conditioned baselines (SPIRAL's RAE) ----------------------------------------------------
+
+
+def _role_rewards(df: pl.DataFrame, config: AdvantageConfig) -> pl.LazyFrame:
+    """(round, agent_id, reward, _member) of `df`'s rows: the mixed reward as `_with_reward_and_keys`
+    computes it, members = active rows with a finite reward."""
+    lf, _, _ = _with_reward_and_keys(df.lazy(), df.schema, config, True, [])
+    return lf.select("round", "agent_id", "reward", "_member")
+
+
+def role_baselines(rows: pl.DataFrame, config: AdvantageConfig) -> pl.DataFrame:
+    """(round, agent_id, baseline, members) for every round and role of `rows` (which have
+    `round`): b starts at 0 and after each round becomes role_decay * b + (1 - role_decay) * (the
+    mean reward of the role's member rows in that round); a round where the role has no member
+    leaves b as it was. `baseline` is b after the row's own round."""
+    _check_input(rows.schema, config)
+    if "round" not in rows.columns or "agent_id" not in rows.columns:
+        raise DataError("role baselines need the columns 'round' and 'agent_id'")
+    per_round = (
+        _role_rewards(rows, config)
+        .group_by("round", "agent_id")
+        .agg(pl.col("reward").filter("_member").mean().alias("mean"), pl.col("_member").sum().cast(pl.Int32).alias("members"))
+        .sort("agent_id", "round")
+        .collect()
+    )
+    d = float(config.role_decay)
+    # one value per (round, role): a handful of rows, so the recursion is a plain loop
+    out, b, last = [], 0.0, None
+    for r, agent, mean, members in per_round.iter_rows():
+        if agent != last:
+            b, last = 0.0, agent
+        if members:
+            b = d * b + (1 - d) * mean
+        out.append((r, agent, b, members))
+    return pl.DataFrame(out, schema={"round": per_round.schema["round"], "agent_id": pl.String, "baseline": pl.Float64, "members": pl.Int32}, orient="row")
+
+
+def role_advantages(df: pl.DataFrame, config: AdvantageConfig, earlier: pl.DataFrame | None) -> pl.DataFrame:
+    """`df`'s rows with A = reward - the role's running mean after their round (`role_baselines`
+    over `earlier` and `df` together); non-members A = 0, weight 0. A table of a round after the
+    first needs `earlier` (the running mean would silently restart at 0 otherwise)."""
+    if "round" not in df.columns:
+        first = 0 if earlier is None or not earlier.height else int(earlier["round"].max()) + 1
+        df = df.with_columns(pl.lit(first, dtype=pl.Int32).alias("round"))
+        added = True
+    else:
+        added = False
+    if earlier is None and df.height and int(df["round"].min()) > 0:
+        raise ConfigError(f"baseline='role' on round {int(df['round'].min())}: pass the earlier rounds' rows (earlier=), or the running mean restarts at 0")
+    cols = [c for c in required_columns(config, df.schema) if c in df.columns] + ["round", "agent_id"]
+    history = df.select(list(dict.fromkeys(cols)))
+    if earlier is not None and earlier.height:
+        old = earlier.select([c for c in history.columns if c in earlier.columns])
+        history = pl.concat([old.filter(pl.col("round") < df["round"].min()), history], how="diagonal_relaxed")
+    base = role_baselines(history, config).select("round", "agent_id", pl.col("baseline").alias("group_mean"), pl.col("members").alias("group_size"))
+    scored = _role_rewards(df, config).collect().select("reward", "_member")
+    out = df.drop([c for c in ("reward", *ADVANTAGE_COLUMNS) if c in df.columns]).hstack(scored)
+    out = out.join(base.with_columns(pl.col("round").cast(out.schema["round"])), on=["round", "agent_id"], how="left", maintain_order="left")
+    _check_values(out, config)
+    out = out.with_columns(
+        pl.when("_member").then(pl.col("reward") - pl.col("group_mean")).otherwise(0.0).alias("advantage"),
+        pl.lit(None, dtype=pl.Float64).alias("group_std"),
+        pl.when("_member").then(1.0).otherwise(0.0).alias("sample_weight"),
+    )
+    keep = [c for c in df.columns if c not in ADVANTAGE_COLUMNS and c != "reward" and not (added and c == "round")]
+    return out.select(*keep, "reward", *ADVANTAGE_COLUMNS)

@@ -47,10 +47,15 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
         from pipeline.workflows.code import CodeWorkflow
 
         return CodeWorkflow
+    if name in ("tic_tac_toe", "bargaining"):
+        from pipeline.workflows.games import GAME_WORKFLOWS
+
+        return GAME_WORKFLOWS[name]
     return None
 
 
-WORKFLOW_NAMES = ("math", "single", "grid", "code")
+WORKFLOW_NAMES = ("math", "single", "grid", "code",
+                  "tic_tac_toe", "bargaining")
 
 
 def _import_file(path: str):

@@ -1,0 +1,261 @@
+"""The games' rules as maxit sees them: each game's spec (`GameSpec`: its OpenSpiel name, how
+each player's call is rewarded, the team reward), its problems (dealt and opened positions), the
+scripted opponents, and the environment of one episode (`GameEnv`).
+
+What an agent sees: one user message, its game and seat on the first line ("tic_tac_toe x",
+"bargaining p1") and OpenSpiel's own text observation for that player below it. What it answers:
+the number of a legal action (tic-tac-toe: the cell 0-8, row by row) or the action's OpenSpiel
+text ("Agree", "Offer: Book: 1, Hat: 0, Basketball: 0"); `read_action` checks it against the
+legal actions before anything is applied.
+
+An illegal or unparsable move ends the game (it is not replaced by another move): the mover's
+call gets the local reward `illegal_penalty` and forfeits (a loss in the win/draw/loss count, the
+other player's win); in the negotiation there is then no deal.
+
+Local rewards, per call (per-player rewards): tic-tac-toe (`reward="value"`): the result the mover's
+move secures, the mover's utility of the position it reached under optimal play from there (exact
+minimax; the game's actual utility when the move ends it) on the scale 1 win, 0.5 draw, 0 loss, so
+every call is scored at its own step and the default "rs" loss (reward >= 1) trains the moves that
+keep a won game won. Bargaining
+(`reward="outcome"`): the mover's utility (its deal value / 10) when its move ends the game, else 0;
+the workflow contract scores a call when it is made, so the other player's share of a deal reaches
+its rows through the team reward (the joint deal value), not its local reward.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from pipeline.rollout.contract import Env, StepResult
+from pipeline.errors import ConfigError
+from pipeline.tasks.base import split_of
+from pipeline.types import Message
+from pipeline.workflows.games.spiel import Table, best_moves, solved_value
+
+__all__ = ["GameSpec", "GameEnv", "SPECS", "REWARDS", "PLAYERS", "OPPONENTS", "read_action", "draw_histories", "positions", "replay", "prompt_text"]
+
+PLAYERS = ("player_0", "player_1")
+"""The agents: one per seat (OpenSpiel's players 0 and 1)."""
+
+
+@dataclass(frozen=True)
+class GameSpec:
+    """A two-player OpenSpiel game as a maxit workflow plays it."""
+
+    name: str
+    """OpenSpiel's name of the game (and the workflow's)."""
+    roles: tuple[str, str]
+    """What each seat is called on the prompt's first line."""
+    reward: str
+    """"value" (or "best", `REWARDS`): a call's local reward is the mover's minimax value after its move, as 1 win, 0.5
+    draw, 0 loss (exact; small zero-sum games); "outcome": the mover's utility when its move ends the game, else 0."""
+    scale: float
+    """Utilities are divided by this (bargaining's deal values run to 10; tic-tac-toe's are +-1)."""
+    team: str
+    """The team reward in self-play: "legal" (1.0 when the game ended without a forfeit) or
+    "joint" (the players' summed utilities / (2 * scale): the deal's value to both)."""
+    opening: int
+    """Default of the workflow's `opening`: random plies (even counts, the first seat to move)
+    played before the problem starts."""
+    max_turns: int
+    """Turns at most (each seat moves once per turn)."""
+
+
+REWARDS = {"tic_tac_toe": ("value", "best"), "bargaining": ("outcome",)}
+"""The local rewards a game offers (the workflow's `reward` option; the first is the default).
+"best": 1.0 when the move's minimax result is the best the mover could get from the position (an
+optimal move, the grid's rule: the default "rs" loss trains exactly these), else 0.0."""
+
+SPECS = {
+    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="value", scale=1.0, team="legal", opening=4, max_turns=5),
+    "bargaining": GameSpec("bargaining", ("p0", "p1"), reward="outcome", scale=10.0, team="joint", opening=0, max_turns=5),
+}
+
+
+def prompt_text(spec: GameSpec, table: Table, player: int) -> str:
+    """The user message of `player`: game and seat, then OpenSpiel's observation for it."""
+    return f"{spec.name} {spec.roles[player]}\n{table.observation(player)}"
+
+
+def read_action(text: str, table: Table) -> int | None:
+    """The legal action a completion names: its whole text (stripped) is the number of a legal
+    action or, ignoring case, a legal action's OpenSpiel text; anything else is None."""
+    t = text.strip()
+    legal = table.legal()
+    if t.lstrip("-").isdigit():
+        return int(t) if int(t) in legal else None
+    by_text = {table.action_text(a).strip().lower(): a for a in legal}
+    return by_text.get(t.lower())
+
+
+# -- problems: a dealt instance and an opening --------------------------------------------------
+
+
+def replay(spec: GameSpec, history: str, seed: str) -> Table:
+    """The table after `history` (comma-separated actions from the initial state, chance outcomes
+    included); later chance outcomes come from `seed`."""
+    from pipeline.workflows.games.spiel import load_game
+
+    state = load_game(spec.name).new_initial_state()
+    for a in [int(x) for x in history.split(",") if x]:
+        state.apply_action(a)
+    return Table(spec.name, seed, state)
+
+
+@lru_cache(maxsize=None)
+def positions(spec: GameSpec, opening: int) -> tuple[tuple[str, str], ...]:
+    """(position key, history) of every distinct position a problem can start at: each outcome of
+    the game's opening chance nodes (the deal), followed by 0, 2, ... `opening` legal plies, not
+    finished; the key is the position itself (OpenSpiel's text of the state), so two move orders
+    reaching one board are one problem. Sorted by key."""
+    from pipeline.workflows.games.spiel import load_game
+
+    found: dict[str, str] = {}
+    frontier = [load_game(spec.name).new_initial_state()]
+    while frontier and frontier[0].is_chance_node():
+        frontier = [_child(s, a) for s in frontier for a, _ in s.chance_outcomes()]
+    for plies in range(opening + 1):
+        if plies % 2 == 0:
+            for state in frontier:
+                found.setdefault(str(state), ",".join(map(str, state.history())))
+        if plies < opening:
+            frontier = list({str(c): c for s in frontier for a in s.legal_actions() if not (c := _child(s, a)).is_terminal()}.values())
+    return tuple(sorted(found.items()))
+
+
+def _child(state, action: int):
+    child = state.clone()
+    child.apply_action(action)
+    return child
+
+
+def draw_histories(spec: GameSpec, split: str, n: int, seed: int, opening: int, heldout_fraction: float) -> list[str]:
+    """`n` problem histories of `split` at distinct positions (`positions`), in an order drawn from
+    `seed`. A position's split is a hash of its key, so train and held-out never share one; asking
+    for more than the split holds is a `ConfigError` saying how many it holds."""
+    pool = [h for key, h in positions(spec, opening) if split_of(key, heldout_fraction, salt=f"{spec.name}:") == split]
+    if n > len(pool):
+        raise ConfigError(f"{spec.name}: {split} has {len(pool)} positions with openings of up to {opening} plies, {n} asked for (ask for fewer problems, or change opening or heldout_fraction)")
+    random.Random(f"{spec.name}:{split}:{seed}").shuffle(pool)
+    return pool[:n]
+
+
+# -- scripted opponents --------------------------------------------------------------------------
+
+
+def random_legal(table: Table, rng: random.Random) -> int:
+    """A uniformly random legal action."""
+    return rng.choice(table.legal())
+
+
+_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+
+
+def ttt_heuristic(table: Table, rng: random.Random) -> int:
+    """Tic-tac-toe's scripted player: complete its own line if it can, else block the other's,
+    else a random legal cell."""
+    me = table.agent_selection
+    cells = table.observation(me).replace("\n", "")
+    mine, theirs = ("x", "o") if me == 0 else ("o", "x")
+    legal = table.legal()
+    for mark in (mine, theirs):
+        for line in _LINES:
+            marks = [cells[i] for i in line]
+            if marks.count(mark) == 2 and marks.count(".") == 1:
+                cell = line[marks.index(".")]
+                if cell in legal:
+                    return cell
+    return rng.choice(legal)
+
+
+OPPONENTS: dict[str, dict[str, Callable[[Table, random.Random], int]]] = {
+    "tic_tac_toe": {"heuristic": ttt_heuristic, "random": random_legal},
+    "bargaining": {"random": random_legal},
+}
+"""Scripted players per game (the first is the evaluation's default)."""
+
+
+# -- the environment ----------------------------------------------------------------------------
+
+
+class GameEnv(Env):
+    """One game. `seats` maps the agents that play to their players; a seat no agent holds is
+    played by `opponent` (a scripted player) inside `step`. `judge`: the seat whose result is the
+    team reward (evaluation against an opponent: 1 win, 0.5 draw, 0 loss); None in self-play."""
+
+    def __init__(self, spec: GameSpec, table: Table, seats: dict[str, int], penalty: float,
+                 opponent: Callable[[Table, random.Random], int] | None = None, judge: int | None = None, seed: str = "", reward: str | None = None) -> None:
+        self.spec, self.table, self.seats, self.penalty = spec, table, dict(seats), float(penalty)
+        self.reward = reward or spec.reward
+        """How a call is rewarded (`REWARDS`); the spec's by default."""
+        self.opponent, self.judge = opponent, judge
+        self.rng = random.Random(f"opponent:{seed}")
+        self.forfeit: int | None = None
+        """The seat that made an illegal or unparsable move (the game ended there)."""
+        self._opponent_moves()
+
+    def copy(self) -> "GameEnv":
+        out = object.__new__(GameEnv)
+        out.__dict__.update(self.__dict__)
+        out.table = self.table.clone()
+        out.rng = random.Random()
+        out.rng.setstate(self.rng.getstate())
+        return out
+
+    @property
+    def over(self) -> bool:
+        return self.forfeit is not None or self.table.done
+
+    def _opponent_moves(self) -> None:
+        held = set(self.seats.values())
+        while self.opponent is not None and not self.table.done and self.table.agent_selection not in held:
+            self.table.step(self.opponent(self.table, self.rng))
+
+    def _seat(self, agent_id: str) -> int:
+        if agent_id not in self.seats:
+            raise ValueError(f"{self.spec.name} has no agent {agent_id!r} at this table")
+        return self.seats[agent_id]
+
+    def observe(self, agent_id: str) -> list[Message]:
+        return [Message(role="user", content=prompt_text(self.spec, self.table, self._seat(agent_id)))]
+
+    def step(self, agent_id: str, text: str) -> StepResult:
+        seat = self._seat(agent_id)
+        if self.over:  # the scripted opponent, moving first, ended the game before this call
+            return StepResult(None, done=True, error="the game was over before this call")
+        if self.table.agent_selection != seat:
+            raise ValueError(f"{self.spec.name}: {agent_id} called out of turn")
+        action = read_action(text, self.table)
+        if action is None:
+            self.forfeit = seat
+            return StepResult(self.penalty, done=True)
+        best = best_moves(self.table) if self.reward == "best" else ()
+        self.table.step(action)
+        if self.reward == "best":
+            reward = 1.0 if action in best else 0.0
+        elif self.reward == "value":
+            reward = (solved_value(self.table, seat) / self.spec.scale + 1.0) / 2.0
+        else:
+            reward = self.table.rewards()[seat] / self.spec.scale if self.table.done else 0.0
+        self._opponent_moves()
+        return StepResult(reward, done=self.over)
+
+    def result(self, seat: int) -> float:
+        """`seat`'s result: 1 win, 0.5 draw, 0 loss (a forfeit loses; an unfinished game draws)."""
+        if self.forfeit is not None:
+            return 0.0 if self.forfeit == seat else 1.0
+        r = self.table.rewards()
+        other = max(v for s, v in enumerate(r) if s != seat)
+        return 1.0 if r[seat] > other else 0.5 if r[seat] == other else 0.0
+
+    def team_reward(self) -> float:
+        if self.judge is not None:
+            return self.result(self.judge)
+        if self.spec.team == "legal":
+            return 1.0 if self.forfeit is None and self.table.done else 0.0
+        if self.forfeit is not None:
+            return 0.0
+        return sum(self.table.rewards()) / (len(self.table.rewards()) * self.spec.scale)

@@ -1,0 +1,251 @@
+"""The game workflows (OpenSpiel through `pipeline.workflows.games`): tic-tac-toe and bargaining in
+self-play, legal play with both players' rows, the illegal-move penalty, per-player rewards, the
+scripted opponent, the evaluation's win/draw/loss metrics, problems and their splits, and the
+one-line error without the `games` extra. Engine-free: a scripted sampler plays from the prompt."""
+
+from __future__ import annotations
+
+import sys
+
+import polars as pl
+import pytest
+
+pytest.importorskip("pyspiel", reason="the games extra (scripts/setup.sh installs it)")
+
+from pipeline.config import EvalConfig  # noqa: E402
+from pipeline.errors import ConfigError  # noqa: E402
+from pipeline.rollout.loop import RolloutConfig, run_rollouts  # noqa: E402
+from pipeline.strategies import IID, Tree  # noqa: E402
+from pipeline.types import Problem  # noqa: E402
+from pipeline.workflows import WORKFLOW_NAMES, load_workflow  # noqa: E402
+from pipeline.workflows.games import evaluation as games_eval  # noqa: E402
+from pipeline.workflows.games.env import SPECS, GameEnv, read_action, replay, ttt_heuristic  # noqa: E402
+from pipeline.workflows.games.spiel import Table, best_moves, load_game  # noqa: E402
+from tests.test_grid import ScriptedSampler  # noqa: E402
+
+TTT = SPECS["tic_tac_toe"]
+
+
+def board_table(content: str) -> Table:
+    """The tic-tac-toe table a prompt shows (its marks replayed x, o, x, ...)."""
+    cells = "".join(content.split("\n")[1:])
+    xs = [i for i, c in enumerate(cells) if c == "x"]
+    os_ = [i for i, c in enumerate(cells) if c == "o"]
+    moves = [m for pair in zip(xs, os_ + [None]) for m in pair if m is not None][: len(xs) + len(os_)]
+    return replay(TTT, ",".join(map(str, moves)), seed="t")
+
+
+def first_free(content, j, rng) -> str:
+    table = board_table(content)
+    return "0" if table.done else str(table.legal()[0])  # a finished board: a game the opponent ended
+
+
+def perfect(content, j, rng) -> str:
+    table = board_table(content)
+    return "0" if table.done else str(best_moves(table)[0])
+
+
+def problem(history: str) -> Problem:
+    return Problem(uid=f"tic_tac_toe:{history}", question=history, answer="", split="train")
+
+
+def play(wf, problems, policy, group_size=1, strategy=None):
+    cfg = RolloutConfig(round=0, temperature=1.0, max_tokens=64, seed=0)
+    steps = run_rollouts(problems, wf, [strategy or IID(group_size=group_size)], ScriptedSampler(policy), cfg)
+    return pl.from_arrow(steps).sort("traj_uid", "turn", "step")
+
+
+def test_registered_and_built():
+    assert {"tic_tac_toe", "bargaining"} <= set(WORKFLOW_NAMES)
+    wf = load_workflow("tic_tac_toe", shared_policy=False)
+    assert [a.agent_id for a in wf.agents] == ["player_0", "player_1"] and wf.policy_ids == ("player_0", "player_1")
+    with pytest.raises(ConfigError, match="opponent 'minimax'"):
+        load_workflow("tic_tac_toe", opponent="minimax")
+    with pytest.raises(ConfigError, match="opening must be an even"):
+        load_workflow("tic_tac_toe", opening=3)
+
+
+def test_read_action_checks_the_legal_actions():
+    t = replay(TTT, "4", seed="s")  # x in the centre, o to move
+    assert read_action(" 0\n", t) == 0
+    assert read_action("4", t) is None  # occupied
+    assert read_action("9", t) is None and read_action("banana", t) is None and read_action("", t) is None
+    assert read_action("o(0,2)", t) == 2  # OpenSpiel's own text of the action
+    b = Table("bargaining", 0)
+    assert read_action("Agree", b) is None  # no offer to agree to yet
+    assert read_action("offer: book: 0, hat: 0, basketball: 0", b) == 0
+
+
+def test_self_play_rows_of_both_players_alternate_and_end_with_the_game():
+    wf = load_workflow("tic_tac_toe")
+    steps = play(wf, [problem("")], first_free)
+    # first-free play: x 0, o 1, x 2, o 3, x 4, o 5, x 6 wins on the diagonal 2-4-6
+    assert steps["agent_id"].to_list() == ["player_0", "player_1"] * 3 + ["player_0"]
+    assert steps["completion_text"].to_list() == [str(i) for i in range(7)]
+    assert steps["turn"].to_list() == [0, 0, 1, 1, 2, 2, 3]
+    # local rewards: each move's minimax result for its mover (1 win, 0.5 draw, 0 loss)
+    expected = []
+    for n in range(1, 8):
+        t = replay(TTT, ",".join(map(str, range(n))), seed="s")
+        from pipeline.workflows.games.spiel import solved_value
+
+        expected.append((solved_value(t, (n - 1) % 2) + 1) / 2)
+    assert steps["local_reward"].to_list() == expected
+    assert expected[-1] == 1.0 and expected[-2] == 0.0  # x's winning move; o's move that let it win
+    assert steps["global_reward"].unique().to_list() == [1.0]  # a legal finish
+
+
+def test_illegal_move_ends_the_game_with_the_named_penalty():
+    wf = load_workflow("tic_tac_toe", illegal_penalty=-2.5)
+
+    def o_cheats(content, j, rng):
+        return "0" if content.startswith("tic_tac_toe o") else first_free(content, j, rng)  # x took 0
+
+    steps = play(wf, [problem("")], o_cheats)
+    assert steps["agent_id"].to_list() == ["player_0", "player_1"]  # the game ended at o's move
+    assert steps["local_reward"].to_list()[-1] == -2.5
+    assert steps["global_reward"].to_list() == [0.0, 0.0]  # no legal finish
+    garbage = play(wf, [problem("")], lambda c, j, rng: "e5")
+    assert garbage.height == 1 and garbage["local_reward"].to_list() == [-2.5]
+
+
+def test_rewards_by_hand():
+    t = replay(TTT, "0,3,1,4", seed="s")  # x: 0 1, o: 3 4; x to move
+    env = GameEnv(TTT, t.clone(), {"player_0": 0, "player_1": 1}, -1.0)
+    win = env.step("player_0", "2")
+    assert win.reward == 1.0 and win.done and env.result(0) == 1.0 and env.result(1) == 0.0
+    env = GameEnv(TTT, t.clone(), {"player_0": 0, "player_1": 1}, -1.0)
+    blunder = env.step("player_0", "8")  # leaves o its win at 5
+    assert blunder.reward == 0.0 and not blunder.done
+    assert env.step("player_1", "5").reward == 1.0 and env.result(1) == 1.0
+    # reward="best": 1.0 for an optimal move (the grid's rule), 0.0 for another legal one
+    best = load_workflow("tic_tac_toe", reward="best")
+    env = best.reset(problem("0,3,8,4"), IID(group_size=1))  # x must block at 5
+    assert env.step("player_0", "5").reward == 1.0
+    env = best.reset(problem("0,3,8,4"), IID(group_size=1))
+    assert env.step("player_0", "1").reward == 0.0
+    with pytest.raises(ConfigError, match="unknown reward 'best'"):
+        load_workflow("bargaining", reward="best")
+    # the tree strategy's copy: an independent table
+    env = GameEnv(TTT, replay(TTT, "", seed="s"), {"player_0": 0, "player_1": 1}, -1.0)
+    twin = env.copy()
+    env.step("player_0", "4")
+    assert twin.table.history() == [] and env.table.history() == [4]
+
+
+def test_tree_strategy_runs_on_a_game():
+    wf = load_workflow("tic_tac_toe")
+    steps = play(wf, [problem("")], lambda c, j, rng: perfect(c, j, rng) if j else "x", strategy=Tree(group_size=3))
+    selected = steps.filter(pl.col("selected"))
+    assert selected.height >= 5 and (selected["local_reward"] >= 0.5).all()
+
+
+def test_heuristic_wins_then_blocks_else_random():
+    import random
+
+    t = replay(TTT, "0,3,1,4", seed="s")  # x to move: wins at 2 (and could block 5)
+    assert ttt_heuristic(t, random.Random(0)) == 2
+    t = replay(TTT, "0,3,8,4", seed="s")  # x to move, no win: blocks o at 5
+    assert ttt_heuristic(t, random.Random(0)) == 5
+    t = replay(TTT, "4", seed="s")
+    assert {ttt_heuristic(t, random.Random(i)) for i in range(30)} == set(t.legal())
+
+
+def test_problems_are_distinct_positions_and_the_splits_disjoint():
+    wf = load_workflow("tic_tac_toe")
+    train = wf.problems("train", 300, 0)
+    held = wf.problems("heldout", 200, 0)
+    assert train == wf.problems("train", 300, 0)
+    boards = lambda ps: {str(wf.table(p).state) for p in ps}  # noqa: E731
+    assert len(boards(train)) == 300 and len(boards(held)) == 200
+    assert not boards(train) & boards(held)
+    assert all(len(p.question.split(",")) % 2 == 0 or p.question == "" for p in train)
+    with pytest.raises(ConfigError, match="heldout has .* positions"):
+        wf.problems("heldout", 5000, 0)
+    bargaining = load_workflow("bargaining")
+    assert len({p.question for p in bargaining.problems("train", 50, 1)}) == 50
+
+
+def test_bargaining_rewards_each_players_deal_and_the_joint_value():
+    wf = load_workflow("bargaining")
+    p = wf.problems("train", 1, 0)[0]
+    env = wf.reset(p, IID(group_size=1))
+    pool = env.observe("player_0")[0]["content"]
+    assert pool.startswith("bargaining p0\nPool: ")
+    offer = env.step("player_0", "Offer: Book: 0, Hat: 0, Basketball: 0")  # p0 offers to take nothing
+    assert offer.reward == 0.0 and not offer.done
+    deal = env.step("player_1", "Agree")
+    u0, u1 = env.table.rewards()
+    assert deal.done and deal.reward == u1 / 10 and u0 == 0.0 and u1 == 10.0
+    assert env.team_reward() == (u0 + u1) / 20 and env.result(1) == 1.0
+    steps = play(wf, [p], lambda c, j, rng: "Agree" if "P0 offers" in c else "Offer: Book: 0, Hat: 0, Basketball: 0")
+    assert steps["agent_id"].to_list() == ["player_0", "player_1"]
+    bad = play(wf, [p], lambda c, j, rng: "Agree")  # nothing to agree to: a forfeit, no deal
+    assert bad.height == 1 and bad["local_reward"].to_list() == [-1.0] and bad["global_reward"].to_list() == [0.0]
+
+
+def test_the_starting_policy_holds_the_other_seat():
+    wf = load_workflow("tic_tac_toe", shared_policy=False)
+    for seat in (0, 1):
+        versus = games_eval.Versus(wf, seat, "base")
+        policies = {a.agent_id: a.policy_id for a in versus.agents}
+        assert policies == {f"player_{seat}": f"player_{seat}", f"player_{1 - seat}": games_eval.BASE_POLICY}
+        steps = play(versus, [problem("")], first_free)
+        assert set(steps.select("agent_id", "policy_id").unique().iter_rows()) == set(policies.items())
+    assert [a.agent_id for a in games_eval.Versus(wf, 1, "scripted").agents] == ["player_1"]
+
+
+def _evaluate(monkeypatch, policy, base_policy):
+    monkeypatch.setattr(games_eval, "_base_sampler", lambda game, samplers: ScriptedSampler(base_policy))
+    wf = load_workflow("tic_tac_toe")
+    frame = wf.evaluate({"shared": ScriptedSampler(policy)}, {}, EvalConfig(problems=12, samples=2, greedy=False), 3)
+    return {(r["agent_id"], r["metric"]): r["value"] for r in frame.iter_rows(named=True)}, frame
+
+
+def test_evaluation_against_the_scripted_player_and_the_base(monkeypatch):
+    from pipeline.workflows.games.spiel import solved_value
+
+    m, frame = _evaluate(monkeypatch, perfect, first_free)
+    assert m[("team", "win_vs_base")] > m[("team", "loss_vs_base")]  # perfect play beats first-free play
+    positions = load_workflow("tic_tac_toe").problems("heldout", 12, EvalConfig().seed)
+    # perfect play loses only from positions already lost for its seat (the opponent moving first
+    # cannot improve on the position's value for it)
+    lost = sum(solved_value(replay(TTT, p.question, "s"), seat) == -1 for p in positions for seat in (0, 1)) / 24
+    for opp in ("scripted", "base"):
+        assert m[("team", f"win_vs_{opp}")] + m[("team", f"draw_vs_{opp}")] + m[("team", f"loss_vs_{opp}")] == pytest.approx(1.0)
+        assert m[("team", f"illegal_vs_{opp}")] == 0.0
+        assert m[("team", f"loss_vs_{opp}")] <= lost
+        assert ("player_0", f"win_vs_{opp}") in m and ("player_1", f"win_vs_{opp}") in m
+    assert m[("team", "success")] == 1.0  # self-play: every game finished legally
+    for opp in ("scripted", "base"):
+        n = frame.filter((pl.col("metric") == f"win_vs_{opp}") & (pl.col("agent_id") == "team"))["n"].item()
+        assert n == 12 * 2 * 2  # positions x samples x seats: every game counted
+    cols = {metric for agent, metric, _ in type(load_workflow("tic_tac_toe")).table_metrics}
+    assert {"win_vs_scripted", "win_vs_base", "loss_vs_scripted"} <= cols  # the round table shows them
+    m, _ = _evaluate(monkeypatch, lambda c, j, rng: "?", first_free)
+    assert m[("team", "illegal_vs_scripted")] > 0.9 and m[("team", "win_vs_scripted")] == 0.0 and m[("team", "success")] == 0.0
+
+
+def test_without_the_extra_one_line_error_names_it(monkeypatch):
+    load_game.cache_clear()
+    monkeypatch.setitem(sys.modules, "pyspiel", None)
+    try:
+        with pytest.raises(ConfigError, match="install the 'games' extra"):
+            load_workflow("tic_tac_toe").reset(problem(""), IID(group_size=1))
+    finally:
+        load_game.cache_clear()
+
+
+def test_only_the_adapter_imports_the_game_libraries():
+    """pyspiel, shimmy and pettingzoo are imported by `pipeline/workflows/games/spiel.py` alone."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted((root / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] in ("pyspiel", "shimmy", "pettingzoo", "open_spiel") for n in names):
+                found.append(str(path.relative_to(root)))
+    assert set(found) == {"pipeline/workflows/games/spiel.py"}
