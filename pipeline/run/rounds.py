@@ -159,9 +159,14 @@ def sample_steps(problems: pl.DataFrame, workflow, strategies, samplers: Mapping
     return run_rollouts(problems_from_table(problems), workflow, list(strategies), samplers, config)
 
 
-def advantages_frame(steps, config) -> pl.DataFrame:
-    """The `advantages` table of a `steps` table (Arrow or Polars)."""
-    return compute_advantages(steps if isinstance(steps, pl.DataFrame) else pl.from_arrow(steps), config)
+def advantages_frame(steps, config, earlier: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The `advantages` table of a `steps` table (Arrow or Polars); `earlier`: the earlier rounds'
+    rows the role baseline's running mean is made from (`baseline="role"`)."""
+    return compute_advantages(steps if isinstance(steps, pl.DataFrame) else pl.from_arrow(steps), config, earlier=earlier)
+
+
+ROLE_BASELINE_COLUMNS = ("round", "step_id", "uid", "strategy", "agent_id", "turn", "global_reward", "local_reward", "active")
+"""The earlier rounds' `advantages` columns the role baseline reads."""
 
 
 def training_view(advantages, strategies, tokenizer, config: RunConfig, workflow, round_: int, *, earlier=(), problems: pl.DataFrame | None = None):
@@ -295,8 +300,18 @@ def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame, check
 
 
 def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
-    """Round r's `advantages` table from its `steps` table."""
-    return _stage(ctx, round_, "advantages", lambda: advantages_frame(steps, ctx.config.advantage), "advantages")
+    """Round r's `advantages` table from its `steps` table (with the role baseline, and the
+    earlier rounds' rows its running mean is made from)."""
+
+    def compute():
+        earlier = None
+        if ctx.config.advantage.baseline == "role":
+            olds = [pl.read_parquet(ctx.tables.path(r, "advantages"), columns=list(ROLE_BASELINE_COLUMNS))
+                    for r in range(round_) if ctx.tables.exists(r, "advantages")]
+            earlier = pl.concat(olds) if olds else None
+        return advantages_frame(steps, ctx.config.advantage, earlier)
+
+    return _stage(ctx, round_, "advantages", compute, "advantages")
 
 
 def stage_training_view(ctx: RoundContext, round_: int, advantages):

@@ -140,7 +140,8 @@ class Settings:
     baseline: str | None = _s(
         None,
         "advantage baseline: the statistics of the problem's group of samples (GRPO), or of the whole round's rows of that strategy "
-        "(REINFORCE with a mean-reward baseline: all-right groups still count)",
+        "(REINFORCE with a mean-reward baseline: all-right groups still count), or a running mean of the reward per role over the "
+        "rounds (role: SPIRAL's role-conditioned baseline, for self-play games)",
         group="rewards and advantages",
         choices=_choices(AdvantageConfig, "baseline"),
     )
