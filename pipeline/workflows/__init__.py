@@ -6,7 +6,9 @@ Built in:
 - `math` (default): DrMAS's Solver and Verifier on a task with a checkable answer;
 - `single`: the Solver alone on the same task (a team of one: GRPO's setting);
 - `grid`: a stateful path-finding game played by a planner and a mover over several turns;
-- `code`: a Coder writes a Python function, a Tester writes unit tests for it (AT-GRPO's code task).
+- `code`: a Coder writes a Python function, a Tester writes unit tests for it (AT-GRPO's code task);
+- `reasoning_gym`: any reasoning-gym dataset, scored by its own scorer, played by a Solver, a
+  Solver/Verifier pair or a tool agent and a plan agent (the `envs` extra).
 
 A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
 (a `Workflow` subclass or a function returning a workflow), or the name of a `maxit.workflows`
@@ -47,10 +49,14 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
         from pipeline.workflows.code import CodeWorkflow
 
         return CodeWorkflow
+    if name == "reasoning_gym":
+        from pipeline.workflows.reasoning_gym import ReasoningGymWorkflow
+
+        return ReasoningGymWorkflow
     return None
 
 
-WORKFLOW_NAMES = ("math", "single", "grid", "code")
+WORKFLOW_NAMES = ("math", "single", "grid", "code", "reasoning_gym")
 
 
 def _import_file(path: str):
