@@ -173,6 +173,20 @@ def test_each_answering_team_on_number_sequence(team):
     assert wf.rescore(steps, bad)["rescored"].to_list() != again["local_reward"].to_list()
 
 
+def test_a_scorer_that_reads_the_entrys_metadata_rescores_from_the_stored_rows():
+    """number_sorting's scorer reads the sort direction from the entry's metadata: the stored
+    answer column must carry it."""
+    DATASETS["number_sorting"] = {}
+    try:
+        wf, steps, problems = play("number_sorting", "single", [IID(group_size=2)], n=3)
+    finally:
+        del DATASETS["number_sorting"]
+    assert all("direction" in json.loads(a)["metadata"] for a in problems["answer"])
+    assert steps.filter(pl.col("sample_idx") == 0)["local_reward"].to_list() == [1.0] * 3
+    again = wf.rescore(steps, problems)
+    assert again["rescored"].to_list() == again["local_reward"].to_list()
+
+
 @pytest.mark.integration
 def test_tool_plan_runs_the_tools_program_in_the_sandbox_and_survives_hostile_ones():
     programs = {

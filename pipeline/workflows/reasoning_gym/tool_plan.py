@@ -26,7 +26,7 @@ from pipeline.rollout.workflow import Env, StepResult, Workflow
 from pipeline.types import Message, Problem
 from pipeline.workflows.code.env import extract_code
 from pipeline.workflows.reasoning_gym.datasets import ReasoningGymTask
-from pipeline.workflows.reasoning_gym.workflow import _Answered
+from pipeline.workflows.reasoning_gym.answering import AnsweringTeam
 
 __all__ = ["TOOL", "PLANNER", "ToolPlanWorkflow", "ToolPlanEnv", "tool_prompt", "plan_prompt"]
 
@@ -85,7 +85,7 @@ def _default_agents() -> tuple[Agent, ...]:
 
 
 @dataclass
-class ToolPlanWorkflow(_Answered, Workflow):
+class ToolPlanWorkflow(AnsweringTeam, Workflow):
     """A tool agent and a plan agent on a reasoning-gym dataset (the module's docstring)."""
 
     task: ReasoningGymTask = None

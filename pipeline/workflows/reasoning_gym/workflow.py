@@ -13,63 +13,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import polars as pl
-
 from pipeline.errors import ConfigError
-from pipeline.types import Problem
 from pipeline.workflows.math import MathWorkflow, SingleWorkflow
-from pipeline.workflows.math.orchestra import SOLVER
+from pipeline.workflows.reasoning_gym.answering import AnsweringTeam
 from pipeline.workflows.reasoning_gym.datasets import ReasoningGymTask
+from pipeline.workflows.reasoning_gym.tool_plan import ToolPlanWorkflow
 
-__all__ = ["ReasoningGymWorkflow", "TEAMS", "WORKFLOW_OPTIONS", "rescore_steps"]
+__all__ = ["ReasoningGymWorkflow", "SolverVerifierTeam", "SingleSolver", "TEAMS"]
 
 TEAMS = ("single", "solver_verifier", "tool_plan")
-WORKFLOW_OPTIONS = ("dataset", "team", "max_loop_num", "heldout_fraction", "max_tokens", "tool_tokens", "output_chars",
-                    "sandbox_timeout", "sandbox_memory_mb", "allow_unisolated_network")
-"""The workflow's own options; every other `--workflow-options` key is the dataset's."""
-
-
-def rescore_steps(task: ReasoningGymTask, steps: pl.DataFrame, problems: pl.DataFrame, agent_id: str) -> pl.DataFrame:
-    """The rows of `agent_id` (the agent whose text is the team's answer) in a `steps` table with
-    a column `rescored`: the dataset's score of the row's completion, recomputed from the stored
-    `problems` rows of the same round (question and stored entry) alone."""
-    mine = steps.filter(pl.col("agent_id") == agent_id).join(problems.select("round", "uid", "question", "answer"), on=["round", "uid"], how="left")
-    missing = mine.filter(pl.col("question").is_null())
-    if missing.height:
-        raise ConfigError(f"rescore: step {missing['step_id'][0]!r} has no problem row (round {missing['round'][0]}, uid {missing['uid'][0]!r})")
-    scores = [task.reward(Problem(uid=r["uid"], question=r["question"], answer=r["answer"]), r["completion_text"]) for r in mine.iter_rows(named=True)]
-    return mine.drop("question", "answer").with_columns(pl.Series("rescored", scores, dtype=pl.Float64))
-
-
-class _Answered:
-    """What the reasoning-gym teams share: the embedded model of their dataset, re-scoring."""
-
-    name: ClassVar[str] = "reasoning_gym"
-    answering_agent: ClassVar[str] = SOLVER
-
-    def default_model(self):
-        from pipeline.workflows.reasoning_gym.model import reasoning_gym_model
-
-        return reasoning_gym_model(self.task)
-
-    def rescore(self, steps: pl.DataFrame, problems: pl.DataFrame) -> pl.DataFrame:
-        """`rescore_steps` for this team's answering agent."""
-        return rescore_steps(self.task, steps, problems, self.answering_agent)
-
-    def describe(self) -> str:
-        team = ", ".join(f"{a.agent_id}@{a.policy_id}" for a in self.agents)
-        return f"reasoning_gym {self.task.dataset} ({team})"
 
 
 @dataclass
-class SolverVerifierTeam(_Answered, MathWorkflow):
+class SolverVerifierTeam(AnsweringTeam, MathWorkflow):
     """DrMAS's Solver and Verifier on a reasoning-gym dataset."""
 
     name: ClassVar[str] = "reasoning_gym"
 
 
 @dataclass
-class SingleSolver(_Answered, SingleWorkflow):
+class SingleSolver(AnsweringTeam, SingleWorkflow):
     """The Solver alone on a reasoning-gym dataset."""
 
     name: ClassVar[str] = "reasoning_gym"
@@ -97,7 +60,5 @@ def ReasoningGymWorkflow(dataset: str | None = None, team: str = "solver_verifie
         return SingleSolver(task=task)
     if team == "solver_verifier":
         return SolverVerifierTeam(task=task, max_loop_num=max_loop_num)
-    from pipeline.workflows.reasoning_gym.tool_plan import ToolPlanWorkflow
-
     return ToolPlanWorkflow(task=task, tool_tokens=tool_tokens, output_chars=output_chars, sandbox_timeout=sandbox_timeout,
                             sandbox_memory_mb=sandbox_memory_mb, allow_unisolated_network=allow_unisolated_network)
