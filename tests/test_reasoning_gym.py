@@ -15,13 +15,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from fakes import END, ROLE_MARK, FakeTokenizer
 from pipeline.errors import ConfigError
 from pipeline.rollout.loop import RolloutConfig, run_rollouts
 from pipeline.strategies import IID, Feedback, Tree
-from pipeline.types import Sample
 from pipeline.workflows import load_workflow
 from pipeline.workflows.reasoning_gym import ReasoningGymTask, answers_agree, extract_answer, import_reasoning_gym
+from test_code_workflow import Script as ReplyScript  # a sampler that replies with a function of the messages
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASETS = {
@@ -92,24 +91,16 @@ def test_an_item_slow_to_generate_is_skipped(monkeypatch):
 # -- playing the teams ------------------------------------------------------------------------
 
 
-def messages_of(prompt: str) -> list[tuple[str, str]]:
-    roles = {v: k for k, v in ROLE_MARK.items()}
-    return [(roles[c[0]], c[1:]) for c in prompt.split(END) if c and c[0] in roles and c[1:]]
-
-
-class Script:
+class Script(ReplyScript):
     """Plays every role from the prompt text: the Solver right on even samples and wrong on odd
     ones, the blind Verifier always right, the tool a program that prints the answer (or a
     hostile one from `programs`), the plan agent the program's last line."""
 
-    engine = "scripted"
-    model_version = "scripted-v0"
-
     def __init__(self, answers: dict[str, str], programs: dict[int, str] | None = None) -> None:
-        self.tokenizer = FakeTokenizer()
+        super().__init__(self.answer)
         self.answers, self.programs = answers, programs or {}
 
-    def reply(self, msgs, j: int) -> str:
+    def answer(self, msgs, j: int) -> str:
         last = msgs[-1][1]
         question = next(q for q in sorted(self.answers, key=len, reverse=True) if last.startswith(q) or msgs[0][1].startswith(q))
         ref = self.answers[question]
@@ -120,18 +111,6 @@ class Script:
         if "A program written to solve it printed:" in last:
             return last.split("printed:\n", 1)[1].rsplit("\nGive the answer alone.", 1)[0].splitlines()[-1]
         return ref if j % 2 == 0 else ref + "1"
-
-    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
-        out = []
-        for prompt in prompt_ids:
-            msgs = messages_of(self.tokenizer.decode(prompt))
-            row = []
-            for j in range(n):
-                said = self.reply(msgs, j)
-                ids = self.tokenizer.encode(said)
-                row.append(Sample(token_ids=ids, logprobs=[-0.1] * len(ids), text=said, finish_reason="stop"))
-            out.append(row)
-        return out
 
 
 def play(name: str, team: str, strategies, n: int = 4, programs=None, **options):
