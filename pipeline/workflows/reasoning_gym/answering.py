@@ -9,7 +9,6 @@ import polars as pl
 
 from pipeline.errors import DataError
 from pipeline.types import Problem
-from pipeline.workflows.math.orchestra import SOLVER
 from pipeline.workflows.reasoning_gym.datasets import ReasoningGymTask
 
 __all__ = ["AnsweringTeam", "rescore_steps"]
@@ -31,7 +30,11 @@ class AnsweringTeam:
     """What the reasoning-gym teams share: the embedded model of their dataset, re-scoring."""
 
     name: ClassVar[str] = "reasoning_gym"
-    answering_agent: ClassVar[str] = SOLVER
+
+    @property
+    def answering_agent(self) -> str:
+        """The agent whose reply is the team's answer (the math teams': their Solver)."""
+        return self.solver_id
 
     def default_model(self):
         from pipeline.workflows.reasoning_gym.model import reasoning_gym_model

@@ -97,7 +97,7 @@ class ToolPlanWorkflow(AnsweringTeam, Workflow):
     agents: tuple[Agent, ...] = field(default_factory=_default_agents)
 
     name: ClassVar[str] = "reasoning_gym"
-    answering_agent: ClassVar[str] = PLANNER
+    answering_agent: ClassVar[str] = PLANNER  # the plan agent's reply is the team's answer
     max_turns: ClassVar[int] = 1
     table_metrics: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("team", "success", "success"),
