@@ -58,6 +58,9 @@ class RGWarmStartConfig:
     mix_feedback: float = 0.15
     pool: int = 4000
     """Train-split items drawn once; the examples are sampled from them."""
+    threads: int = 1
+    """torch threads during the warm start (the grid model's choice: on a shared 2-core machine
+    two threads waiting on each other ran many times slower than one)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -133,14 +136,20 @@ def reasoning_gym_model(task, cache_dir: str | Path | None = None, config: RGWar
     prompts = {k: getattr(task.prompts, k) for k in ("user", "verifier_user", "wrong_feedback", "right_feedback")}
     settings = {"version": RG_BUILD_VERSION, "dataset": task.dataset, "options": task.options, "heldout_fraction": task.heldout_fraction,
                 "max_tokens": task.default_max_tokens, "model": asdict(model_config), "warm_start": asdict(config), "prompts": prompts}
+    settings["warm_start"].pop("threads")  # does not change the result
 
     def build(folder: Path) -> dict:
         import torch
 
         tok, model = untrained_model(model_config, build_tokenizer(model_config), folder)
         log(f"reasoning-gym model for {task.dataset}: {count_parameters(model) / 1e6:.2f}M parameters; warm start on its train split")
-        with torch.random.fork_rng(devices=[]):
-            result = _warm_start(model, tok, task, config, log)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(config.threads)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                result = _warm_start(model, tok, task, config, log)
+        finally:
+            torch.set_num_threads(threads)
         model.save_pretrained(str(folder), safe_serialization=True)
         heldout = task.problems("heldout", min(200, _heldout_available(task)), seed=0)
         acc = {"heldout_acc_t1": solver_accuracy(model, tok, heldout, task, 1.0, 4, seed=0, max_new_tokens=task.default_max_tokens),
