@@ -6,7 +6,10 @@ Built in:
 - `math` (default): DrMAS's Solver and Verifier on a task with a checkable answer;
 - `single`: the Solver alone on the same task (a team of one: GRPO's setting);
 - `grid`: a stateful path-finding game played by a planner and a mover over several turns;
-- `code`: a Coder writes a Python function, a Tester writes unit tests for it (AT-GRPO's code task).
+- `code`: a Coder writes a Python function, a Tester writes unit tests for it (AT-GRPO's code task);
+- `reasoning_gym`: any reasoning-gym dataset, scored by its own scorer, played by a Solver, a
+  Solver/Verifier pair or a tool agent and a plan agent (the `envs` extra);
+- `tic_tac_toe`, `bargaining`: two-player OpenSpiel games in self-play (the `games` extra).
 
 A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
 (a `Workflow` subclass or a function returning a workflow), or the name of a `maxit.workflows`
@@ -51,11 +54,14 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
         from pipeline.workflows.games import GAME_WORKFLOWS
 
         return GAME_WORKFLOWS[name]
+    if name == "reasoning_gym":
+        from pipeline.workflows.reasoning_gym import ReasoningGymWorkflow
+
+        return ReasoningGymWorkflow
     return None
 
 
-WORKFLOW_NAMES = ("math", "single", "grid", "code",
-                  "tic_tac_toe", "bargaining")
+WORKFLOW_NAMES = ("math", "single", "grid", "code", "tic_tac_toe", "bargaining", "reasoning_gym")
 
 
 def _import_file(path: str):
