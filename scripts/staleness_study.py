@@ -42,11 +42,12 @@ def main(argv=None) -> int:
         m = re.fullmatch(r"(.+)-s(\d+)", path.name)
         if m and path.is_dir() and (path / f"round={args.rounds - 1}" / "evaluation.parquet").exists():
             stores[m.group(1)][int(m.group(2))] = path
-    header = ["variant", "seeds"] + [f"{m} last" for m in args.metrics] + [f"{m} gain" for m in args.metrics] + ["rows trained"]
+    header = ["variant", "seeds"] + [f"{m} last" for m in args.metrics] + [f"{m} gain" for m in args.metrics]
+    header += [f"{args.metrics[0]} gain by seed", "rows trained"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     diag_rows = []
-    for variant, seeds in stores.items():
+    for variant, seeds in sorted(stores.items()):
         last, gain, rows = defaultdict(list), defaultdict(list), []
         for seed, path in sorted(seeds.items()):
             ev = pl.read_parquet(str(path / "round=*" / "evaluation.parquet"), hive_partitioning=False)
@@ -66,13 +67,14 @@ def main(argv=None) -> int:
                 diag_rows.append(whole.with_columns(pl.lit(variant).alias("variant"), pl.lit(seed).alias("seed")))
         cells = [variant, ",".join(map(str, sorted(seeds)))]
         cells += [spread(last[m]) for m in args.metrics] + [spread(gain[m]) for m in args.metrics]
-        cells += [f"{sum(rows) / len(rows):.0f}"]
+        cells += ["/".join(f"{g * 100:.1f}" for g in gain[args.metrics[0]]), f"{sum(rows) / len(rows):.0f}"]
         print("| " + " | ".join(cells) + " |")
     if diag_rows:
         cols = ["mean_log_ratio", "ess_fraction", "masked_fraction", "truncated_fraction"]
-        if all("truncated_token_fraction" in d.columns for d in diag_rows):
+        if any("truncated_token_fraction" in d.columns for d in diag_rows):  # stores from before the column lack it
             cols.append("truncated_token_fraction")
-        table = (pl.concat([d.select("variant", "seed", "round", "staleness", *cols) for d in diag_rows], how="vertical_relaxed")
+        table = (pl.concat([d.select("variant", "seed", "round", "staleness", *[c for c in cols if c in d.columns]) for d in diag_rows],
+                           how="diagonal_relaxed")
                  .group_by("variant", "staleness").agg(pl.len().alias("policy-rounds"), *[pl.col(c).mean().round(3) for c in cols])
                  .sort("variant", "staleness"))
         print("\nImportance-ratio diagnostics, every policy's overall row, mean over seeds and rounds, by staleness:\n")

@@ -224,3 +224,24 @@ def test_the_rollouts_sample_with_the_checkpoints_their_driver_passes(tmp_path):
     assert dict(pl.read_parquet(table_path(tmp_path, 2, "timings")).select("stage", "seconds").rows()).keys() == {"rollouts"}
     with pytest.raises(DataError, match="round 3: holds rows of round"):
         ctx.tables.write(3, "steps", steps)  # the table owner: a round's table holds that round's rows
+
+
+def test_the_role_baseline_carries_over_rounds_through_the_store(tmp_path):
+    """With baseline="role", round r's advantages stage reads the earlier rounds' advantages from
+    the store, so the running mean per role is the one a single table of every round gives."""
+    from dataclasses import replace
+
+    from pipeline.config import AdvantageConfig
+
+    config = replace(CONFIG, advantage=AdvantageConfig(baseline="role", role_decay=0.5))
+    _workflow, _strategies, _problems, steps, _adv = a_round()
+    steps = pl.from_arrow(steps) if not isinstance(steps, pl.DataFrame) else steps
+    second = steps.with_columns(pl.lit(1, pl.Int32).alias("round"), (pl.col("step_id") + "-r1").alias("step_id"),
+                                (1.0 - pl.col("local_reward")).alias("local_reward"))
+    ctx = RoundContext(tmp_path, config)
+    stage_advantages(ctx, 0, steps)
+    out = stage_advantages(ctx, 1, second)
+    both = compute_advantages(pl.concat([steps, second]), config.advantage)
+    assert out["advantage"].to_list() == both.filter(pl.col("round") == 1)["advantage"].to_list()
+    with pytest.raises(ConfigError, match="earlier rounds"):  # without round 0 in the store: refused
+        stage_advantages(RoundContext(tmp_path / "empty", config), 1, second)
