@@ -227,18 +227,22 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
             done.append(r)
             record_other(tables, r, time.perf_counter() - t0, started)
             tables.publish(r)
-            seconds = time.perf_counter() - t0
-            bar.set_postfix_str(f"round {r}: {seconds:.0f}s")
-            # round r is done: its line on the console (the round table is printed once, at the end)
-            summary = round_summary(tables.root, [BASE_ROUND, *done], metrics)
-            line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
-            _print_lines([line, *reward_error_lines(tables.root, r, str(tables.location))], bar, out)
-            if trackers:
-                log_round(tables.root, r, trackers, metrics=metrics)
+            _announce_round(tables, r, done, metrics, time.perf_counter() - t0, t_start, bar, out, trackers)
     finally:
         bar.close()
         close_engines()
     return round_summary(tables.root, [BASE_ROUND, *done], metrics)
+
+
+def _announce_round(tables: Tables, r: int, done: list[int], metrics, seconds: float, t_start: float, bar, out, trackers) -> None:
+    """Round r is done: its line on the console (the round table is printed once, at the end) and
+    its metrics to the trackers."""
+    bar.set_postfix_str(f"round {r}: {seconds:.0f}s")
+    summary = round_summary(tables.root, [BASE_ROUND, *done], metrics)
+    line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
+    _print_lines([line, *reward_error_lines(tables.root, r, str(tables.location))], bar, out)
+    if trackers:
+        log_round(tables.root, r, trackers, metrics=metrics)
 
 
 def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers) -> pl.DataFrame:
@@ -264,14 +268,9 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
 
     def finished(r: int) -> None:
         done.append(r)
-        seconds = time.perf_counter() - started[r]  # from its sampling to its evaluation, overlapping its neighbours
         bar.update(1)
-        bar.set_postfix_str(f"round {r}: {seconds:.0f}s")
-        summary = round_summary(tables.root, [BASE_ROUND, *done], metrics)
-        line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
-        _print_lines([line, *reward_error_lines(tables.root, r, str(tables.location))], bar, out)
-        if trackers:
-            log_round(tables.root, r, trackers, metrics=metrics)
+        # from its sampling to its evaluation, overlapping its neighbours
+        _announce_round(tables, r, done, metrics, time.perf_counter() - started[r], t_start, bar, out, trackers)
 
     if trackers:  # a resumed run logs the rounds a tracker has not seen yet (a no-op for the others)
         for r in done:
