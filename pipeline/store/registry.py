@@ -208,8 +208,8 @@ class PolicyRegistry:
     def round_of(self, policy_id: str, path: str | Path) -> int | None:
         """The latest round whose entry of `policy_id` names the checkpoint `path` (a local folder
         of the working copy or of the store), or None when no entry does."""
-        stored = self._stored(path)
-        rounds = [rec.round for rec in self.records(policy_id) if rec.path == stored]
+        stored = self._stored(path)  # entries of a URL store are read as working-copy folders: compare as stored
+        rounds = [rec.round for rec in self.records(policy_id) if self._stored(rec.path) == stored]
         return rounds[-1] if rounds else None
 
     def latest_record(self, policy_id: str, before_round: int) -> CheckpointRecord | None:
