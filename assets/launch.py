@@ -295,14 +295,16 @@ def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
     if not mine <= before or not before - mine:
         raise MaxitError(f"--trainer-cores {trainer_cores}: this process may use cores {sorted(before)}; the trainer's must be among them "
                          "and leave the sampler at least one")
+    import torch
+
+    threads = torch.get_num_threads()
     os.sched_setaffinity(0, before - mine)
     try:
-        import torch
-
         torch.set_num_threads(len(before - mine))
         yield
     finally:
         os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
 
 
 def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine: str, stages: tuple[str, ...]) -> None:
