@@ -19,7 +19,7 @@ from pipeline.strategies import IID, Tree  # noqa: E402
 from pipeline.types import Problem  # noqa: E402
 from pipeline.workflows import WORKFLOW_NAMES, load_workflow  # noqa: E402
 from pipeline.workflows.games import evaluation as games_eval  # noqa: E402
-from pipeline.workflows.games.env import SPECS, GameEnv, read_action, replay, ttt_heuristic  # noqa: E402
+from pipeline.workflows.games.env import SPECS, GameEnv, prompt_text, read_action, replay, ttt_heuristic  # noqa: E402
 from pipeline.workflows.games.spiel import Table, best_moves, load_game  # noqa: E402
 from tests.test_grid import ScriptedSampler  # noqa: E402
 
@@ -28,7 +28,7 @@ TTT = SPECS["tic_tac_toe"]
 
 def board_table(content: str) -> Table:
     """The tic-tac-toe table a prompt shows (its marks replayed x, o, x, ...)."""
-    cells = "".join(content.split("\n")[1:])
+    cells = "".join(line for line in content.split("\n")[1:] if not line.startswith("moves:"))
     xs = [i for i, c in enumerate(cells) if c == "x"]
     os_ = [i for i, c in enumerate(cells) if c == "o"]
     moves = [m for pair in zip(xs, os_ + [None]) for m in pair if m is not None][: len(xs) + len(os_)]
@@ -77,7 +77,7 @@ def test_read_action_checks_the_legal_actions():
 
 
 def test_self_play_rows_of_both_players_alternate_and_end_with_the_game():
-    wf = load_workflow("tic_tac_toe")
+    wf = load_workflow("tic_tac_toe", reward="value")
     steps = play(wf, [problem("")], first_free)
     # first-free play: x 0, o 1, x 2, o 3, x 4, o 5, x 6 wins on the diagonal 2-4-6
     assert steps["agent_id"].to_list() == ["player_0", "player_1"] * 3 + ["player_0"]
@@ -93,6 +93,13 @@ def test_self_play_rows_of_both_players_alternate_and_end_with_the_game():
     assert steps["local_reward"].to_list() == expected
     assert expected[-1] == 1.0 and expected[-2] == 0.0  # x's winning move; o's move that let it win
     assert steps["global_reward"].unique().to_list() == [1.0]  # a legal finish
+
+
+def test_the_tic_tac_toe_prompt_lists_the_movers_legal_cells():
+    t = replay(TTT, "4,0", seed="s")  # x in the centre, o in the corner; x to move
+    assert prompt_text(TTT, t, 0) == "tic_tac_toe x\no..\n.x.\n...\nmoves: 1 2 3 5 6 7 8"
+    assert "moves:" not in prompt_text(TTT, t, 1)  # not o's turn
+    assert not SPECS["bargaining"].list_moves  # its offers are many and long
 
 
 def test_illegal_move_ends_the_game_with_the_named_penalty():
@@ -111,10 +118,10 @@ def test_illegal_move_ends_the_game_with_the_named_penalty():
 
 def test_rewards_by_hand():
     t = replay(TTT, "0,3,1,4", seed="s")  # x: 0 1, o: 3 4; x to move
-    env = GameEnv(TTT, t.clone(), {"player_0": 0, "player_1": 1}, -1.0)
+    env = GameEnv(TTT, t.clone(), {"player_0": 0, "player_1": 1}, -1.0, reward="value")
     win = env.step("player_0", "2")
     assert win.reward == 1.0 and win.done and env.result(0) == 1.0 and env.result(1) == 0.0
-    env = GameEnv(TTT, t.clone(), {"player_0": 0, "player_1": 1}, -1.0)
+    env = GameEnv(TTT, t.clone(), {"player_0": 0, "player_1": 1}, -1.0, reward="value")
     blunder = env.step("player_0", "8")  # leaves o its win at 5
     assert blunder.reward == 0.0 and not blunder.done
     assert env.step("player_1", "5").reward == 1.0 and env.result(1) == 1.0

@@ -3,7 +3,8 @@ each player's call is rewarded, the team reward), its problems (dealt and opened
 scripted opponents, and the environment of one episode (`GameEnv`).
 
 What an agent sees: one user message, its game and seat on the first line ("tic_tac_toe x",
-"bargaining p1") and OpenSpiel's own text observation for that player below it. What it answers:
+"bargaining p1") and OpenSpiel's own text observation for that player below it; tic-tac-toe adds a
+last line listing the mover's legal cells ("moves: 1 2 5", `GameSpec.list_moves`). What it answers:
 the number of a legal action (tic-tac-toe: the cell 0-8, row by row) or the action's OpenSpiel
 text ("Agree", "Offer: Book: 1, Hat: 0, Basketball: 0"); `read_action` checks it against the
 legal actions before anything is applied.
@@ -12,11 +13,13 @@ An illegal or unparsable move ends the game (it is not replaced by another move)
 call gets the local reward `illegal_penalty` and forfeits (a loss in the win/draw/loss count, the
 other player's win); in the negotiation there is then no deal.
 
-Local rewards, per call (per-player rewards): tic-tac-toe (`reward="value"`): the result the mover's
-move secures, the mover's utility of the position it reached under optimal play from there (exact
-minimax; the game's actual utility when the move ends it) on the scale 1 win, 0.5 draw, 0 loss, so
-every call is scored at its own step and the default "rs" loss (reward >= 1) trains the moves that
-keep a won game won. Bargaining
+Local rewards, per call (per-player rewards): tic-tac-toe (`reward="best"`, the default): 1.0 when
+the move is optimal (its minimax result is the best the mover could get from the position), else
+0.0, so the default "rs" loss (reward >= 1) trains every optimal move, drawing ones included;
+(`reward="value"`): the result the mover's move secures, the mover's utility of the position it
+reached under optimal play from there (exact minimax; the game's actual utility when the move ends
+it) on the scale 1 win, 0.5 draw, 0 loss, for losses that weigh moves by their value (with "rs"
+it would train only the moves that keep a won game won). Bargaining
 (`reward="outcome"`): the mover's utility (its deal value / 10) when its move ends the game, else 0;
 the workflow contract scores a call when it is made, so the other player's share of a deal reaches
 its rows through the team reward (the joint deal value), not its local reward.
@@ -62,22 +65,30 @@ class GameSpec:
     played before the problem starts."""
     max_turns: int
     """Turns at most (each seat moves once per turn)."""
+    list_moves: bool = False
+    """The prompt's last line lists the mover's legal actions ("moves: 0 2 5"), as TextArena's
+    board games show their available moves: the model picks from the list rather than working
+    out from the board which cells are free. Only where the actions are few and short."""
 
 
-REWARDS = {"tic_tac_toe": ("value", "best"), "bargaining": ("outcome",)}
+REWARDS = {"tic_tac_toe": ("best", "value"), "bargaining": ("outcome",)}
 """The local rewards a game offers (the workflow's `reward` option; the first is the default).
 "best": 1.0 when the move's minimax result is the best the mover could get from the position (an
 optimal move, the grid's rule: the default "rs" loss trains exactly these), else 0.0."""
 
 SPECS = {
-    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="value", scale=1.0, team="legal", opening=4, max_turns=5),
+    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="best", scale=1.0, team="legal", opening=4, max_turns=5, list_moves=True),
     "bargaining": GameSpec("bargaining", ("p0", "p1"), reward="outcome", scale=10.0, team="joint", opening=0, max_turns=5),
 }
 
 
 def prompt_text(spec: GameSpec, table: Table, player: int) -> str:
-    """The user message of `player`: game and seat, then OpenSpiel's observation for it."""
-    return f"{spec.name} {spec.roles[player]}\n{table.observation(player)}"
+    """The user message of `player`: game and seat, then OpenSpiel's observation for it, then (where
+    the spec lists them) the legal actions of the player to move."""
+    text = f"{spec.name} {spec.roles[player]}\n{table.observation(player)}"
+    if spec.list_moves and not table.done and table.agent_selection == player:
+        text += "\nmoves: " + " ".join(map(str, table.legal()))
+    return text
 
 
 def read_action(text: str, table: Table) -> int | None:

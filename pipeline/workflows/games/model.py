@@ -34,14 +34,15 @@ TTT_BUILD_VERSION = 1
 class TTTWarmStartConfig:
     """Settings of the tic-tac-toe model's warm-start SFT."""
 
-    steps: int = 200
-    clean_steps: int = 140
+    steps: int = 500
+    clean_steps: int = 400
     """The first steps train on best moves only (reading the board); the steps after mix in `noise`."""
     batch_size: int = 64
-    lr: float = 3e-3
-    lr_final: float = 3e-4
+    lr: float = 1e-3
+    """Lower than the grid's 3e-3: at 3e-3 the model did not learn which cells are free."""
+    lr_final: float = 5e-4
     warmup_steps: int = 20
-    noise: float = 0.6
+    noise: float = 0.9
     """Share of the targets after `clean_steps` that are a random legal cell instead of a best move."""
     heldout_fraction: float = 0.3
     """The workflow's default: SFT positions are all of its train split."""

@@ -44,7 +44,7 @@ class GameWorkflow(Workflow):
     `opponent` (the scripted player of the evaluation: tic_tac_toe "heuristic" (default) or
     "random"; bargaining "random"), `base_model` (the starting policy the evaluation plays against;
     default: the workflow's embedded model), `reward` (how a call is rewarded:
-    `pipeline.workflows.games.env.REWARDS`; tic_tac_toe "value" (default) or "best")."""
+    `pipeline.workflows.games.env.REWARDS`; tic_tac_toe "best" (default) or "value")."""
 
     opening: int | None = None
     heldout_fraction: float = 0.3
