@@ -164,6 +164,17 @@ def test_round_regressions_name_the_table_columns_and_skip_the_hinted_context():
     assert round_regressions(ev.head(0), MathWorkflow.table_metrics) == {}
 
 
+def test_a_games_falling_loss_and_draw_rates_are_not_regressions():
+    # tic-tac-toe's round table: losses turn into draws and wins; only the win rate is judged
+    metrics = (("team", "win_vs_scripted", "win_scripted"), ("team", "draw_vs_scripted", "draw_scripted"),
+               ("team", "loss_vs_scripted", "loss_scripted"), ("team", "illegal_vs_scripted", "illegal_scripted"))
+    ev = rows({("team", "win_vs_scripted"): [0.1, 0.2, 0.05], ("team", "draw_vs_scripted"): [0.4, 0.1, 0.1],
+               ("team", "loss_vs_scripted"): [0.5, 0.1, 0.1], ("team", "illegal_vs_scripted"): [0.3, 0.0, 0.0]}, n=800)
+    found = round_regressions(ev, metrics)
+    assert list(found) == [1]
+    assert found[1].startswith("win_scripted 5.0% < 20.0% (round 0, ") and "loss_" not in found[1] and "draw_" not in found[1]
+
+
 def test_the_round_line_the_table_and_the_run_name_a_regressed_round(tmp_path):
     store = make_store(tmp_path / "s", rounds=4, skill=0.5)
     ev_path = tmp_path / "s" / "round=3" / "evaluation.parquet"

@@ -7,8 +7,9 @@ Warm start: SFT at positions of random games (positions of the train split only:
 split is the same hash the workflow's problems use), every target one cell digit. The first
 `clean_steps` train on the mover's best moves (a move whose minimax result is the best the mover
 can get, `pipeline.workflows.games.spiel.solved_value`); after them a share `noise` of the
-targets is a random legal cell, so at T=1 the model plays legal but imperfect moves and self-play
-has room to sharpen it. Fixed step count, one torch thread, deterministic from the seed.
+targets is a random legal cell (most of them by default), so at T=1 the model plays mostly legal,
+mostly random moves while its greedy move is mostly a best one, and self-play has room to sharpen
+it (the grid model's recipe). Fixed step count, one torch thread, deterministic from the seed.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class TTTWarmStartConfig:
     """The first steps train on best moves only (reading the board); the steps after mix in `noise`."""
     batch_size: int = 64
     lr: float = 1e-3
-    """Lower than the grid's 3e-3: at 3e-3 the model did not learn which cells are free."""
+    """Lower than the grid's 3e-3, at which this model does not learn within the build's steps which
+    cells are free."""
     lr_final: float = 5e-4
     warmup_steps: int = 20
     noise: float = 0.9
