@@ -1,6 +1,12 @@
 """`maxit baselines`: a store's budget-matched baselines (`pipeline.run.baselines`), computed once
 into its `baselines` table and printed beside the team; with `--trained-single`, the run of the
-team's single agent at the team's training samples into the sibling store `<store>-single`."""
+team's single agent at the team's training rows into the sibling store `<store>-single`.
+
+The single agent's rounds are `maxit run`'s rounds on the sibling's own Dagster instance, each
+materialized in two parts: its sampling stages (problems to training view), then, with its
+`training_view` table cut to the team's rows of that round (`match_rows`), its training and
+evaluation. A complete round is kept, an incomplete one made again from its first stage, as
+`maxit run` resumes."""
 
 from __future__ import annotations
 
@@ -19,8 +25,9 @@ def add_baselines_parser(sub) -> None:
     p.add_argument("--force", action="store_true", help="compute the baselines afresh, replacing the store's baselines table")
     p.add_argument(
         "--trained-single", action="store_true",
-        help="also run the team's single agent, with the team's settings and about its training rows per round, as many rounds "
-        "as the team completed, into STORE-single (resumed like maxit run); maxit report shows it beside the team",
+        help="also run the team's single agent, with the team's settings, as many rounds as the team completed, each trained on "
+        "as many rows as the team's round (a seeded subset of its training view), into STORE-single (resumed like maxit run); "
+        "maxit report shows it beside the team",
     )
     p.set_defaults(func=cmd_baselines)
 
@@ -43,11 +50,52 @@ def cmd_baselines(args) -> int:
     return 0
 
 
-def _run_single(store, sibling, settings, rounds: int) -> None:
+def _run_single(store, sibling, settings, team_rows: dict[int, int]) -> None:
     from assets.config import RunSettings
-    from assets.launch import run_rounds
+    from assets.launch import console_to_log, dagster_home, instance_at
+    from assets.resources import close_engines
+    from pipeline.engines import vllm_available
+    from pipeline.run.experiments import LOG_FILE, record_experiment
+    from pipeline.store import Tables
+    from pipeline.store.lock import acquire, command_line, token_in_env
 
+    rounds = len(team_rows)
     say(f"maxit baselines: the trained single agent: workflow {' '.join((settings.workflow, *settings.workflow_options))}, "
-        f"{settings.problems} problems per round, {rounds} round(s), into {sibling}")
+        f"{settings.problems} problems per round, {rounds} round(s), each trained on the team's rows of that round, into {sibling}")
     settings.run_config()  # every setting checked before anything starts
-    run_rounds(rounds, str(sibling), RunSettings.from_settings(settings), engine=settings.engine, quiet_dagster=True)
+    tables = Tables(sibling)
+    tables.root.mkdir(parents=True, exist_ok=True)
+    with acquire(tables.root, command=command_line()) as lock, token_in_env(lock.token):
+        engine = settings.engine if settings.engine != "auto" else ("vllm" if vllm_available() else "hf")
+        record_experiment(tables.root, settings, engine)
+        run_settings = RunSettings.from_settings(settings)
+        with console_to_log(tables.root / LOG_FILE) as (out, _err):
+            instance = instance_at(dagster_home(tables.root))
+            try:
+                for r in range(rounds):
+                    sampled = _single_round(instance, tables, r, run_settings, engine, team_rows[r])
+                    line = f"round {r} already complete" if sampled is None else f"round {r}: trained {min(sampled, team_rows[r])} of its {sampled} rows"
+                    print(f"maxit baselines: the trained single agent's {line} (the team's round {r}: {team_rows[r]} rows)", file=out, flush=True)
+            finally:
+                close_engines()
+
+
+def _single_round(instance, tables, r: int, settings, engine: str, rows: int) -> int | None:
+    """Round `r` of the trained single agent, its training view cut to `rows` rows; the rows its
+    view had (None: the round was complete and is kept)."""
+    import pyarrow.parquet as pq
+
+    from assets.launch import _materialize_round
+    from assets.overlap import SAMPLE_STAGES
+    from pipeline.run.baselines import match_rows, match_seed
+    from pipeline.run.rounds import round_complete
+
+    if round_complete(tables, r):
+        return None
+    tables.remove_temporary(r)  # left by a run killed mid-write
+    _materialize_round(instance, tables, r, settings, engine, True, stages=SAMPLE_STAGES)
+    view = pq.read_table(tables.path(r, "training_view"))  # as written: its types and its view statistics kept
+    kept = match_rows(view, rows, match_seed(settings.seed, r))
+    tables.write(r, "training_view", kept)
+    _materialize_round(instance, tables, r, settings, engine, True, stages=("policy", "evaluation"))
+    return view.num_rows
