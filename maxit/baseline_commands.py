@@ -29,6 +29,11 @@ def add_baselines_parser(sub) -> None:
         "as many rows as the team's round (a seeded subset of its training view), into STORE-single (resumed like maxit run); "
         "maxit report shows it beside the team",
     )
+    p.add_argument(
+        "--single-problems", type=int, default=None, metavar="N",
+        help="with --trained-single: the single agent's training problems per round (default: the team's, scaled by the team's "
+        "calls per episode over the single agent's, so that it samples at least the team's rows to cut from)",
+    )
     p.set_defaults(func=cmd_baselines)
 
 
@@ -36,16 +41,21 @@ def cmd_baselines(args) -> int:
     from pathlib import Path
 
     from assets.launch import console_to_log
+    from pipeline.errors import ConfigError
     from pipeline.run.baselines import compute_baselines, single_store, team_of, trained_single_settings
     from pipeline.run.experiments import LOG_FILE
     from pipeline.run.report import baselines_markdown
 
     store = Path(args.store)
+    if args.single_problems is not None and not args.trained_single:
+        raise ConfigError("--single-problems is the trained single agent's: give it with --trained-single")
+    if args.single_problems is not None and args.single_problems < 1:
+        raise ConfigError(f"--single-problems must be >= 1, got {args.single_problems}")
     team_of(store)  # a folder that is not a recorded store is named before anything is written
     with console_to_log(store / LOG_FILE):  # the engines' output goes to the store's log, as maxit run's does
         compute_baselines(store, force=args.force)
     if args.trained_single:
-        _run_single(store, single_store(store), *trained_single_settings(store))
+        _run_single(store, single_store(store), *trained_single_settings(store, args.single_problems))
     print("\n".join(baselines_markdown(store, args.store)))
     return 0
 

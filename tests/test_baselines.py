@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from fakes import FakeSampler, FakeTask, FakeTokenizer, ROLE_MARK
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 from pipeline.rollout.agent import Agent
 from pipeline.rollout.baselines import baseline_rows, calls_per_call, majority, play, team_calls
 from pipeline.rollout.workflow import REFINE_PROMPT, Env, SoloWorkflow, StepResult, Workflow
@@ -344,6 +344,9 @@ def test_trained_single_of_math_is_the_single_workflow_at_the_teams_rows(tmp_pat
     settings, rows = trained_single_settings(store)
     # sampled at about the team's calls (6 per episode, 1 single call) and cut to the team's rows per round
     assert (settings.workflow, settings.problems, rows) == ("single", 384, {0: 301, 1: 455})
+    assert trained_single_settings(store, problems=100)[0].problems == 100  # --single-problems: e.g. as many sampled rows as the team's
+    with pytest.raises(ConfigError, match="problems per round must be a whole number >= 1, got 0"):
+        trained_single_settings(store, problems=0)
 
 
 def test_match_rows_keeps_a_seeded_subset_of_exactly_the_teams_rows():
@@ -430,6 +433,8 @@ def test_bad_input_is_one_line(tmp_path):
     for argv, message in (
         (["--store", str(store)], f"maxit baselines: error: store {store}: no evaluation table (run `maxit run --store {store}` first)"),
         (["--store", str(tmp_path / "nowhere")], f"maxit baselines: error: store {tmp_path / 'nowhere'}: not a store"),
+        (["--store", str(store), "--single-problems", "5"], "maxit baselines: error: --single-problems is the trained single agent's: give it with --trained-single"),
+        (["--store", str(store), "--trained-single", "--single-problems", "0"], "maxit baselines: error: --single-problems must be >= 1, got 0"),
     ):
         proc = subprocess.run([MAXIT, "baselines", *argv], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2 and proc.stderr.startswith(message) and proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr

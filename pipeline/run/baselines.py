@@ -166,12 +166,16 @@ def match_rows(view: pa.Table, rows: int, seed: int) -> pa.Table:
     return view.take(pa.array(keep, type=pa.int64()))
 
 
-def trained_single_settings(store: str | Path):
+def trained_single_settings(store: str | Path, problems: int | None = None):
     """The settings of the trained single agent's run (see the module docstring) and the team's
     training rows of each round it completed (`train_rows`: round -> rows, rounds 0..n-1), the
     rows the single agent's rounds are cut to. Needs the store's `baselines` table (for the calls
-    per episode) and the rows its checkpoints were registered with."""
+    per episode) and the rows its checkpoints were registered with. `problems`: its training
+    problems per round instead of the calls-scaled number (e.g. to sample as many rows as the
+    team did; a round that then has fewer rows than the team's trains them all)."""
     store = Path(store)
+    if problems is not None and (isinstance(problems, bool) or not isinstance(problems, int) or problems < 1):
+        raise ConfigError(f"the trained single agent's problems per round must be a whole number >= 1, got {problems!r}")
     record = _record(store)
     settings = stored_settings(record)
     table = read_baselines(store)
@@ -184,8 +188,8 @@ def trained_single_settings(store: str | Path):
     missing = [r for r in done if r not in rows]
     if missing:
         raise DataError(f"store {store}: round(s) {missing} have no training rows in the policy registry: the single agent's rows cannot be matched")
-    ratio = float(single["team_calls"][0]) / float(single["value"][0])
-    problems = max(1, round(settings.problems * ratio))
+    if problems is None:
+        problems = max(1, round(settings.problems * float(single["team_calls"][0]) / float(single["value"][0])))
     if settings.workflow in ("math", "single"):
         changed = replace(settings, workflow="single", max_loop_num=None, problems=problems)
     else:
