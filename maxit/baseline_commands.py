@@ -61,6 +61,9 @@ def cmd_baselines(args) -> int:
 
 
 def _run_single(store, sibling, settings, team_rows: dict[int, int]) -> None:
+    """The trained single agent of `store`, run with `settings` into `sibling` as `maxit run` runs
+    a store (its writer lock, experiment record, log and Dagster instance), round r trained on
+    `team_rows[r]` rows; a line per round on the console."""
     from assets.config import RunSettings
     from assets.launch import console_to_log, dagster_home, instance_at
     from assets.resources import close_engines
@@ -82,10 +85,10 @@ def _run_single(store, sibling, settings, team_rows: dict[int, int]) -> None:
         with console_to_log(tables.root / LOG_FILE) as (out, _err):
             instance = instance_at(dagster_home(tables.root))
             try:
-                for r in range(rounds):
-                    sampled = _single_round(instance, tables, r, run_settings, engine, team_rows[r])
-                    line = f"round {r} already complete" if sampled is None else f"round {r}: trained {min(sampled, team_rows[r])} of its {sampled} rows"
-                    print(f"maxit baselines: the trained single agent's {line} (the team's round {r}: {team_rows[r]} rows)", file=out, flush=True)
+                for r, rows in team_rows.items():
+                    sampled = _single_round(instance, tables, r, run_settings, engine, rows)
+                    line = f"round {r} already complete" if sampled is None else f"round {r}: trained {min(sampled, rows)} of its {sampled} rows"
+                    print(f"maxit baselines: the trained single agent's {line} (the team's round {r}: {rows} rows)", file=out, flush=True)
             finally:
                 close_engines()
 
