@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from fakes import FakeSampler, FakeTask, FakeTokenizer, ROLE_MARK
-from pipeline.errors import DataError
+from pipeline.errors import ConfigError, DataError
 from pipeline.rollout.agent import Agent
 from pipeline.rollout.baselines import baseline_rows, calls_per_call, majority, play, team_calls
 from pipeline.rollout.workflow import REFINE_PROMPT, Env, SoloWorkflow, StepResult, Workflow
@@ -271,7 +271,7 @@ def test_store_baselines_written_once_and_shown_by_the_report(tmp_path, fake_tok
     from pipeline.store.registry import PolicyRegistry
 
     store = team_store(tmp_path)
-    PolicyRegistry(store).register(0, "shared", tmp_path / "model", metrics={"train_rows": 120.0})  # round 0's trained checkpoint
+    PolicyRegistry(store).register(0, "shared", tmp_path / "model", metrics={"rows": 120.0})  # round 0's trained checkpoint
     pool = FakePool(ArithmeticSampler(solver_accuracy=0.5))
     both = compute_baselines(store, engines=pool)
     assert read_baselines(store) is not None and pool.gets
@@ -291,6 +291,7 @@ def test_store_baselines_written_once_and_shown_by_the_report(tmp_path, fake_tok
     assert frame["who"].to_list()[:4] == ["team, untrained (played as the baselines are)", "single agent, untrained, 1 call per turn",
                                           "single agent, untrained, best-of-6 majority vote", "single agent, untrained, self-refine x6"]
     assert frame["who"].to_list()[4:] == ["team, round 0 (played as the baselines are)", "team, start", "team, round 0"]
+    assert frame["note"][6].endswith("; 120 training rows")
     assert frame["success"].to_list()[5:] == pytest.approx([0.4, 0.6])
     text = markdown_round_table(store)
     assert "baselines (the starting model as a single agent at the team's budget;" in text
@@ -302,25 +303,127 @@ def test_store_baselines_for_grid_count_the_evaluations_calls(tmp_path, fake_tok
 
     store = team_store(tmp_path, workflow="grid", calls=True)
     table = compute_baselines(store, engines=FakePool(GridOracle(0.6)))
+    trained(store, {0: 40})
     by = {(r["baseline"], r["metric"]): r for r in table.iter_rows(named=True)}
     assert by[("best_of_k", "success")]["agent_id"] == "planner" and table["team_calls"][0] == 3.0
     assert table["calls_source"][0].startswith("evaluation: agents' `calls`")
     assert by[("best_of_k", "success")]["value"] is not None and by[("self_refine", "success")]["value"] is not None
     settings, rounds = trained_single_settings(store)
-    assert settings.workflow == "pipeline.run.baselines:single_workflow" and settings.workflow_options[0] == "team=grid" and rounds == 1
+    assert settings.workflow == "pipeline.run.baselines:single_workflow" and settings.workflow_options[0] == "team=grid" and rounds == {0: 40}
     from pipeline.run.context import build_workflow
 
     single = build_workflow(settings.run_config())
     assert isinstance(single, SoloWorkflow) and single.turn_order == ("planner",) and single.echo == ("mover",)
 
 
+def trained(store: Path, rows: dict[int, int], policies: tuple[str, ...] = ("shared",)) -> None:
+    """Register round r's checkpoint of each of `policies` with its share of `rows[r]` training
+    rows (the `rows` metric the policy stage registers), rounds' evaluations written as complete."""
+    from pipeline.store import table_path, write_table
+    from pipeline.store.registry import PolicyRegistry
+
+    folder = store.parent / "model"
+    for r, n in rows.items():
+        for i, pid in enumerate(policies):
+            PolicyRegistry(store).register(r, pid, folder, metrics={"rows": float(n // len(policies) + (n % len(policies) if i == 0 else 0)), "steps": 2.0})
+        if not (store / f"round={r}" / "evaluation.parquet").exists():
+            ev = pl.DataFrame({"round": [r], "policy_id": "shared", "agent_id": "solver", "split": "heldout", "metric": "accuracy", "value": 0.5, "n": 24},
+                              schema_overrides={"round": pl.Int32, "n": pl.Int64})
+            write_table(ev, table_path(store, r, "evaluation"), "evaluation")
+
+
 def test_trained_single_of_math_is_the_single_workflow_at_the_teams_rows(tmp_path, fake_tokenizer):
-    from pipeline.run.baselines import compute_baselines, trained_single_settings
+    from pipeline.run.baselines import compute_baselines, train_rows, trained_single_settings
 
     store = team_store(tmp_path, problems=64)
     compute_baselines(store, engines=FakePool(ArithmeticSampler()))
-    settings, rounds = trained_single_settings(store)
-    assert (settings.workflow, settings.problems, rounds) == ("single", 384, 1)  # 6 team calls per episode, 1 single call
+    with pytest.raises(DataError, match=r"round\(s\) \[0\] have no training rows in the policy registry"):
+        trained_single_settings(store)
+    trained(store, {0: 301, 1: 455}, policies=("solver", "verifier"))  # the team's rows of each round, summed over its policies
+    assert train_rows(store) == {0: 301, 1: 455}
+    settings, rows = trained_single_settings(store)
+    # sampled at about the team's calls (6 per episode, 1 single call) and cut to the team's rows per round
+    assert (settings.workflow, settings.problems, rows) == ("single", 384, {0: 301, 1: 455})
+    assert trained_single_settings(store, problems=100)[0].problems == 100  # --single-problems: e.g. as many sampled rows as the team's
+    with pytest.raises(ConfigError, match="problems per round must be a whole number >= 1, got 0"):
+        trained_single_settings(store, problems=0)
+
+
+def test_match_rows_keeps_a_seeded_subset_of_exactly_the_teams_rows():
+    import pyarrow as pa
+
+    from pipeline.run.baselines import match_rows, match_seed
+
+    view = pa.table({"step_id": [f"s{i}" for i in range(50)], "x": list(range(50))}).replace_schema_metadata({"k": "v"})
+    kept = match_rows(view, 20, match_seed(0, 1))
+    ids = kept.column("x").to_pylist()
+    assert kept.num_rows == 20 and len(set(ids)) == 20 and ids == sorted(ids) and kept.schema.metadata == {b"k": b"v"}
+    assert match_rows(view, 20, match_seed(0, 1)).equals(kept)  # the same seed, the same rows
+    assert match_rows(view, 20, match_seed(1, 1)).column("x").to_pylist() != ids  # another run seed, another subset
+    assert match_rows(view, 20, match_seed(0, 2)).column("x").to_pylist() != ids  # another round, another subset
+    assert match_rows(view, 50, 0).equals(view) and match_rows(view, 80, 0).equals(view)  # no more rows than the view has
+    assert match_rows(view, 0, 0).num_rows == 0
+    with pytest.raises(Exception, match="rows must be >= 0"):
+        match_rows(view, -1, 0)
+
+
+def test_the_trained_single_agents_rounds_train_the_teams_rows(tmp_path, fake_tokenizer, monkeypatch, capfd):
+    """`maxit baselines --trained-single`'s rounds: each round's sampled view cut to the team's rows
+    of that round before its policy stage reads it; a complete round kept. The stages are stand-ins
+    (the real ones are `maxit run`'s) that write a view of 100 + r rows and train what they read."""
+    import pyarrow.parquet as pq
+
+    import assets.launch as launch
+    from maxit.baseline_commands import _run_single
+    from pipeline.learn.views import STATS_METADATA_KEY
+    from pipeline.run.baselines import compute_baselines, single_store, train_rows, trained_single_settings
+    from pipeline.store import Tables
+
+    store = team_store(tmp_path, problems=8)
+    compute_baselines(store, engines=FakePool(ArithmeticSampler()))
+    trained(store, {0: 37, 1: 120})  # round 1: more rows than the single agent's view will have
+    staged = []
+
+    def materialize(instance, tables, r, settings, engine, quiet, stages=None):
+        staged.append((r, stages))
+        if stages[0] == "problems":
+            view = synthetic_view(100 + r, r)
+            tables.write(r, "training_view", view.replace_schema_metadata({STATS_METADATA_KEY: b'{"n_rows": %d}' % view.num_rows}))
+            return
+        assert stages == ("policy", "evaluation")
+        view = pq.read_table(tables.path(r, "training_view"))
+        trained(tables.root, {r: view.num_rows}, policies=("shared",))
+
+    monkeypatch.setattr(launch, "_materialize_round", materialize)
+    _run_single(store, single_store(store), *trained_single_settings(store))
+    sibling = single_store(store)
+    assert train_rows(sibling) == {0: 37, 1: 101}  # the team's 37, and all 101 of a view short of the team's 120
+    assert [s[0] for s in staged] == [0, 0, 1, 1]
+    kept = pq.read_table(sibling / "round=0" / "training_view.parquet")
+    assert kept.schema.metadata[STATS_METADATA_KEY] == b'{"n_rows": 100}'  # the view's own statistics kept beside the cut
+    out = capfd.readouterr().out
+    assert "round 0: trained 37 of its 100 rows (the team's round 0: 37 rows)" in out and "round 1: trained 101 of its 101 rows" in out
+    assert json.loads((sibling / "experiment.json").read_text())["settings"]["workflow"] == "single"
+    staged.clear()
+    _run_single(store, sibling, *trained_single_settings(store))  # resumed: complete rounds are kept
+    assert staged == [] and "round 1 already complete" in capfd.readouterr().out
+    from pipeline.run.report import baselines_summary
+
+    frame, _ = baselines_summary(store)
+    note = frame.filter(pl.col("who") == "trained single agent, round 1")["note"][0]
+    assert "training rows per round (its/the team's): 0: 37/37, 1: 101/120; in all 138/157" in note
+
+
+def synthetic_view(n: int, r: int):
+    """A `training_view` table of `n` rows of round `r`."""
+    import pyarrow as pa
+
+    from schemas import TRAINING_VIEW
+
+    cols = {"step_id": [f"r{r}-s{i}" for i in range(n)], "policy_id": ["shared"] * n, "agent_id": ["solver"] * n, "strategy": ["iid"] * n,
+            "train_prompt_ids": [[1, 2]] * n, "completion_ids": [[3]] * n, "sampling_logprobs": [[-0.5]] * n, "advantage": [1.0] * n,
+            "sample_weight": [1.0] * n, "reward": [1.0] * n, "context_swapped": [False] * n, "round": [r] * n, "turn": [0] * n, "temperature": [1.0] * n}
+    return pa.table(cols, schema=TRAINING_VIEW.schema)
 
 
 def test_bad_input_is_one_line(tmp_path):
@@ -330,6 +433,8 @@ def test_bad_input_is_one_line(tmp_path):
     for argv, message in (
         (["--store", str(store)], f"maxit baselines: error: store {store}: no evaluation table (run `maxit run --store {store}` first)"),
         (["--store", str(tmp_path / "nowhere")], f"maxit baselines: error: store {tmp_path / 'nowhere'}: not a store"),
+        (["--store", str(store), "--single-problems", "5"], "maxit baselines: error: --single-problems is the trained single agent's: give it with --trained-single"),
+        (["--store", str(store), "--trained-single", "--single-problems", "0"], "maxit baselines: error: --single-problems must be >= 1, got 0"),
     ):
         proc = subprocess.run([MAXIT, "baselines", *argv], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2 and proc.stderr.startswith(message) and proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr

@@ -1,14 +1,18 @@
 """A store's budget-matched baselines: the `baselines` table (round -1, computed once per store from
 the run's starting checkpoints, `pipeline.rollout.baselines`) and the trained single agent, a run
-of the team's single-agent variant at the team's training samples in a sibling store
+of the team's single-agent variant at the team's training rows in a sibling store
 (`<store>-single`), both read beside the team by `maxit report`.
 
 The trained single agent's run (`trained_single_settings`) is the team's recorded settings with the
 workflow replaced by its single agent (math: `single`; any other: `single_workflow`, which builds
 the team and plays its `single_agent`) and the training problems per round scaled by the team's
 calls per episode over the single agent's (`team_calls / single calls`, both in the `baselines`
-table), so that both sample about as many training rows per round; the rows each trained are
-shown side by side (`train_rows`), so what is left of the difference is in plain view.
+table), so that it samples at least about as many rows as the team. What it trains is then matched
+on rows: each round's training view is cut to the rows the team trained that round (`train_rows`:
+the `rows` its policies were registered with, summed over them), a seeded subset of the view's
+rows in their order (`match_rows`), so both train on the same number of rows per round. A round
+whose view has fewer rows than the team's trains them all, and `maxit report` shows both counts
+per round, so a shortfall is in plain view.
 """
 
 from __future__ import annotations
@@ -16,14 +20,17 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
 from pipeline.run.experiments import EXPERIMENT_FILE, complete_rounds, is_store, read_experiment, stored_settings
 from pipeline.store import BASE_ROUND
 
-__all__ = ["compute_baselines", "read_baselines", "single_store", "trained_single_settings", "single_workflow", "team_of"]
+__all__ = ["compute_baselines", "read_baselines", "single_store", "trained_single_settings", "single_workflow", "team_of", "train_rows", "match_rows",
+           "match_seed"]
 
 TABLE = "baselines"
 
@@ -130,10 +137,45 @@ def _played(ctx, round_: int, k: float, source: str) -> pl.DataFrame:
     return validate(pl.DataFrame(rows, schema=polars_schema(BASELINES)), BASELINES)
 
 
-def trained_single_settings(store: str | Path):
-    """The settings of the trained single agent's run (see the module docstring) and the number of
-    rounds the team completed. Needs the store's `baselines` table (for the calls per episode)."""
+def train_rows(store: str | Path) -> dict[int, int]:
+    """round -> the rows the store's policies trained in that round: the `rows` each checkpoint was
+    registered with (`registry_metrics`), summed over the round's policies; rounds without it are
+    left out."""
+    from pipeline.store.registry import PolicyRegistry
+
+    out: dict[int, int] = {}
+    for rec in PolicyRegistry(store).records():
+        if "rows" in rec.metrics:
+            out[rec.round] = out.get(rec.round, 0) + int(rec.metrics["rows"])
+    return dict(sorted(out.items()))
+
+
+def match_seed(seed: int, round_: int) -> int:
+    """The seed of round `round_`'s row subset in a run of seed `seed`."""
+    return (int(seed) * 1_000_003 + int(round_)) % (2**32)
+
+
+def match_rows(view: pa.Table, rows: int, seed: int) -> pa.Table:
+    """`view` cut to `rows` rows: a seeded subset (`seed`), drawn uniformly without replacement, in
+    the view's order; the whole view when it has no more."""
+    if rows < 0:
+        raise ConfigError(f"match_rows: rows must be >= 0, got {rows}")
+    if view.num_rows <= rows:
+        return view
+    keep = np.sort(np.random.default_rng(seed).choice(view.num_rows, size=rows, replace=False))
+    return view.take(pa.array(keep, type=pa.int64()))
+
+
+def trained_single_settings(store: str | Path, problems: int | None = None):
+    """The settings of the trained single agent's run (see the module docstring) and the team's
+    training rows of each round it completed (`train_rows`: round -> rows, rounds 0..n-1), the
+    rows the single agent's rounds are cut to. Needs the store's `baselines` table (for the calls
+    per episode) and the rows its checkpoints were registered with. `problems`: its training
+    problems per round instead of the calls-scaled number (e.g. to sample as many rows as the
+    team did; a round that then has fewer rows than the team's trains them all)."""
     store = Path(store)
+    if problems is not None and (isinstance(problems, bool) or not isinstance(problems, int) or problems < 1):
+        raise ConfigError(f"the trained single agent's problems per round must be a whole number >= 1, got {problems!r}")
     record = _record(store)
     settings = stored_settings(record)
     table = read_baselines(store)
@@ -142,11 +184,15 @@ def trained_single_settings(store: str | Path):
     single = table.filter((pl.col("round") == BASE_ROUND) & (pl.col("baseline") == "single") & (pl.col("metric") == "calls"))
     if single.is_empty() or single["value"][0] is None:
         raise DataError(f"store {store}: its workflow has no single agent, so there is no trained single agent to run")
-    ratio = float(single["team_calls"][0]) / float(single["value"][0])
-    problems = max(1, round(settings.problems * ratio))
+    done, rows = complete_rounds(store), train_rows(store)
+    missing = [r for r in done if r not in rows]
+    if missing:
+        raise DataError(f"store {store}: round(s) {missing} have no training rows in the policy registry: the single agent's rows cannot be matched")
+    if problems is None:
+        problems = max(1, round(settings.problems * float(single["team_calls"][0]) / float(single["value"][0])))
     if settings.workflow in ("math", "single"):
         changed = replace(settings, workflow="single", max_loop_num=None, problems=problems)
     else:
         options = tuple(o for o in settings.workflow_options if not o.startswith("team="))
         changed = replace(settings, workflow="pipeline.run.baselines:single_workflow", workflow_options=(f"team={settings.workflow}", *options), problems=problems)
-    return changed, len(complete_rounds(store))
+    return changed, {r: rows[r] for r in done}

@@ -374,7 +374,7 @@ def baselines_summary(store: str | Path, metrics: Sequence[tuple[str, str, str]]
     the trained single agent's run (`<store>-single`, its last complete round) when there is one.
     Returns the rows and a line saying where the team's calls were counted; None when the store
     has no `baselines` table."""
-    from pipeline.run.baselines import read_baselines, single_store
+    from pipeline.run.baselines import read_baselines, single_store, train_rows
 
     table = read_baselines(store)
     if table is None:
@@ -390,20 +390,15 @@ def baselines_summary(store: str | Path, metrics: Sequence[tuple[str, str, str]]
     rows += _evaluated(store, metrics, k, "team")
     sibling = single_store(store)
     if is_store(sibling) and complete_rounds(sibling):
-        rows += _evaluated(sibling, table_metrics_of(sibling)[0], None, "trained single agent", _train_rows(store), skip_start=True)
+        rows += _evaluated(sibling, table_metrics_of(sibling)[0], None, "trained single agent", train_rows(store), skip_start=True)
     frame = pl.DataFrame(rows, schema={"who": pl.String, "calls": pl.Float64, "success": pl.Float64, "team_reward": pl.Float64, "note": pl.String})
     return frame, f"the team's calls per held-out problem: {k:.2f} ({table['calls_source'][0]})"
 
 
-def _train_rows(store: str | Path) -> int | None:
-    done = complete_rounds(Path(store))
-    counts = _training_counts(Path(store), done) if done else None
-    return int(counts[TRAIN_COLUMNS["rows"]].sum()) if counts is not None else None
-
-
-def _evaluated(store, metrics, calls: float | None, label: str, team_rows: int | None = None, skip_start: bool = False) -> list[dict]:
+def _evaluated(store, metrics, calls: float | None, label: str, team_rows: dict[int, int] | None = None, skip_start: bool = False) -> list[dict]:
     """Rows for the first metric of `metrics` the store's evaluation holds: at the start (round
-    -1, unless `skip_start`) and at its last complete round, with the rows it trained."""
+    -1, unless `skip_start`) and at its last complete round, with the rows it trained; with
+    `team_rows` (the team's rows per round, `train_rows`), its rows and the team's round by round."""
     done = complete_rounds(Path(store))
     ev = st.Tables(store).scan("evaluation").collect() if st.Tables(store).has_any("evaluation") else None
     if ev is None:
@@ -419,15 +414,26 @@ def _evaluated(store, metrics, calls: float | None, label: str, team_rows: int |
                 continue
             note = f"evaluation `{column}` ({agent} {metric})"
             if r != BASE_ROUND:
-                trained = _train_rows(store)
-                note += f"; {trained} training rows" if trained is not None else ""
-                note += f" (the team: {team_rows})" if team_rows is not None else ""
+                note += _rows_note(store, done, team_rows)
                 note += f"; store {store}" if skip_start else ""
             who = f"{label}, {'start' if r == BASE_ROUND else f'round {r}'}"
             # an agent's own metric (math: the Solver's one-call accuracy) is not at the team's calls
             rows.append({"who": who, "calls": calls if agent == "team" else None, "success": float(at["value"][0]), "team_reward": None, "note": note})
         break
     return rows
+
+
+def _rows_note(store, done: Sequence[int], team_rows: dict[int, int] | None) -> str:
+    """"; N training rows", or with `team_rows` the rows of each round beside the team's."""
+    from pipeline.run.baselines import train_rows
+
+    mine = {r: n for r, n in train_rows(store).items() if r in done}
+    if not mine:
+        return ""
+    if team_rows is None:
+        return f"; {sum(mine.values())} training rows"
+    each = ", ".join(f"{r}: {n}/{team_rows[r] if r in team_rows else '-'}" for r, n in mine.items())
+    return f"; training rows per round (its/the team's): {each}; in all {sum(mine.values())}/{sum(team_rows.get(r, 0) for r in mine)}"
 
 
 def baselines_markdown(store: str | Path, name: str | None = None, metrics: Sequence[tuple[str, str, str]] | None = None) -> list[str]:

@@ -1,0 +1,86 @@
+"""The team against its budget-matched baselines over seeds: one table of the stores' baselines.
+
+    .venv/bin/python scripts/teams_study.py STORE [STORE ...]
+
+Each STORE is a team's store (one seed) on which `maxit baselines --store STORE` and
+`maxit baselines --store STORE --trained-single` ran. Prints, as markdown, one row per arm of
+`maxit report`'s baselines block (`pipeline.run.report.baselines_summary`) with its success in
+percent over the stores, mean and (min..max), and the calls per held-out problem; then the
+training rows of the team and of its trained single agent per round, summed over the policies,
+mean and (min..max) over the stores. An arm a store lacks is an error naming the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _arm(who: str) -> str:
+    """The arm of a `baselines_summary` row, without the round its store stopped at."""
+    return re.sub(r"round \d+", "last round", who)
+
+
+def _spread(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
+    values = [scale * v for v in values]
+    mean = sum(values) / len(values)
+    return f"{mean:.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
+
+
+def arms(stores: list[Path]) -> list[tuple[str, list[float], list[float | None]]]:
+    """(arm, success per store, calls per store) in the order of the first store's block."""
+    from pipeline.run.report import baselines_summary
+
+    table: dict[str, tuple[list[float], list[float | None]]] = {}
+    for store in stores:
+        summary = baselines_summary(store)
+        if summary is None:
+            raise SystemExit(f"teams_study: store {store}: no baselines table (maxit baselines --store {store})")
+        for row in summary[0].iter_rows(named=True):
+            if row["success"] is None:
+                continue
+            success, calls = table.setdefault(_arm(row["who"]), ([], []))
+            success.append(row["success"])
+            calls.append(row["calls"])
+    for name, (success, _) in table.items():
+        if len(success) != len(stores):
+            raise SystemExit(f"teams_study: arm {name!r} is in {len(success)} of the {len(stores)} stores")
+    return [(name, success, calls) for name, (success, calls) in table.items()]
+
+
+def rows_by_round(stores: list[Path]) -> list[str]:
+    """Markdown lines: per round, the team's training rows and its trained single agent's."""
+    from pipeline.run.baselines import single_store, train_rows
+
+    team = [train_rows(s) for s in stores]
+    single = [train_rows(single_store(s)) for s in stores]
+    rounds = sorted(set.intersection(*(set(t) for t in team)))
+    lines = ["| round | team's training rows | trained single agent's |", "|---:|---:|---:|"]
+    for r in rounds:
+        mine = [s.get(r) for s in single]
+        cell = _spread([float(v) for v in mine], 1.0, 0) if None not in mine else "-"
+        lines.append(f"| {r} | {_spread([float(t[r]) for t in team], 1.0, 0)} | {cell} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("stores", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    print(f"| arm | success, mean (min..max) over {len(args.stores)} stores | calls/problem |")
+    print("|---|---:|---:|")
+    for name, success, calls in arms(args.stores):
+        known = [c for c in calls if c is not None]
+        print(f"| {name} | {_spread(success)} | {sum(known) / len(known):.2f} |" if known else f"| {name} | {_spread(success)} |  |")
+    print()
+    print("\n".join(rows_by_round(args.stores)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
