@@ -8,8 +8,8 @@ Initial weights (`RGWarmStartConfig.init`): "math" (the default) starts from the
 model of the same seed (built or reused by `pipeline.workflows.math.model.default_model`, same
 architecture and tokenizer), which already adds two-digit numbers in its own "12+45=" format;
 "random" starts from random weights. The math model alone scores near zero on reasoning-gym's
-texts ("Calculate 12 + 45."), but it learns them in a few hundred steps, where random weights
-first sit on a plateau for many hundreds (docs/results/reasoning-gym.md).
+texts ("Calculate 12 + 45."), but it learns them in far fewer steps than random weights do, which
+makes the build minutes on a CPU (docs/results/reasoning-gym.md).
 
 Warm start: SFT on train-split problems of the dataset (never a held-out question), every target
 the dataset's reference answer: the Solver's question (share `mix_solver`), the blind Verifier's
