@@ -276,3 +276,28 @@ def test_maxit_run_one_round_on_a_tiny_model(tmp_path, tiny_model_dir):
     assert again["rescored"].to_list() == again["local_reward"].to_list()
     ev = pl.read_parquet(store / "round=0" / "evaluation.parquet")
     assert "accuracy" in set(ev.filter(pl.col("agent_id") == "solver")["metric"])
+
+
+# -- the embedded model -----------------------------------------------------------------------
+
+
+def test_the_embedded_model_starts_from_the_math_model_and_its_key_names_that_model(tmp_path, tiny_model_dir):
+    import torch
+
+    from pipeline.models import load_model
+    from pipeline.models.build import ModelConfig, settings_key
+    from pipeline.workflows.reasoning_gym.model import RGWarmStartConfig, build_settings, initial_model
+
+    config, model_config = RGWarmStartConfig(), ModelConfig(seed=0)
+    _, started = initial_model(config, model_config, tmp_path / "math", tiny_model_dir, log=lambda _: None)
+    source = load_model(tiny_model_dir).state_dict()
+    assert all(torch.equal(t, source[k]) for k, t in started.state_dict().items())
+    _, fresh = initial_model(RGWarmStartConfig(init="random"), model_config, tmp_path / "random", None, log=lambda _: None)
+    assert not all(torch.equal(t, source[k]) for k, t in fresh.state_dict().items())
+
+    task = task_of("basic_arithmetic")
+    keys = {settings_key(build_settings(task, config, model_config, Path(name))) for name in ("default-aaa", "default-bbb")}
+    keys.add(settings_key(build_settings(task, RGWarmStartConfig(init="random"), model_config, None)))
+    assert len(keys) == 3
+    with pytest.raises(ConfigError, match="init must be one of"):
+        RGWarmStartConfig(init="math-model")

@@ -4,9 +4,12 @@ any text, so every dataset's characters are covered), built in code and warm-sta
 workflow's own dataset and generator options, cached under
 `<cache>/models/reasoning-gym-<dataset>-<hash of every build setting>`.
 
-Why not the math default model itself: it is warm-started on "12+45=" questions and answers
-nothing else; reasoning-gym's questions ("Calculate 5 - -3.", "3, 6, 12, 24, ?") are other texts,
-on which it starts near zero, where expert iteration has nothing to select.
+Initial weights (`RGWarmStartConfig.init`): "math" (the default) starts from the math default
+model of the same seed (built or reused by `pipeline.workflows.math.model.default_model`, same
+architecture and tokenizer), which already adds two-digit numbers in its own "12+45=" format;
+"random" starts from random weights. The math model alone scores near zero on reasoning-gym's
+texts ("Calculate 12 + 45."), but it learns them in far fewer steps than random weights do, which
+makes the build minutes on a CPU (docs/results/reasoning-gym.md).
 
 Warm start: SFT on train-split problems of the dataset (never a held-out question), every target
 the dataset's reference answer: the Solver's question (share `mix_solver`), the blind Verifier's
@@ -34,10 +37,12 @@ from pipeline.errors import ConfigError
 from pipeline.models.build import ModelConfig, cached_build, count_parameters, untrained_model
 from pipeline.types import Message
 
-__all__ = ["RGWarmStartConfig", "RG_BUILD_VERSION", "warm_examples", "reasoning_gym_model", "main"]
+__all__ = ["RGWarmStartConfig", "RG_BUILD_VERSION", "INITS", "warm_examples", "initial_model", "build_settings", "reasoning_gym_model", "main"]
 
-RG_BUILD_VERSION = 1
+RG_BUILD_VERSION = 2
 """Bump when the build code changes what it produces, so old cached models are not reused."""
+
+INITS = ("math", "random")
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,13 @@ class RGWarmStartConfig:
     threads: int = 1
     """torch threads during the warm start (the grid model's choice: on a shared 2-core machine
     two threads waiting on each other ran many times slower than one)."""
+    init: str = "math"
+    """Initial weights: "math" (the math default model of the same seed) or "random"."""
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.init not in INITS:
+            raise ConfigError(f"reasoning_gym warm_start.init must be one of {list(INITS)}, got {self.init!r}")
         for name in ("batch_size", "max_steps", "probe_every", "probe_size", "pool"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"reasoning_gym warm_start.{name} must be >= 1, got {getattr(self, name)}")
@@ -124,24 +133,50 @@ def _warm_start(model, tok, task, config: RGWarmStartConfig, log: Callable[[str]
     return {"steps": step, "seconds": time.perf_counter() - t0, "probe_accuracy": acc, "stopped_early": acc >= config.target_accuracy, "history": history}
 
 
+def initial_model(config: RGWarmStartConfig, model_config: ModelConfig, folder: Path, source: Path | None, log: Callable[[str], None] = print):
+    """(tokenizer, model) the warm start begins from, saved into `folder` and loaded back: the
+    model in `source` (`init` "math": the math default model) or random weights of
+    `model_config` (`init` "random", `source` None)."""
+    from pipeline.models import load_model, load_tokenizer
+    from pipeline.workflows.math.model import build_tokenizer
+
+    if source is None:
+        return untrained_model(model_config, build_tokenizer(model_config), folder)
+    log(f"starting from {source}")
+    tok, model = load_tokenizer(source), load_model(source)
+    tok.save_pretrained(str(folder))
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return load_tokenizer(folder), load_model(folder)
+
+
+def build_settings(task, config: RGWarmStartConfig, model_config: ModelConfig, source: Path | None) -> dict:
+    """What the build's cache key hashes: the dataset, its options and split, the model, the warm
+    start, the prompts it trains on, and the initial weights: the math model's folder, which is
+    named by the hash of its own settings (so a new math build is a new reasoning-gym build)."""
+    prompts = {k: getattr(task.prompts, k) for k in ("user", "verifier_user", "wrong_feedback", "right_feedback")}
+    settings = {"version": RG_BUILD_VERSION, "dataset": task.dataset, "options": task.options, "heldout_fraction": task.heldout_fraction,
+                "max_tokens": task.default_max_tokens, "model": asdict(model_config), "warm_start": asdict(config), "prompts": prompts,
+                "initial": Path(source).name if source is not None else "random"}
+    settings["warm_start"].pop("threads")  # does not change the result
+    return settings
+
+
 def reasoning_gym_model(task, cache_dir: str | Path | None = None, config: RGWarmStartConfig | None = None, force: bool = False,
                         log: Callable[[str], None] = print) -> Path:
     """The warm-started model of `task` (a `ReasoningGymTask`): built on the first call for its
     dataset, options and held-out fraction, reused afterwards."""
-    from pipeline.workflows.math.model import build_tokenizer
+    from pipeline.workflows.math.model import default_model
     from pipeline.workflows.math.warmstart import solver_accuracy
 
     config = config or RGWarmStartConfig()
     model_config = ModelConfig(seed=config.seed)
-    prompts = {k: getattr(task.prompts, k) for k in ("user", "verifier_user", "wrong_feedback", "right_feedback")}
-    settings = {"version": RG_BUILD_VERSION, "dataset": task.dataset, "options": task.options, "heldout_fraction": task.heldout_fraction,
-                "max_tokens": task.default_max_tokens, "model": asdict(model_config), "warm_start": asdict(config), "prompts": prompts}
-    settings["warm_start"].pop("threads")  # does not change the result
+    source = None if config.init == "random" else default_model(cache_dir, seed=config.seed)
+    settings = build_settings(task, config, model_config, source)
 
     def build(folder: Path) -> dict:
         import torch
 
-        tok, model = untrained_model(model_config, build_tokenizer(model_config), folder)
+        tok, model = initial_model(config, model_config, folder, source, log)
         log(f"reasoning-gym model for {task.dataset}: {count_parameters(model) / 1e6:.2f}M parameters; warm start on its train split")
         threads = torch.get_num_threads()
         torch.set_num_threads(config.threads)
