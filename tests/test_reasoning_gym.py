@@ -301,3 +301,16 @@ def test_the_embedded_model_starts_from_the_math_model_and_its_key_names_that_mo
     assert len(keys) == 3
     with pytest.raises(ConfigError, match="init must be one of"):
         RGWarmStartConfig(init="math-model")
+
+
+def test_the_teams_single_agent_is_the_solver_on_the_same_dataset_and_model():
+    # the trained single agent (`maxit baselines --trained-single`) starts from the single agent's
+    # default model: the dataset's embedded model, not the math workflow's
+    from pipeline.run.baselines import single_workflow
+    from pipeline.workflows.reasoning_gym import SingleSolver
+
+    team = load_workflow("reasoning_gym", dataset="basic_arithmetic")
+    single = single_workflow("reasoning_gym", dataset="basic_arithmetic")
+    assert isinstance(team.single_agent(), SingleSolver) and isinstance(single, SingleSolver)
+    assert single.task.dataset == "basic_arithmetic" and [a.agent_id for a in single.agents] == [team.solver_id]
+    assert type(single).default_model is type(team).default_model

@@ -30,6 +30,12 @@ class SolverVerifierTeam(AnsweringTeam, MathWorkflow):
 
     name: ClassVar[str] = "reasoning_gym"
 
+    def single_agent(self) -> "SingleSolver":
+        """The Solver alone on the same dataset, on the same embedded model (the math workflow's
+        single agent would start from the math model)."""
+        solver = next(a for a in self.agents if a.agent_id == self.solver_id)
+        return SingleSolver(task=self.task, agents=(solver,), orchestra=self.orchestra)
+
 
 @dataclass
 class SingleSolver(AnsweringTeam, SingleWorkflow):
