@@ -20,9 +20,8 @@ from pipeline.workflows.games.workflow import TicTacToeWorkflow
 def play(policy, seat: int, history: str, seed: str) -> float:
     env = GameEnv(SPECS["tic_tac_toe"], replay(SPECS["tic_tac_toe"], history, seed), {"me": seat}, -1.0, opponent=ttt_heuristic, judge=seat, seed=seed)
     rng = random.Random(seed)
-    while not env.over:
-        env.table.step(policy(env.table, rng))
-        env._opponent_moves()
+    while not env.over:  # the environment's own step: the move, then the scripted player's reply
+        env.step("me", str(policy(env.table, rng)))
     return env.result(seat)
 
 
