@@ -61,10 +61,37 @@ def dagster_home(store: str | Path, path: str | Path | None = None) -> Path:
     return home
 
 
+SQLITE_STORAGES = ("history/runs.db", "history/runs/index.db", "schedules/schedules.db")
+"""The instance's sqlite databases that Dagster creates once, when their file is missing."""
+
+
 def instance_at(home: Path):
     import dagster as dg
 
+    _drop_half_created(home)
     return dg.DagsterInstance.from_config(str(home))
+
+
+def _drop_half_created(home: Path) -> None:
+    """Remove a storage database that a killed run left half-created: Dagster creates its tables
+    and then stamps the schema version, and opens an existing index database as it is, so a run
+    killed between the two would leave every later run of the store failing on a missing table.
+    An unstamped database holds nothing yet (the stamp comes before any run is recorded)."""
+    import sqlite3
+
+    for name in SQLITE_STORAGES:
+        path = home / name
+        if not path.exists():
+            continue
+        try:
+            with contextlib.closing(sqlite3.connect(path)) as conn:
+                stamped = conn.execute("select count(*) from alembic_version").fetchone()[0] > 0
+        except sqlite3.Error as e:  # only a missing version table or a file that is no database: a busy one stays
+            stamped = not ("no such table" in str(e) or "not a database" in str(e))
+        if not stamped:
+            log.warning("Dagster storage %s was left half-created by an interrupted run; creating it again", path)
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def _peak_rss_mb() -> float:

@@ -4,6 +4,7 @@ one run share the lock, and `maxit run` and Dagster materializations take it."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -400,3 +401,28 @@ def test_the_next_run_prints_one_line_per_round_and_the_table_once(killed_then_r
     for column in ("round", "solver_acc", "verifier_bal_acc", "train_rows", "seconds"):
         assert column in header.split(), header
     assert max(map(len, lines)) <= 120
+
+
+def test_an_instance_half_created_by_a_killed_run_is_created_again(tmp_path):
+    """A run killed while Dagster was creating the store's event index (its tables made, its schema
+    version not yet stamped) must not leave every later run failing on a missing table; the
+    databases already stamped, with their runs, stay as they are."""
+    import sqlite3
+
+    home = dagster_home(tmp_path / "store")
+    instance = instance_at(home)
+    instance.add_dynamic_partitions("rounds", ["0"])
+    instance.run_storage.set_cursor_values({"kept": "yes"})  # a row in the runs database, which is complete
+    instance.dispose()
+    with contextlib.closing(sqlite3.connect(home / "history/runs/index.db")) as conn:  # the killed run's state
+        conn.execute("drop table dynamic_partitions")
+        conn.execute("drop table alembic_version")
+        conn.commit()
+    instance = instance_at(home)
+    try:
+        assert not instance.has_dynamic_partition("rounds", "0")
+        instance.add_dynamic_partitions("rounds", ["0"])
+        assert instance.has_dynamic_partition("rounds", "0")
+        assert instance.run_storage.get_cursor_values({"kept"}) == {"kept": "yes"}
+    finally:
+        instance.dispose()
