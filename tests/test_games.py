@@ -19,7 +19,7 @@ from pipeline.strategies import IID, Tree  # noqa: E402
 from pipeline.types import Problem  # noqa: E402
 from pipeline.workflows import WORKFLOW_NAMES, load_workflow  # noqa: E402
 from pipeline.workflows.games import evaluation as games_eval  # noqa: E402
-from pipeline.workflows.games.env import SPECS, GameEnv, prompt_text, read_action, replay, ttt_heuristic  # noqa: E402
+from pipeline.workflows.games.env import REWARDS, SPECS, GameEnv, prompt_text, read_action, replay, ttt_heuristic  # noqa: E402
 from pipeline.workflows.games.spiel import Table, best_moves, load_game  # noqa: E402
 from tests.test_grid import ScriptedSampler  # noqa: E402
 
@@ -63,6 +63,11 @@ def test_registered_and_built():
         load_workflow("tic_tac_toe", opponent="minimax")
     with pytest.raises(ConfigError, match="opening must be an even"):
         load_workflow("tic_tac_toe", opening=3)
+    with pytest.raises(ConfigError, match=r"unknown reward 'value'; choose from \['outcome'\]"):
+        load_workflow("bargaining", reward="value")
+    for name, spec in SPECS.items():  # the spec states each game's default reward, one the game offers
+        assert spec.reward in REWARDS[name] and load_workflow(name).reward == spec.reward
+    assert load_workflow("tic_tac_toe").reward == "best" and load_workflow("tic_tac_toe", reward="value").reward == "value"
 
 
 def test_read_action_checks_the_legal_actions():

@@ -53,8 +53,9 @@ class GameSpec:
     roles: tuple[str, str]
     """What each seat is called on the prompt's first line."""
     reward: str
-    """"value" (or "best", `REWARDS`): a call's local reward is the mover's minimax value after its move, as 1 win, 0.5
-    draw, 0 loss (exact; small zero-sum games); "outcome": the mover's utility when its move ends the game, else 0."""
+    """The default local reward, one of the game's `REWARDS`: "best" (an optimal move), "value" (the
+    mover's minimax value after its move, as 1 win, 0.5 draw, 0 loss: exact, small zero-sum games)
+    or "outcome" (the mover's utility when its move ends the game, else 0)."""
     scale: float
     """Utilities are divided by this (bargaining's deal values run to 10; tic-tac-toe's are +-1)."""
     team: str
@@ -72,7 +73,7 @@ class GameSpec:
 
 
 REWARDS = {"tic_tac_toe": ("best", "value"), "bargaining": ("outcome",)}
-"""The local rewards a game offers (the workflow's `reward` option; the first is the default).
+"""The local rewards a game offers (the workflow's `reward` option; `GameSpec.reward` is the default).
 "best": 1.0 when the move's minimax result is the best the mover could get from the position (an
 optimal move, the grid's rule: the default "rs" loss trains exactly these), else 0.0."""
 

@@ -68,7 +68,7 @@ class GameWorkflow(Workflow):
             raise ConfigError(f"workflow {name!r}: heldout_fraction must be in (0, 1), got {self.heldout_fraction!r}")
         if isinstance(self.illegal_penalty, bool) or not isinstance(self.illegal_penalty, (int, float)):
             raise ConfigError(f"workflow {name!r}: illegal_penalty must be a number, got {self.illegal_penalty!r}")
-        self.reward = self.reward or REWARDS[name][0]
+        self.reward = self.reward or SPECS[name].reward
         if self.reward not in REWARDS[name]:
             raise ConfigError(f"workflow {name!r}: unknown reward {self.reward!r}; choose from {list(REWARDS[name])}")
         scripted = OPPONENTS[name]
