@@ -299,7 +299,7 @@ def test_the_coder_alone_is_a_team_of_one():
     row, prompt or column; the evaluation still reports the team's success."""
     from pipeline.rollout.evaluation import EvalConfig
 
-    wf = load_workflow("code", team="coder", **FAST)
+    wf = load_workflow("code", team="coder", sandbox_timeout=5.0)  # right programs only: room for a loaded machine
     assert [a.agent_id for a in wf.agents] == [CODER] and wf.turn_order == (CODER,) and wf.max_turns == 1
     assert all(agent != TESTER for agent, _, _ in wf.table_metrics)
     replies = iter([WRONG, RIGHT] * 4)
@@ -316,3 +316,17 @@ def test_the_coder_alone_is_a_team_of_one():
     assert values[("team", "success")] == 1.0 and not any(agent == TESTER for agent, _ in values)
     with pytest.raises(ConfigError, match="team must be one of"):
         load_workflow("code", team="tester", **FAST)
+
+
+def test_the_teams_single_agent_is_its_coder_alone():
+    """The baselines' single agent of the Coder/Tester team: the Coder alone, with the team's
+    Coder policy, problems, sandbox and budgets (not the Coder taking the Tester's seat too)."""
+    from pipeline.rollout.agent import Agent
+
+    team = load_workflow("code", coder_tokens=200, sandbox_timeout=3.0, agents=(Agent(TESTER, policy_id="t"), Agent(CODER, policy_id="c")))
+    single = team.single_agent()
+    assert single.team == "coder" and [(a.agent_id, a.policy_id) for a in single.agents] == [(CODER, "c")]
+    assert single.turn_order == (CODER,) and single.max_turns == 1 and single.policy_ids == ("c",)
+    assert single.max_tokens(CODER) == 200 and single.sandbox_settings() == team.sandbox_settings()
+    assert [p.uid for p in single.problems("heldout", 5, 0)] == [p.uid for p in team.problems("heldout", 5, 0)]
+    assert team.team == "coder_tester" and len(team.agents) == 2  # the team itself is unchanged

@@ -4,7 +4,7 @@ and its rewards: the package's docstring)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Sequence
 
 from pipeline.errors import ConfigError
@@ -118,6 +118,12 @@ class CodeWorkflow(Workflow):
         raise ConfigError(f"workflow 'code': the sandbox that runs the agents' code has no network isolation here "
                           f"({report['bwrap']}; {report['netns']}); install bubblewrap (apt-get install bubblewrap) "
                           f"or pass --workflow-options allow_unisolated_network=true")
+
+    def single_agent(self) -> "CodeWorkflow":
+        """The Coder alone (`team=coder`: one call per episode, rewarded by the hidden tests) on the
+        same problems, sandbox and budgets, with the team's Coder (its policy): the default
+        (`SoloWorkflow`) would have the Coder write the Tester's tests as well."""
+        return replace(self, team="coder", agents=tuple(a for a in self.agents if a.agent_id == CODER))
 
     # -- the contract -----------------------------------------------------------------------
     @property
