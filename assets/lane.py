@@ -36,13 +36,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--result", required=True)
     args = ap.parse_args(argv)
     from assets.config import RunSettings
-    from assets.launch import _materialize_round, instance_at
+    from assets.launch import materialize_round, instance_at
     from pipeline.store import Tables
 
     error = None
     try:
         settings = RunSettings(**json.loads(Path(args.settings).read_text(encoding="utf-8")))
-        _materialize_round(instance_at(Path(args.home)), Tables(args.store), args.round, settings, args.engine, True, stages=tuple(args.stages))
+        materialize_round(instance_at(Path(args.home)), Tables(args.store), args.round, settings, args.engine, True, stages=tuple(args.stages))
     except MaxitError as e:
         error = str(e)
     Path(args.result).write_text(json.dumps({"error": error}), encoding="utf-8")

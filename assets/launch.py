@@ -250,7 +250,7 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
                 bar.set_postfix_str(f"round {r} already complete")
                 continue
             t0, started = time.perf_counter(), time.time()
-            _materialize_round(instance, tables, r, settings, engine, quiet_dagster)
+            materialize_round(instance, tables, r, settings, engine, quiet_dagster)
             done.append(r)
             record_other(tables, r, time.perf_counter() - t0, started)
             tables.publish(r)
@@ -290,7 +290,7 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
         if stages == TRAIN_STAGES:  # the trainer lane: a process of its own (`assets.lane`)
             _materialize_in_process_of_its_own(tables, r, settings, engine, stages)
         else:
-            _materialize_round(instance, tables, r, settings, engine, quiet_dagster, stages=stages)
+            materialize_round(instance, tables, r, settings, engine, quiet_dagster, stages=stages)
         tables.publish(r)
 
     def finished(r: int) -> None:
@@ -335,7 +335,7 @@ def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
 
 
 def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine: str, stages: tuple[str, ...]) -> None:
-    """`_materialize_round(..., stages=stages)` run by `python -m assets.lane`, which shares this
+    """`materialize_round(..., stages=stages)` run by `python -m assets.lane`, which shares this
     run's writer lock and dies with it; its failure raised here as the `MaxitError` it reported."""
     import json
     import subprocess
@@ -373,7 +373,7 @@ def _lane_preexec(cores: str | None) -> None:
         pass
 
 
-def _materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool, stages: tuple[str, ...] | None = None) -> None:
+def materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool, stages: tuple[str, ...] | None = None) -> None:
     """Run round `r`'s assets and checks from scratch on `instance`, or only the assets `stages`
     (with their checks; overlapped rounds): in this process with one shard, one process per step
     with several. A failed round is a `MaxitError` naming each failed step (`round_failure`)."""

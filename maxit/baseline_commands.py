@@ -98,7 +98,7 @@ def _single_round(instance, tables, r: int, settings, engine: str, rows: int) ->
     view had (None: the round was complete and is kept)."""
     import pyarrow.parquet as pq
 
-    from assets.launch import _materialize_round
+    from assets.launch import materialize_round
     from assets.overlap import SAMPLE_STAGES
     from pipeline.run.baselines import match_rows, match_seed
     from pipeline.run.rounds import round_complete
@@ -106,9 +106,9 @@ def _single_round(instance, tables, r: int, settings, engine: str, rows: int) ->
     if round_complete(tables, r):
         return None
     tables.remove_temporary(r)  # left by a run killed mid-write
-    _materialize_round(instance, tables, r, settings, engine, True, stages=SAMPLE_STAGES)
+    materialize_round(instance, tables, r, settings, engine, True, stages=SAMPLE_STAGES)
     view = pq.read_table(tables.path(r, "training_view"))  # as written: its types and its view statistics kept
     kept = match_rows(view, rows, match_seed(settings.seed, r))
     tables.write(r, "training_view", kept)
-    _materialize_round(instance, tables, r, settings, engine, True, stages=("policy", "evaluation"))
+    materialize_round(instance, tables, r, settings, engine, True, stages=("policy", "evaluation"))
     return view.num_rows
