@@ -261,3 +261,43 @@ def test_only_the_adapter_imports_the_game_libraries():
             if any(n.split(".")[0] in ("pyspiel", "shimmy", "pettingzoo", "open_spiel") for n in names):
                 found.append(str(path.relative_to(root)))
     assert set(found) == {"pipeline/workflows/games/spiel.py"}
+
+
+def test_ttt_critical_counts_the_positions_and_scores_an_oracle_and_its_opposite():
+    """scripts/ttt_critical.py (docs/results/games.md): every non-terminal tic-tac-toe position
+    once (5,478 reachable minus 958 finished), and a model that always names a best move scores
+    100% where one that names a worst move scores 0% at the critical positions."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from pipeline.workflows.grid.model import build_grid_tokenizer
+
+    spec = importlib.util.spec_from_file_location("ttt_critical", Path(__file__).resolve().parents[1] / "scripts" / "ttt_critical.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    items = tc.positions()
+    assert len(items) == 4520 and len({p for p, *_ in items}) == 4520
+    assert all(best and set(best) <= set(legal) for _, legal, best in items)
+    critical = [it for it in items if len(it[2]) < len(it[1])]
+    tok = build_grid_tokenizer(512)
+    table = {p: (best, [c for c in legal if c not in best]) for p, legal, best in items}
+
+    class Picks(torch.nn.Module):  # names one cell of each position: a best one, or a worst one
+        def __init__(self, worst: bool):
+            super().__init__()
+            self.worst = worst
+
+        def forward(self, input_ids, attention_mask, **_):
+            logits = torch.zeros(*input_ids.shape, len(tok))
+            for i, ids in enumerate(input_ids):
+                best, rest = next(v for p, v in table.items() if p in tok.decode(ids))
+                logits[i, -1, tok.convert_tokens_to_ids(str((rest or best)[0] if self.worst else best[0]))] = 20.0
+            return SimpleNamespace(logits=logits)
+
+    sample = critical[:40] + items[:10]
+    good, bad = tc.measure(Picks(False), tok, sample), tc.measure(Picks(True), tok, sample)
+    assert good["all greedy"] == good["critical greedy"] == 1.0 and good["critical mass"] > 0.99
+    assert bad["critical greedy"] == 0.0 and bad["critical mass"] < 0.01

@@ -1,0 +1,129 @@
+"""How well tic-tac-toe models choose at the positions that decide games: over every reachable
+position with the mover to play, and over the critical ones (where some legal move is worse than
+the best), the share where the model's most likely cell is a best move (greedy) and the
+probability it puts on the best moves (what sampling at T=1 plays).
+
+    .venv/bin/python scripts/ttt_critical.py MODEL_DIR [MODEL_DIR ...]
+    .venv/bin/python scripts/ttt_critical.py --sft-steps 1500 [--lr 1e-3]
+
+MODEL_DIR: the embedded model (`ttt_model()`) or a round's checkpoint (`STORE/checkpoints/
+round=R/shared`). `--sft-steps N` instead trains a fresh model of the embedded model's shape on best
+moves only (the warm start's clean targets, `ttt_sft_examples` with noise 0) for N steps and
+prints the same figures every 100 steps: what supervised learning on the right answers reaches,
+an upper bound on what self-play's training on sampled best moves teaches (docs/results/games.md)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import tempfile
+from dataclasses import replace
+
+from pipeline.workflows.games.env import SPECS, prompt_text
+from pipeline.workflows.games.spiel import Table, best_moves
+
+SPEC = SPECS["tic_tac_toe"]
+
+
+def positions() -> list[tuple[str, list[int], list[int]]]:
+    """(prompt, legal cells, best cells) of every reachable position with a move to make."""
+    out, seen = [], set()
+
+    def walk(table: Table) -> None:
+        key = str(table.state)
+        if table.done or key in seen:
+            return
+        seen.add(key)
+        out.append((prompt_text(SPEC, table, table.agent_selection), table.legal(), best_moves(table)))
+        for a in table.legal():
+            child = table.clone()
+            child.step(a)
+            walk(child)
+
+    walk(Table(SPEC.name, 0))
+    return out
+
+
+def measure(model, tokenizer, items) -> dict[str, float]:
+    """Greedy best-move share and mass on best moves, over all `items` and the critical ones."""
+    import torch
+
+    digits = [tokenizer.convert_tokens_to_ids(str(i)) for i in range(9)]
+    was_training = model.training
+    model.eval()
+    sums = {"all": [0, 0.0, 0], "critical": [0, 0.0, 0]}
+    with torch.no_grad():
+        for k in range(0, len(items), 256):
+            chunk = items[k:k + 256]
+            texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p, *_ in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            mask = enc["attention_mask"]
+            last = mask.sum(1) - 1 if tokenizer.padding_side == "right" else torch.full((len(chunk),), mask.shape[1] - 1)
+            probs = torch.softmax(model(**enc).logits[torch.arange(len(chunk)), last].float(), -1)[:, digits]
+            for (_, legal, best), p in zip(chunk, probs):
+                hit, mass = int(torch.argmax(p)) in best, float(p[best].sum())
+                for name in ["all"] + ["critical"] * (len(best) < len(legal)):
+                    sums[name][0] += hit
+                    sums[name][1] += mass
+                    sums[name][2] += 1
+    model.train(was_training)
+    return {f"{name} {what}": (s[i] / s[2]) for name, s in sums.items() for i, what in ((0, "greedy"), (1, "mass"))}
+
+
+def line(label: str, m: dict[str, float]) -> str:
+    keys = ("all greedy", "all mass", "critical greedy", "critical mass")
+    return f"| {label} | " + " | ".join(f"{100 * m[k]:.1f}" for k in keys) + " |"
+
+
+def sft_curve(items, steps: int, lr: float) -> None:
+    import torch
+
+    from pipeline.models.build import ModelConfig, untrained_model
+    from pipeline.models.sft import sft_steps
+    from pipeline.workflows.games.model import TTTWarmStartConfig, ttt_sft_examples
+    from pipeline.workflows.grid.model import build_grid_tokenizer
+
+    config = TTTWarmStartConfig(steps=steps, clean_steps=steps, lr=lr, lr_final=lr / 2, noise=0.0)
+    model_config = ModelConfig(seed=config.seed)
+    torch.set_num_threads(1)
+    torch.manual_seed(config.seed)
+    tokenizer, model = untrained_model(model_config, build_grid_tokenizer(model_config.max_position_embeddings), tempfile.mkdtemp())
+    rng = random.Random(f"ttt-critical-sft:{config.seed}")
+
+    def lr_at(s: int) -> float:  # the warm start's schedule: warm-up, then cosine to lr_final
+        if s < config.warmup_steps:
+            return (s + 1) / config.warmup_steps
+        frac = (s - config.warmup_steps) / max(1, steps - config.warmup_steps)
+        low = config.lr_final / config.lr
+        return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    for step, _loss in sft_steps(model, tokenizer, lambda _s: ttt_sft_examples(rng, config.batch_size, replace(config, noise=0.0)),
+                                 steps=steps, lr=lr, lr_lambda=lr_at):
+        if step % 100 == 0 or step == steps:
+            print(line(f"SFT on best moves, step {step} (lr {lr:g})", measure(model, tokenizer, items)), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", help="model or checkpoint folders")
+    ap.add_argument("--sft-steps", type=int, default=0, help="train a fresh model on best moves for this many steps instead")
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of --sft-steps (default 1e-3, the warm start's)")
+    args = ap.parse_args()
+    if not args.models and not args.sft_steps:
+        ap.error("give model folders or --sft-steps N")
+    items = positions()
+    n_crit = sum(len(b) < len(l) for _, l, b in items)
+    print(f"{len(items)} positions with a move to make, {n_crit} critical (some legal move is worse than the best)")
+    print("| model | greedy best, all | mass on best, all | greedy best, critical | mass on best, critical |\n|---|---:|---:|---:|---:|")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for folder in args.models:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        print(line(folder, measure(AutoModelForCausalLM.from_pretrained(folder), tokenizer, items)), flush=True)
+    if args.sft_steps:
+        sft_curve(items, args.sft_steps, args.lr)
+
+
+if __name__ == "__main__":
+    main()
