@@ -63,6 +63,8 @@ def dagster_home(store: str | Path, path: str | Path | None = None) -> Path:
 
 SQLITE_STORAGES = ("history/runs.db", "history/runs/index.db", "schedules/schedules.db")
 """The instance's sqlite databases that Dagster creates once, when their file is missing."""
+BOOKKEEPING = ("alembic_version", "secondary_indexes", "instance_info")
+"""Tables Dagster fills while it creates a database: rows there are no runs or events."""
 
 
 def instance_at(home: Path):
@@ -76,22 +78,26 @@ def _drop_half_created(home: Path) -> None:
     """Remove a storage database that a killed run left half-created: Dagster creates its tables
     and then stamps the schema version, and opens an existing index database as it is, so a run
     killed between the two would leave every later run of the store failing on a missing table.
-    An unstamped database holds nothing yet (the stamp comes before any run is recorded)."""
-    import sqlite3
-
+    Only an unstamped database without a row goes (the stamp comes before any run is recorded)."""
     for name in SQLITE_STORAGES:
         path = home / name
-        if not path.exists():
-            continue
-        try:
-            with contextlib.closing(sqlite3.connect(path)) as conn:
-                stamped = conn.execute("select count(*) from alembic_version").fetchone()[0] > 0
-        except sqlite3.Error as e:  # only a missing version table or a file that is no database: a busy one stays
-            stamped = not ("no such table" in str(e) or "not a database" in str(e))
-        if not stamped:
+        if path.exists() and _unstamped_and_empty(path):
             log.warning("Dagster storage %s was left half-created by an interrupted run; creating it again", path)
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def _unstamped_and_empty(path: Path) -> bool:
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            tables = [t for (t,) in conn.execute("select name from sqlite_master where type = 'table'")]
+            if "alembic_version" in tables and conn.execute("select count(*) from alembic_version").fetchone()[0]:
+                return False
+            return not any(conn.execute(f'select 1 from "{t}" limit 1').fetchone() for t in tables if t not in BOOKKEEPING)
+    except sqlite3.Error as e:  # a file that is no database goes; a busy or unreadable one stays
+        return "not a database" in str(e)
 
 
 def _peak_rss_mb() -> float:

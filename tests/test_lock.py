@@ -20,6 +20,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from assets import launch
 from assets.launch import dagster_home, instance_at
 from assets.resources import PolicyRegistryResource, StoreResource
 from pipeline.store.lock import LOCK_FILE, TOKEN_ENV, StoreLocked, acquire, command_line, holder, token_in_env, writer_lock
@@ -426,3 +427,14 @@ def test_an_instance_half_created_by_a_killed_run_is_created_again(tmp_path):
         assert instance.run_storage.get_cursor_values({"kept"}) == {"kept": "yes"}
     finally:
         instance.dispose()
+    # an unstamped database that holds rows (written by a Dagster that did not stamp) is kept
+    kept = tmp_path / "other" / ".dagster"
+    (kept / "history/runs").mkdir(parents=True)
+    with contextlib.closing(sqlite3.connect(kept / "history/runs/index.db")) as conn:
+        conn.execute("create table event_logs (id integer)")
+        conn.execute("insert into event_logs values (1)")
+        conn.commit()
+    (kept / "schedules").mkdir()
+    (kept / "schedules/schedules.db").write_text("not a database")
+    launch._drop_half_created(kept)
+    assert (kept / "history/runs/index.db").exists() and not (kept / "schedules/schedules.db").exists()
