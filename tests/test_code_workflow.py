@@ -29,6 +29,7 @@ from pipeline.workflows.code import (
     read_task_file,
     spec_of,
 )
+from pipeline.workflows.code.env import CHECK_AGAIN
 from pipeline.workflows.code.problems import _template_problem
 
 DATA = Path(__file__).parent / "data" / "code" / "tasks.jsonl"
@@ -330,3 +331,7 @@ def test_the_teams_single_agent_is_its_coder_alone():
     assert single.max_tokens(CODER) == 200 and single.sandbox_settings() == team.sandbox_settings()
     assert [p.uid for p in single.problems("heldout", 5, 0)] == [p.uid for p in team.problems("heldout", 5, 0)]
     assert team.team == "coder_tester" and len(team.agents) == 2  # the team itself is unchanged
+    # its self-refine loop asks for the function again, as the team's Coder is asked without tests
+    refine = single.refine_messages(CODER, [{"role": "user", "content": "task"}], "def f(): pass")
+    assert refine[1:] == [{"role": "assistant", "content": "def f(): pass"}, {"role": "user", "content": CHECK_AGAIN}]
+    assert CHECK_AGAIN.endswith("reply with the whole function in a ```python block.")

@@ -14,10 +14,13 @@ from pipeline.rollout.workflow import Env, StepResult, Workflow
 from pipeline.types import Message, Problem
 from pipeline.workflows.code.problems import CodeSpec, compiles, defines
 
-__all__ = ["CODER", "TESTER", "CHECK_CALL", "CodeEnv", "RunResult", "Runs", "extract_code", "candidate_source", "parse_tester_tests", "tests_key"]
+__all__ = ["CODER", "TESTER", "CHECK_AGAIN", "CHECK_CALL", "CodeEnv", "RunResult", "Runs", "extract_code", "candidate_source", "parse_tester_tests", "tests_key"]
 
 CODER = "coder"
 TESTER = "tester"
+CHECK_AGAIN = "Check your function against the task and reply with the whole function in a ```python block."
+"""What the Coder is told when it has no failing tests to answer: no Tester's tests, or its own
+previous attempt (the self-refine baseline, `CodeWorkflow.refine_messages`)."""
 CHECK_CALL = "__maxit_check__()"
 """The one test of a HumanEval problem's hidden check."""
 
@@ -256,8 +259,7 @@ class CodeEnv(Env):
         last = self.turn + 1 >= wf.max_turns
         self.turn += 1
         if not cases:
-            self.feedback = (f"The Tester wrote no tests of `{self.spec.entry_point}`. Check your function against the task "
-                             "and reply with the whole function in a ```python block.")
+            self.feedback = f"The Tester wrote no tests of `{self.spec.entry_point}`. {CHECK_AGAIN}"
             return StepResult(0.0, done=last)
         killable = self.workflow.killable(self.runs)
         jobs = [(self.spec.reference, cases), (candidate_source(self.spec, self.code or ""), cases), *((m, cases) for m in killable)]

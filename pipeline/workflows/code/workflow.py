@@ -11,7 +11,7 @@ from pipeline.errors import ConfigError
 from pipeline.rollout.agent import Agent
 from pipeline.rollout.workflow import Workflow
 from pipeline.types import Problem
-from pipeline.workflows.code.env import CODER, TESTER, CodeEnv, Runs, candidate_source, extract_code, parse_tester_tests, tests_key
+from pipeline.workflows.code.env import CHECK_AGAIN, CODER, TESTER, CodeEnv, Runs, candidate_source, extract_code, parse_tester_tests, tests_key
 from pipeline.workflows.code.problems import CodeSpec, ast_mutants, generate_problems, humaneval_problems, read_task_file, spec_of
 
 __all__ = ["CodeWorkflow", "DATASETS", "TEAMS"]
@@ -124,6 +124,13 @@ class CodeWorkflow(Workflow):
         same problems, sandbox and budgets, with the team's Coder (its policy): the default
         (`SoloWorkflow`) would have the Coder write the Tester's tests as well."""
         return replace(self, team="coder", agents=tuple(a for a in self.agents if a.agent_id == CODER))
+
+    def refine_messages(self, agent_id: str, messages: list, attempt: str) -> list:
+        """The self-refine baseline's next call: the Coder's previous attempt, then the words the
+        team's Coder gets when it has no failing test to answer (`CHECK_AGAIN`: the whole function
+        again, in a code block), so the loop is the team's second turn without the Tester; the
+        generic "answer again" does not say that the last attempt is scored as code."""
+        return [*messages, {"role": "assistant", "content": attempt}, {"role": "user", "content": CHECK_AGAIN}]
 
     # -- the contract -----------------------------------------------------------------------
     @property
