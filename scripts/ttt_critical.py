@@ -15,10 +15,8 @@ an upper bound on what self-play's training on sampled best moves teaches (docs/
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import tempfile
-from dataclasses import replace
 
 from pipeline.workflows.games.env import SPECS, prompt_text
 from pipeline.workflows.games.spiel import Table, best_moves
@@ -80,7 +78,7 @@ def sft_curve(items, steps: int, lr: float) -> None:
     import torch
 
     from pipeline.models.build import ModelConfig, untrained_model
-    from pipeline.models.sft import sft_steps
+    from pipeline.models.sft import sft_steps, warmup_cosine
     from pipeline.workflows.games.model import TTTWarmStartConfig, ttt_sft_examples
     from pipeline.workflows.grid.model import build_grid_tokenizer
 
@@ -91,15 +89,8 @@ def sft_curve(items, steps: int, lr: float) -> None:
     tokenizer, model = untrained_model(model_config, build_grid_tokenizer(model_config.max_position_embeddings), tempfile.mkdtemp())
     rng = random.Random(f"ttt-critical-sft:{config.seed}")
 
-    def lr_at(s: int) -> float:  # the warm start's schedule: warm-up, then cosine to lr_final
-        if s < config.warmup_steps:
-            return (s + 1) / config.warmup_steps
-        frac = (s - config.warmup_steps) / max(1, steps - config.warmup_steps)
-        low = config.lr_final / config.lr
-        return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
-
-    for step, _loss in sft_steps(model, tokenizer, lambda _s: ttt_sft_examples(rng, config.batch_size, replace(config, noise=0.0)),
-                                 steps=steps, lr=lr, lr_lambda=lr_at):
+    for step, _loss in sft_steps(model, tokenizer, lambda _s: ttt_sft_examples(rng, config.batch_size, config),
+                                 steps=steps, lr=lr, lr_lambda=warmup_cosine(config.warmup_steps, steps, config.lr_final / lr)):
         if step % 100 == 0 or step == steps:
             print(line(f"SFT on best moves, step {step} (lr {lr:g})", measure(model, tokenizer, items)), flush=True)
 

@@ -143,6 +143,15 @@ def test_an_sft_step_trains_on_the_mean_token_cross_entropy_of_its_batch(tiny_mo
     assert asked == [1, 2, 3] and len(losses) == 3 and losses[-1] < losses[0] and model.training
 
 
+def test_the_warm_starts_schedule_rises_then_falls_to_its_final_rate():
+    from pipeline.models.sft import warmup_cosine
+
+    lr_at = warmup_cosine(20, 500, 0.5)  # the tic-tac-toe build's: 20 warm-up steps, 1e-3 -> 5e-4
+    assert lr_at(0) == pytest.approx(1 / 20) and lr_at(19) == pytest.approx(1.0) and lr_at(20) == pytest.approx(1.0)
+    assert lr_at(260) == pytest.approx(0.75) and lr_at(500) == pytest.approx(0.5) and lr_at(900) == pytest.approx(0.5)
+    assert all(lr_at(s) >= lr_at(s + 1) for s in range(20, 600))
+
+
 def test_sampling_for_a_measurement_is_seeded_and_leaves_the_callers_state(tiny_model_dir, tok):
     """`generate_texts` under `seeded_sampling` gives the same completions for the same seed (and
     others for another), and leaves torch's random state and the model's mode as they were."""

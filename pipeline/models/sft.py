@@ -6,13 +6,14 @@ them (`generate_texts` under `seeded_sampling`). The step-matched SFT baseline u
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, Iterator, Sequence
 
 from pipeline.errors import ConfigError
 from pipeline.models.loading import left_padded
 from pipeline.types import Message
 
-__all__ = ["FastEncoder", "encode_messages_fast", "batch_tensors", "sft_step", "sft_steps", "seeded_sampling", "generate_texts"]
+__all__ = ["FastEncoder", "encode_messages_fast", "batch_tensors", "sft_step", "sft_steps", "warmup_cosine", "seeded_sampling", "generate_texts"]
 
 
 class FastEncoder:
@@ -123,6 +124,19 @@ def sft_steps(
         loss = sft_step(model, opt, enc.encode(examples(step)), tokenizer.pad_token_id)
         sched.step()
         yield step, loss
+
+
+def warmup_cosine(warmup_steps: int, steps: int, low: float) -> Callable[[int], float]:
+    """An `lr_lambda` for `sft_steps`: linear warm-up over `warmup_steps`, then a cosine from 1 to
+    `low` (the final rate over the peak) at `steps`."""
+
+    def lr_at(s: int) -> float:
+        if s < warmup_steps:
+            return (s + 1) / warmup_steps
+        frac = (s - warmup_steps) / max(1, steps - warmup_steps)
+        return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    return lr_at
 
 
 @contextlib.contextmanager

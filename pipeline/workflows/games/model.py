@@ -84,18 +84,13 @@ def ttt_warm_start(model, tokenizer, config: TTTWarmStartConfig, log: Callable[[
     """Train `model` in place by SFT for `config.steps` steps."""
     import torch
 
-    from pipeline.models.sft import sft_steps
+    from pipeline.models.sft import sft_steps, warmup_cosine
 
     torch.manual_seed(config.seed)
     rng = random.Random(f"ttt-warm-start:{config.seed}")
     clean = replace(config, noise=0.0)
 
-    def lr_at(s: int) -> float:
-        if s < config.warmup_steps:
-            return (s + 1) / config.warmup_steps
-        frac = (s - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-        low = config.lr_final / config.lr
-        return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    lr_at = warmup_cosine(config.warmup_steps, config.steps, config.lr_final / config.lr)
 
     t0, loss_avg = time.perf_counter(), math.nan
     examples = lambda step: ttt_sft_examples(rng, config.batch_size, clean if step <= config.clean_steps else config)  # noqa: E731

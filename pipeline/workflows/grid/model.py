@@ -239,18 +239,13 @@ def grid_warm_start(model, tokenizer, game: GridGame, config: GridWarmStartConfi
     """Train `model` in place by SFT on the game's prompts for `config.steps` steps."""
     import torch
 
-    from pipeline.models.sft import FastEncoder, sft_steps
+    from pipeline.models.sft import FastEncoder, sft_steps, warmup_cosine
 
     torch.manual_seed(config.seed)
     rng = random.Random(f"grid-warm-start:{config.seed}")
     FastEncoder(tokenizer).check(grid_sft_examples(random.Random(0), 16, game, config))
 
-    def lr_at(s: int) -> float:
-        if s < config.warmup_steps:
-            return (s + 1) / config.warmup_steps
-        frac = (s - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-        low = config.lr_final / config.lr
-        return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    lr_at = warmup_cosine(config.warmup_steps, config.steps, config.lr_final / config.lr)
 
     clean = replace(config, noise=0.0, hint_noise=0.0)
 
