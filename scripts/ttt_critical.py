@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import random
 import tempfile
+from pathlib import Path
 
 from pipeline.workflows.games.env import SPECS, prompt_text
 from pipeline.workflows.games.spiel import Table, best_moves
@@ -103,6 +104,11 @@ def main() -> None:
     args = ap.parse_args()
     if not args.models and not args.sft_steps:
         ap.error("give model folders or --sft-steps N")
+    for folder in args.models:
+        if not (Path(folder) / "config.json").is_file():
+            ap.error(f"{folder}: not a model folder (no config.json)")
+    if args.sft_steps < 0 or args.lr <= 0:
+        ap.error("--sft-steps must be >= 0 and --lr > 0")
     items = positions()
     n_crit = sum(len(b) < len(l) for _, l, b in items)
     print(f"{len(items)} positions with a move to make, {n_crit} critical (some legal move is worse than the best)")
