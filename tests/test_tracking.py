@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import polars as pl
@@ -263,6 +264,20 @@ def wandb_history(store: Path) -> list[tuple[str, dict]]:
     return rows
 
 
+def settled_wandb_history(store: Path, n: int, wait_s: float = 60.0) -> list[tuple[str, dict]]:
+    """`wandb_history` once it holds `n` rows (or after `wait_s`): wandb's service process may
+    still be writing the transaction log when `finish` has returned on a loaded machine."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            rows = wandb_history(store)
+        except Exception:  # a record half-written
+            rows = []
+        if len(rows) >= n or time.monotonic() > deadline:
+            return wandb_history(store)
+        time.sleep(0.5)
+
+
 def wandb_config(store: Path) -> dict:
     config = {}
     for path in sorted((store / "wandb").glob("offline-run-*/run-*.wandb")):
@@ -282,7 +297,7 @@ def test_wandb_offline_run_holds_the_tables_once_per_round(store, no_network):
     run_id = json.loads((store / STATE_FILE).read_text())["wandb"]["run_id"]
     folders = list((store / "wandb").glob("offline-run-*"))
     assert len(folders) == 1 and folders[0].name.endswith(f"-{run_id}")  # the second call opened no run
-    rows = wandb_history(store)
+    rows = settled_wandb_history(store, 2)
     assert [(rid, row["round"], row["_step"]) for rid, row in rows] == [(run_id, -1, 0), (run_id, 0, 1)]
     for (_rid, row), round_ in zip(rows, (-1, 0)):
         for name, value in expected(store, round_).items():
@@ -323,7 +338,7 @@ def test_a_resumed_process_appends_the_next_round_to_the_same_runs(store):
     assert sorted(m.step for m in client.get_metric_history(state["mlflow"]["run_id"], "heldout/solver/accuracy")) == [-1, 0]
 
     # W&B: one offline folder per process, one run id, its own step going on from the first
-    rows = wandb_history(store)
+    rows = settled_wandb_history(store, 2)
     assert [(rid, row["round"], row["_step"]) for rid, row in rows] == [(state["wandb"]["run_id"], -1, 0), (state["wandb"]["run_id"], 0, 1)]
     assert len(list((store / "wandb").glob(f"offline-run-*-{state['wandb']['run_id']}"))) == 2
     assert wandb_config(store)["settings/loss"]  # the settings were given with the first process's run
@@ -419,7 +434,7 @@ def test_maxit_run_report_to_logs_a_resumed_round_and_a_new_one_to_every_tracker
     client = mlflow_client(store)
     history = client.get_metric_history(state["mlflow"]["run_id"], "heldout/solver/accuracy")
     assert sorted(m.step for m in history) == [-1, 0, 1]
-    assert [row["round"] for _, row in wandb_history(store)] == [-1, 0, 1]
+    assert [row["round"] for _, row in settled_wandb_history(store, 3)] == [-1, 0, 1]
     assert not no_network  # nothing tried to reach the network
 
 
