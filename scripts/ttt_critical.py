@@ -5,12 +5,16 @@ probability it puts on the best moves (what sampling at T=1 plays).
 
     .venv/bin/python scripts/ttt_critical.py MODEL_DIR [MODEL_DIR ...]
     .venv/bin/python scripts/ttt_critical.py --sft-steps 1500 [--lr 1e-3]
+    .venv/bin/python scripts/ttt_critical.py --mlp-steps 1500
 
 MODEL_DIR: the embedded model (`ttt_model()`) or a round's checkpoint (`STORE/checkpoints/
 round=R/shared`). `--sft-steps N` instead trains a fresh model of the embedded model's shape on best
 moves only (the warm start's clean targets, `ttt_sft_examples` with noise 0) for N steps and
 prints the same figures every 100 steps: what supervised learning on the right answers reaches,
-an upper bound on what self-play's training on sampled best moves teaches (docs/results/games.md)."""
+an upper bound on what self-play's training on sampled best moves teaches (docs/results/games.md).
+`--mlp-steps N` trains a reference learner on the same examples (train-split positions of random
+games, one best move each, batch 64, Adam at 1e-3): a two-layer MLP whose inputs are the nine
+cells one-hot and the mover, so the board's geometry is given rather than read from characters."""
 
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ def measure(model, tokenizer, items) -> dict[str, float]:
     digits = [tokenizer.convert_tokens_to_ids(str(i)) for i in range(9)]
     was_training = model.training
     model.eval()
-    sums = {"all": [0, 0.0, 0], "critical": [0, 0.0, 0]}
+    probs = []
     with torch.no_grad():
         for k in range(0, len(items), 256):
             chunk = items[k:k + 256]
@@ -59,14 +63,23 @@ def measure(model, tokenizer, items) -> dict[str, float]:
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             mask = enc["attention_mask"]
             last = mask.sum(1) - 1 if tokenizer.padding_side == "right" else torch.full((len(chunk),), mask.shape[1] - 1)
-            probs = torch.softmax(model(**enc).logits[torch.arange(len(chunk)), last].float(), -1)[:, digits]
-            for (_, legal, best), p in zip(chunk, probs):
-                hit, mass = int(torch.argmax(p)) in best, float(p[best].sum())
-                for name in ["all"] + ["critical"] * (len(best) < len(legal)):
-                    sums[name][0] += hit
-                    sums[name][1] += mass
-                    sums[name][2] += 1
+            probs.append(torch.softmax(model(**enc).logits[torch.arange(len(chunk)), last].float(), -1)[:, digits])
     model.train(was_training)
+    return scores(items, torch.cat(probs))
+
+
+def scores(items, probs) -> dict[str, float]:
+    """Greedy best-move share and mass on best moves of `probs` (one row of the nine cells' probabilities
+    per item), over all items and the critical ones."""
+    import torch
+
+    sums = {"all": [0, 0.0, 0], "critical": [0, 0.0, 0]}
+    for (_, legal, best), p in zip(items, probs):
+        hit, mass = int(torch.argmax(p)) in best, float(p[best].sum())
+        for name in ["all"] + ["critical"] * (len(best) < len(legal)):
+            sums[name][0] += hit
+            sums[name][1] += mass
+            sums[name][2] += 1
     return {f"{name} {what}": (s[i] / s[2]) for name, s in sums.items() for i, what in ((0, "greedy"), (1, "mass"))}
 
 
@@ -96,19 +109,53 @@ def sft_curve(items, steps: int, lr: float) -> None:
             print(line(f"SFT on best moves, step {step} (lr {lr:g})", measure(model, tokenizer, items)), flush=True)
 
 
+def cell_features(prompt: str) -> list[float]:
+    """The nine cells of a prompt's board one-hot (x, o, free) and whether x moves: 28 inputs."""
+    lines = prompt.split("\n")
+    board = "".join(lines[1:4])
+    if len(board) != 9:
+        raise ValueError(f"not a tic-tac-toe board: {prompt!r}")
+    return [float(c == k) for c in board for k in "xo."] + [float(lines[0].split()[1] == "x")]
+
+
+def mlp_curve(items, steps: int, lr: float) -> None:
+    import torch
+
+    from pipeline.workflows.games.model import TTTWarmStartConfig, ttt_sft_examples
+
+    config = TTTWarmStartConfig(noise=0.0)
+    torch.manual_seed(config.seed)
+    net = torch.nn.Sequential(torch.nn.Linear(28, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 9))
+    opt = torch.optim.Adam(net.parameters(), lr)
+    rng = random.Random(f"ttt-critical-sft:{config.seed}")
+    every = torch.tensor([cell_features(p) for p, *_ in items])
+    for step in range(1, steps + 1):
+        batch = ttt_sft_examples(rng, config.batch_size, config)
+        x = torch.tensor([cell_features(msgs[0]["content"]) for msgs, _ in batch])
+        loss = torch.nn.functional.cross_entropy(net(x), torch.tensor([int(t) for _, t in batch]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 100 == 0 or step == steps:
+            with torch.no_grad():
+                probs = torch.softmax(net(every), -1)
+            print(line(f"MLP on the cells, same examples, step {step} (lr {lr:g})", scores(items, probs)), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="model or checkpoint folders")
     ap.add_argument("--sft-steps", type=int, default=0, help="train a fresh model on best moves for this many steps instead")
+    ap.add_argument("--mlp-steps", type=int, default=0, help="train the reference MLP on the same examples for this many steps")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of --sft-steps (default 1e-3, the warm start's)")
     args = ap.parse_args()
-    if not args.models and not args.sft_steps:
-        ap.error("give model folders or --sft-steps N")
+    if not args.models and not args.sft_steps and not args.mlp_steps:
+        ap.error("give model folders, --sft-steps N or --mlp-steps N")
     for folder in args.models:
         if not (Path(folder) / "config.json").is_file():
             ap.error(f"{folder}: not a model folder (no config.json)")
-    if args.sft_steps < 0 or args.lr <= 0:
-        ap.error("--sft-steps must be >= 0 and --lr > 0")
+    if args.sft_steps < 0 or args.mlp_steps < 0 or args.lr <= 0:
+        ap.error("--sft-steps and --mlp-steps must be >= 0 and --lr > 0")
     items = positions()
     n_crit = sum(len(b) < len(l) for _, l, b in items)
     print(f"{len(items)} positions with a move to make, {n_crit} critical (some legal move is worse than the best)")
@@ -120,6 +167,8 @@ def main() -> None:
         print(line(folder, measure(AutoModelForCausalLM.from_pretrained(folder), tokenizer, items)), flush=True)
     if args.sft_steps:
         sft_curve(items, args.sft_steps, args.lr)
+    if args.mlp_steps:
+        mlp_curve(items, args.mlp_steps, args.lr)
 
 
 if __name__ == "__main__":

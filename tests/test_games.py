@@ -301,3 +301,24 @@ def test_ttt_critical_counts_the_positions_and_scores_an_oracle_and_its_opposite
     good, bad = tc.measure(Picks(False), tok, sample), tc.measure(Picks(True), tok, sample)
     assert good["all greedy"] == good["critical greedy"] == 1.0 and good["critical mass"] > 0.99
     assert bad["critical greedy"] == 0.0 and bad["critical mass"] < 0.01
+
+
+def test_ttt_critical_reference_mlp_reads_the_cells_and_learns_best_moves(capsys):
+    """scripts/ttt_critical.py --mlp-steps: the reference learner's inputs are the prompt's nine
+    cells one-hot and the mover, and on the warm start's examples it finds best moves at most
+    critical positions within a few hundred steps (the contrast docs/results/games.md draws)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("ttt_critical", Path(__file__).resolve().parents[1] / "scripts" / "ttt_critical.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    f = tc.cell_features("tic_tac_toe o\nx.o\n...\n..x\nmoves: 1 3 4 5 6 7")
+    assert len(f) == 28 and f[:9] == [1, 0, 0, 0, 0, 1, 0, 1, 0] and f[-1] == 0.0
+    with pytest.raises(ValueError, match="not a tic-tac-toe board"):
+        tc.cell_features("tic_tac_toe x\nxo\nmoves: 2")
+    tc.mlp_curve(tc.positions(), 300, 1e-3)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("| MLP on the cells, same examples, step 300")
+    critical_greedy = float(last.split("|")[4])
+    assert critical_greedy > 60.0, last
