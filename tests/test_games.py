@@ -322,3 +322,39 @@ def test_ttt_critical_reference_mlp_reads_the_cells_and_learns_best_moves(capsys
     assert last.startswith("| MLP on the cells, same examples, step 300")
     critical_greedy = float(last.split("|")[4])
     assert critical_greedy > 60.0, last
+
+
+def test_a_games_best_round_and_regressions_judge_its_wins_not_its_losses_or_draws(tmp_path):
+    """A game's judged metrics are its self-play success and win rates (`judged_metrics`): they pick
+    the `--start-from best` checkpoint and are what the regression warning names; the loss and draw
+    rates, whose fall is progress, are neither averaged in nor named."""
+    from pipeline.run.context import RoundContext
+    from pipeline.run.regression import round_regressions
+    from pipeline.run.settings import Settings
+    from pipeline.store import Tables
+    from pipeline.workflows.games.workflow import TicTacToeWorkflow
+
+    assert TicTacToeWorkflow.judged_metrics == (("team", "success"), ("team", "win_vs_scripted"), ("team", "win_vs_base"))
+    tables = Tables(tmp_path)
+    ctx = RoundContext(tables, Settings(workflow="tic_tac_toe", start_from="best").run_config())
+    for r in (-1, 0, 1):
+        folder = tmp_path / "ckpt" / str(r)
+        folder.mkdir(parents=True)
+        ctx.registry.register(r, "shared", folder)
+    # round 0 plays itself more legally; round 1 wins more and loses less: all seven metrics'
+    # mean would pick round 0 (win + draw + loss is 1 per opponent), the judged ones pick round 1
+    values = {-1: (0.6, 0.10, 0.10, 0.80), 0: (0.95, 0.10, 0.20, 0.70), 1: (0.80, 0.30, 0.30, 0.40)}
+    for r, (selfplay, win, draw, loss) in values.items():
+        rows = [("success", selfplay)] + [(f"{k}_vs_{opp}", v) for opp in ("scripted", "base") for k, v in (("win", win), ("draw", draw), ("loss", loss))]
+        frame = pl.DataFrame([{"round": r, "policy_id": "shared", "agent_id": "team", "split": "heldout", "metric": m, "value": v, "n": 800} for m, v in rows])
+        tables.write(r, "evaluation", frame.cast({"round": pl.Int32}))
+    assert ctx.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "1").resolve()
+
+    ev = pl.concat([tables.read(r, "evaluation") for r in (-1, 0, 1)])
+    ev = ev.with_columns(value=pl.when((pl.col("round") == 1) & (pl.col("metric") == "success")).then(0.5).otherwise(pl.col("value")))
+    found = round_regressions(ev, TicTacToeWorkflow.table_metrics, judged=TicTacToeWorkflow().judged())
+    assert list(found) == [1] and found[1].startswith("selfplay 50.0% < 95.0% (round 0, ")
+    assert "draw" not in found[1] and "loss" not in found[1]  # round 1's draws rose 10 points, its losses 30 points fewer
+    # a judged pair is judged whatever its name: the workflow, not a naming rule, says what counts
+    named = round_regressions(ev, TicTacToeWorkflow.table_metrics, judged=[("team", "loss_vs_scripted")])
+    assert list(named) == [0, 1] and named[1].startswith("loss_scripted 40.0% < 80.0% (round -1, ")

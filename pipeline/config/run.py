@@ -93,7 +93,8 @@ class RunConfig:
     start_from: Literal["last", "best"] = "last"
     """Which checkpoint round r samples with and trains from: "last", the latest round's; "best",
     the round's (the starting model included) whose held-out evaluation scored highest on the mean
-    of the workflow's table metrics (`pipeline.run.context.best_round`), so that a round that made
+    of the workflow's judged metrics (`Workflow.judged()`: its higher-is-better table metrics;
+    `pipeline.run.context.best_round`), so that a round that made
     things worse is not built on. Selecting on the held-out split makes its later figures optimistic."""
 
     max_staleness: int = 0

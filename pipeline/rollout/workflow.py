@@ -121,6 +121,16 @@ class Workflow:
         ("team", "success_greedy", "greedy"),
     )
     """(agent_id, metric, column) of the evaluation metrics the round table shows."""
+    judged_metrics: ClassVar[tuple[tuple[str, str], ...] | None] = None
+    """The (agent_id, metric) pairs of `table_metrics` that say how good a round is, each higher
+    is better: what `--start-from best` picks a round by and what the round table's regression
+    warning judges. None: every pair of `table_metrics` (`judged`)."""
+
+    def judged(self) -> tuple[tuple[str, str], ...]:
+        """`judged_metrics`, or every (agent_id, metric) pair of `table_metrics` when it is None."""
+        if self.judged_metrics is not None:
+            return self.judged_metrics
+        return tuple((a, m) for a, m, _ in self.table_metrics)
 
     # -- the budget-matched baselines (`pipeline.rollout.baselines`) ----------------------------
     def single_agent(self) -> "Workflow | None":

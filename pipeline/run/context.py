@@ -143,7 +143,7 @@ class RoundContext:
             out[pid] = path
         if self.config.start_from == "best" and round_ > 0:
             done = [self.tables.read(r, "evaluation") for r in range(BASE_ROUND, round_) if self.tables.exists(r, "evaluation")]
-            best = best_round(pl.concat(done), [(a, m) for a, m, _ in self.workflow().table_metrics]) if done else None
+            best = best_round(pl.concat(done), self.workflow().judged()) if done else None
             for pid in out if best is not None else ():
                 rec = reg.get(best, pid)
                 if rec is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 import polars as pl
 
@@ -38,9 +38,10 @@ NOT_JUDGED = ("accuracy_hint",)
 """Metrics never judged: the hinted context is evaluated but never trained (its rows are trained
 without the hint), so its decay is by design, not a round gone wrong."""
 NOT_JUDGED_PREFIXES = ("loss_", "draw_", "illegal_")
-"""Metrics of a game's evaluation that are not higher-is-better (`loss_vs_scripted`,
-`illegal_vs_base`: lower is better; a draw rate rises as losses turn into draws and falls as
-draws turn into wins): only the win rates are judged."""
+"""Where no workflow says which of its metrics are higher-is-better (`round_regressions` without
+`judged`: a store whose workflow cannot be rebuilt), metrics named like a game's that are not
+(`loss_vs_scripted`, `illegal_vs_base`: lower is better; a draw rate rises as losses turn into
+draws and falls as draws turn into wins) are not judged."""
 BALANCED = "verdict_balanced_accuracy"
 """The prefix of the balanced-accuracy metrics (`verdict_balanced_accuracy`, `..._greedy`)."""
 
@@ -192,19 +193,22 @@ def _se(row: Mapping) -> float:
     return standard_error(float(row["value"]), int(row["n"]))
 
 
-def round_regressions(evaluation: pl.DataFrame, metrics: Sequence[tuple[str, str, str]], z: float = Z) -> dict[int, str]:
+def round_regressions(evaluation: pl.DataFrame, metrics: Sequence[tuple[str, str, str]], z: float = Z,
+                      judged: Collection[tuple[str, str]] | None = None) -> dict[int, str]:
     """round -> its held-out metrics under their best by more than `z` standard errors, one text
     ("verifier_bal_acc 59.5% < 92.9% (round 12, 6.1 se); ..."), for each round of `evaluation`
     from 0 on that has any. `metrics`: a workflow's `table_metrics` (agent_id, metric, column),
     each named by its column; those of `NOT_JUDGED` and those with a value outside [0, 1] are not
-    judged, nor those of `NOT_JUDGED_PREFIXES`. The balanced accuracies' errors are their classes'
-    (`with_standard_errors`)."""
+    judged, nor those outside `judged` (the workflow's `Workflow.judged()`: its higher-is-better
+    pairs) or, without it, those of `NOT_JUDGED_PREFIXES`. The balanced accuracies' errors are their
+    classes' (`with_standard_errors`)."""
     if evaluation.is_empty():
         return {}
     rows = with_standard_errors(evaluation)
     fractions = rows.group_by("agent_id", "metric").agg(ok=pl.col("value").drop_nulls().is_between(0.0, 1.0).all())
     ok = {(a, m) for a, m, good in fractions.iter_rows() if good}
-    names = {(a, m): column for a, m, column in metrics if m not in NOT_JUDGED and not m.startswith(NOT_JUDGED_PREFIXES) and (a, m) in ok}
+    wanted = (lambda a, m: (a, m) in judged) if judged is not None else (lambda _a, m: not m.startswith(NOT_JUDGED_PREFIXES))
+    names = {(a, m): column for a, m, column in metrics if m not in NOT_JUDGED and wanted(a, m) and (a, m) in ok}
     out = {}
     for r in sorted(r for r in set(rows["round"].to_list()) if r >= 0):
         found = regressions(rows, metrics=list(names), round_=r, z=z)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import polars as pl
 
@@ -28,6 +28,7 @@ __all__ = [
     "reward_error_lines",
     "console_table",
     "table_metrics_of",
+    "workflow_metrics_of",
     "markdown_round_table",
     "STAGE_COLUMNS",
     "TRAIN_COLUMNS",
@@ -70,11 +71,13 @@ def trajectory_success(steps: pl.LazyFrame) -> pl.LazyFrame:
     return pl.concat([ordinary, trees.select(ordinary.collect_schema().names())])
 
 
-def round_summary(store: str | Path, rounds: Sequence[int], metrics: Sequence[tuple[str, str, str]] | None = None) -> pl.DataFrame:
+def round_summary(store: str | Path, rounds: Sequence[int], metrics: Sequence[tuple[str, str, str]] | None = None,
+                  judged: Collection[tuple[str, str]] | None = None) -> pl.DataFrame:
     """One row per round: the workflow's held-out metrics (`metrics`: (agent_id, metric, column)
     triples, by default the math workflow's: Solver accuracy, Verifier verdict accuracies), the
     metrics that fell from their best over `rounds` by more than two standard errors (the
-    `regressed` column, when a round has one), trajectory success by strategy, training rows and optimizer steps, the rows with a
+    `regressed` column, when a round has one; `judged`: the workflow's higher-is-better pairs,
+    `round_regressions`), trajectory success by strategy, training rows and optimizer steps, the rows with a
     `reward_error`, rollout tokens/s (completion tokens over the rollouts stage's seconds) and the
     seconds of every stage (the `timings` table; a store written before the stages had one name
     each is read with its old labels mapped)."""
@@ -86,7 +89,7 @@ def round_summary(store: str | Path, rounds: Sequence[int], metrics: Sequence[tu
         metrics = MathWorkflow.table_metrics
     evaluation = tables.scan("evaluation").filter(pl.col("round").is_in(rounds)).collect()
     table = _heldout(evaluation, metrics)
-    regressed = round_regressions(evaluation, metrics)
+    regressed = round_regressions(evaluation, metrics, judged=judged)
     if regressed:
         column = pl.DataFrame({"round": list(regressed), REGRESSED_COLUMN: list(regressed.values())}, schema={"round": pl.Int32, REGRESSED_COLUMN: pl.String})
         table = table.join(column, on="round", how="left")
@@ -253,6 +256,13 @@ def table_metrics_of(store: str | Path) -> tuple[tuple[tuple[str, str, str], ...
     user's workflow module not importable here), one column per held-out metric its evaluation
     table holds (named `metric` for the team, `agent_metric` for an agent). Returns the triples
     and, in the second case, why."""
+    metrics, _judged, reason = workflow_metrics_of(store)
+    return metrics, reason
+
+
+def workflow_metrics_of(store: str | Path):
+    """(`table_metrics_of`'s triples, the workflow's judged pairs (`Workflow.judged()`; None when
+    it cannot be rebuilt), why it cannot be rebuilt or None)."""
     from pipeline.errors import MaxitError, one_line
 
     record = read_experiment(store)
@@ -264,11 +274,11 @@ def table_metrics_of(store: str | Path) -> tuple[tuple[tuple[str, str, str], ...
 
         try:
             workflow = build_workflow(stored_settings(record).run_config())
-            return tuple(workflow.table_metrics), None
+            return tuple(workflow.table_metrics), workflow.judged(), None
         except (MaxitError, TypeError, ValueError, ImportError, OSError) as err:
             reason = f"its workflow cannot be rebuilt here: {one_line(err)}"
     pairs = st.Tables(store).scan("evaluation").select("agent_id", "metric").unique(maintain_order=True).collect().iter_rows()
-    return tuple((agent, metric, metric if agent == "team" else f"{agent}_{metric}") for agent, metric in pairs), reason
+    return tuple((agent, metric, metric if agent == "team" else f"{agent}_{metric}") for agent, metric in pairs), None, reason
 
 
 def console_table(table: pl.DataFrame, metrics: Sequence[tuple[str, str, str]], width: int = LINE_WIDTH) -> str:
@@ -329,9 +339,9 @@ def markdown_round_table(store: str | Path, label: str | None = None) -> str:
     done = complete_rounds(root)
     if not done:
         raise DataError(f"store {name}: no completed round (no round=R/evaluation.parquet with R >= 0)")
-    metrics, reason = table_metrics_of(root)
+    metrics, judged, reason = workflow_metrics_of(root)
     rounds = ([BASE_ROUND] if st.Tables(root).exists(BASE_ROUND, "evaluation") else []) + done
-    table = round_summary(root, rounds, metrics)
+    table = round_summary(root, rounds, metrics, judged)
     settings = (read_experiment(root) or {}).get("settings", {})
     described = ", ".join(f"{key} {settings.get(key, 'not recorded')}" for key in ("workflow", "algorithm", "seed"))
     header = f"store {name}: {described}; {len(done)} complete round(s); fractions in percent, s_<stage> in seconds"

@@ -107,7 +107,7 @@ class Settings:
     )
     start_from: str = _s(
         _default(RunConfig, "start_from"),
-        "the checkpoint each round starts from: the last round's, or the best evaluated round's (the mean of the workflow's table metrics; "
+        "the checkpoint each round starts from: the last round's, or the best evaluated round's (the mean of the workflow's higher-is-better table metrics; "
         "selecting on the held-out split makes its later figures optimistic)", group="sampling", choices=_choices(RunConfig, "start_from"),
     )
     max_staleness: int = _s(

@@ -34,6 +34,9 @@ def _players() -> tuple[Agent, ...]:
 _VERSUS_METRICS = tuple(
     ("team", f"{r}_vs_{opp}", f"{r}_{opp}") for opp in ("scripted", "base") for r in ("win", "draw", "loss")
 )
+_WINS = tuple(("team", m) for _, m, _ in _VERSUS_METRICS if m.startswith("win_"))
+"""The versus metrics that are higher-is-better: a loss rate is lower-is-better, and a draw rate
+rises as losses turn into draws and falls as draws turn into wins."""
 
 
 @dataclass
@@ -57,6 +60,7 @@ class GameWorkflow(Workflow):
     spec: ClassVar[GameSpec]
     supports_feedback: ClassVar[bool] = False
     table_metrics: ClassVar[tuple[tuple[str, str, str], ...]] = (("team", "success", "selfplay"),) + _VERSUS_METRICS
+    judged_metrics: ClassVar[tuple[tuple[str, str], ...] | None] = (("team", "success"),) + _WINS
 
     def __post_init__(self) -> None:
         name = self.spec.name
@@ -135,6 +139,7 @@ class BargainingWorkflow(GameWorkflow):
     spec: ClassVar[GameSpec] = SPECS["bargaining"]
     name: ClassVar[str] = "bargaining"
     table_metrics: ClassVar[tuple[tuple[str, str, str], ...]] = (("team", "team_reward", "joint_value"),) + _VERSUS_METRICS
+    judged_metrics: ClassVar[tuple[tuple[str, str], ...] | None] = (("team", "team_reward"),) + _WINS
 
 
 GAME_WORKFLOWS = {"tic_tac_toe": TicTacToeWorkflow, "bargaining": BargainingWorkflow}
