@@ -331,7 +331,23 @@ def test_the_teams_single_agent_is_its_coder_alone():
     assert single.max_tokens(CODER) == 200 and single.sandbox_settings() == team.sandbox_settings()
     assert [p.uid for p in single.problems("heldout", 5, 0)] == [p.uid for p in team.problems("heldout", 5, 0)]
     assert team.team == "coder_tester" and len(team.agents) == 2  # the team itself is unchanged
+    assert any(agent == TESTER for agent, _, _ in team.table_metrics) and not any(agent == TESTER for agent, _, _ in single.table_metrics)
+    assert single._cache is not team._cache
     # its self-refine loop asks for the function again, as the team's Coder is asked without tests
     refine = single.refine_messages(CODER, [{"role": "user", "content": "task"}], "def f(): pass")
     assert refine[1:] == [{"role": "assistant", "content": "def f(): pass"}, {"role": "user", "content": CHECK_AGAIN}]
     assert CHECK_AGAIN.endswith("reply with the whole function in a ```python block.")
+
+
+def test_the_single_agent_does_not_check_the_settings_or_read_the_problems_again(monkeypatch):
+    """`single_agent` copies the checked workflow: no second isolation probe, no second read of the
+    problems (a task file, HumanEval), the same problem pool."""
+    from pipeline.workflows.code import workflow as code_workflow
+
+    team = load_workflow("code", dataset="humaneval", sandbox_timeout=3.0)
+    calls = []
+    monkeypatch.setattr(code_workflow.CodeWorkflow, "_check_isolation", lambda self: calls.append("isolation"))
+    monkeypatch.setattr(code_workflow, "humaneval_problems", lambda *a, **k: calls.append("humaneval") or [])
+    single = team.single_agent()
+    assert calls == [] and single._pool is team._pool and single.team == "coder"
+    assert [p.uid for p in single.problems("heldout", 3, 0)] == [p.uid for p in team.problems("heldout", 3, 0)]

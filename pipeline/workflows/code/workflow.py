@@ -3,8 +3,9 @@ and its rewards: the package's docstring)."""
 
 from __future__ import annotations
 
+import copy
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 from pipeline.errors import ConfigError
@@ -93,8 +94,8 @@ class CodeWorkflow(Workflow):
         ids = sorted(a.agent_id for a in self.agents)
         if ids != sorted(TEAMS[self.team]):
             raise bad(f"team {self.team} needs the agents {list(TEAMS[self.team])}, got {ids}")
-        if self.team == "coder":  # no Tester columns in the round table
-            self.table_metrics = tuple(m for m in type(self).table_metrics if m[0] != TESTER)
+        if self.team == "coder":
+            self._coder_alone_columns()
         self._check_isolation()
         self._cache: dict[str, Runs] = {}
         self.sandbox_seconds = 0.0
@@ -107,6 +108,10 @@ class CodeWorkflow(Workflow):
             rows = None
         if rows is not None:
             self._pool = {"train": [p for p in rows if p.split == "train"], "heldout": [p for p in rows if p.split == "heldout"]}
+
+    def _coder_alone_columns(self) -> None:
+        """No Tester columns in the round table."""
+        self.table_metrics = tuple(m for m in type(self).table_metrics if m[0] != TESTER)
 
     def _check_isolation(self) -> None:
         """The sandbox refuses to run code without network isolation: say so now, not mid-round."""
@@ -122,8 +127,15 @@ class CodeWorkflow(Workflow):
     def single_agent(self) -> "CodeWorkflow":
         """The Coder alone (`team=coder`: one call per episode, rewarded by the hidden tests) on the
         same problems, sandbox and budgets, with the team's Coder (its policy): the default
-        (`SoloWorkflow`) would have the Coder write the Tester's tests as well."""
-        return replace(self, team="coder", agents=tuple(a for a in self.agents if a.agent_id == CODER))
+        (`SoloWorkflow`) would have the Coder write the Tester's tests as well. A copy of this
+        workflow, whose settings were checked and whose problems were read when it was made, so
+        neither is done again; its own cache of test runs."""
+        solo = copy.copy(self)
+        solo.team = "coder"
+        solo.agents = tuple(a for a in self.agents if a.agent_id == CODER)
+        solo._coder_alone_columns()
+        solo._cache, solo.sandbox_seconds = {}, 0.0
+        return solo
 
     def refine_messages(self, agent_id: str, messages: list, attempt: str) -> list:
         """The self-refine baseline's next call: the Coder's previous attempt, then the words the
