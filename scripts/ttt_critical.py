@@ -8,7 +8,7 @@ probability it puts on the best moves (what sampling at T=1 plays).
     .venv/bin/python scripts/ttt_critical.py --mlp-steps 1500
 
 MODEL_DIR: the embedded model (`ttt_model()`) or a round's checkpoint (`STORE/checkpoints/
-round=R/shared`). `--sft-steps N` instead trains a fresh model of the embedded model's shape on best
+round=R/shared`). `--sft-steps N` instead trains a fresh model of the embedded model's shape and tokenizer on best
 moves only (the warm start's clean targets, `ttt_sft_examples` with noise 0) for N steps and
 prints the same figures every 100 steps: what supervised learning on the right answers reaches,
 an upper bound on what self-play's training on sampled best moves teaches (docs/results/games.md).
@@ -91,16 +91,15 @@ def line(label: str, m: dict[str, float]) -> str:
 def sft_curve(items, steps: int, lr: float) -> None:
     import torch
 
-    from pipeline.models.build import ModelConfig, untrained_model
+    from pipeline.models.build import untrained_model
     from pipeline.models.sft import sft_steps, warmup_cosine
-    from pipeline.workflows.games.model import TTTWarmStartConfig, ttt_sft_examples
-    from pipeline.workflows.grid.model import build_grid_tokenizer
+    from pipeline.workflows.games.model import TTTWarmStartConfig, ttt_model_config, ttt_sft_examples, ttt_tokenizer
 
     config = TTTWarmStartConfig(steps=steps, clean_steps=steps, lr=lr, lr_final=lr / 2, noise=0.0)
-    model_config = ModelConfig(seed=config.seed)
+    model_config = ttt_model_config(config.seed)
     torch.set_num_threads(1)
     torch.manual_seed(config.seed)
-    tokenizer, model = untrained_model(model_config, build_grid_tokenizer(model_config.max_position_embeddings), tempfile.mkdtemp())
+    tokenizer, model = untrained_model(model_config, ttt_tokenizer(model_config.max_position_embeddings), tempfile.mkdtemp())
     rng = random.Random(f"ttt-critical-sft:{config.seed}")
 
     for step, _loss in sft_steps(model, tokenizer, lambda _s: ttt_sft_examples(rng, config.batch_size, config),
@@ -112,10 +111,10 @@ def sft_curve(items, steps: int, lr: float) -> None:
 def cell_features(prompt: str) -> list[float]:
     """The nine cells of a prompt's board one-hot (x, o, free) and whether x moves: 28 inputs."""
     lines = prompt.split("\n")
-    board = "".join(lines[1:4])
-    if len(board) != 9:
+    cells = lines[1].removeprefix("cells: ").split() if len(lines) > 1 else []
+    if [c[1:] for c in cells] != [str(i) for i in range(9)] or any(c[0] not in "xo." for c in cells):
         raise ValueError(f"not a tic-tac-toe board: {prompt!r}")
-    return [float(c == k) for c in board for k in "xo."] + [float(lines[0].split()[1] == "x")]
+    return [float(c[0] == k) for c in cells for k in "xo."] + [float(lines[0].split()[1] == "x")]
 
 
 def mlp_curve(items, steps: int, lr: float) -> None:

@@ -100,11 +100,28 @@ def test_self_play_rows_of_both_players_alternate_and_end_with_the_game():
     assert steps["global_reward"].unique().to_list() == [1.0]  # a legal finish
 
 
-def test_the_tic_tac_toe_prompt_lists_the_movers_legal_cells():
+def test_the_tic_tac_toe_prompt_numbers_its_cells():
+    from dataclasses import replace
+
     t = replay(TTT, "4,0", seed="s")  # x in the centre, o in the corner; x to move
-    assert prompt_text(TTT, t, 0) == "tic_tac_toe x\no..\n.x.\n...\nmoves: 1 2 3 5 6 7 8"
-    assert "moves:" not in prompt_text(TTT, t, 1)  # not o's turn
-    assert not SPECS["bargaining"].list_moves  # its offers are many and long
+    assert prompt_text(TTT, t, 0) == "tic_tac_toe x\ncells: o0 .1 .2 .3 x4 .5 .6 .7 .8"
+    assert prompt_text(TTT, t, 1) == "tic_tac_toe o\ncells: o0 .1 .2 .3 x4 .5 .6 .7 .8"
+    # OpenSpiel's grid, and the mover's legal cells on a last line, where a spec asks for those
+    listed = replace(TTT, board_cells=False, list_moves=True)
+    assert prompt_text(listed, t, 0) == "tic_tac_toe x\no..\n.x.\n...\nmoves: 1 2 3 5 6 7 8"
+    assert "moves:" not in prompt_text(listed, t, 1)  # not o's turn
+    assert not SPECS["bargaining"].list_moves and not SPECS["bargaining"].board_cells  # its offers are many and long
+
+
+def test_the_tic_tac_toe_model_reads_each_cell_as_one_token():
+    from pipeline.workflows.games.model import CELL_TOKENS, ttt_tokenizer
+
+    tok = ttt_tokenizer(256)
+    t = replay(TTT, "4,0", seed="s")
+    line = prompt_text(TTT, t, 0).splitlines()[1]
+    assert [x for x in tok.tokenize(line) if x != "Ġ"][-9:] == ["o0", ".1", ".2", ".3", "x4", ".5", ".6", ".7", ".8"]
+    assert len(CELL_TOKENS) == 27 and all(tok.convert_tokens_to_ids(c) != tok.unk_token_id for c in CELL_TOKENS)
+    assert tok.tokenize("tic_tac_toe x")[-1] == "x" and tok.tokenize("4")[0] == "4"  # the seat and an answer stay characters
 
 
 def test_illegal_move_ends_the_game_with_the_named_penalty():
@@ -313,10 +330,10 @@ def test_ttt_critical_reference_mlp_reads_the_cells_and_learns_best_moves(capsys
     spec = importlib.util.spec_from_file_location("ttt_critical", Path(__file__).resolve().parents[1] / "scripts" / "ttt_critical.py")
     tc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tc)
-    f = tc.cell_features("tic_tac_toe o\nx.o\n...\n..x\nmoves: 1 3 4 5 6 7")
+    f = tc.cell_features("tic_tac_toe o\ncells: x0 .1 o2 .3 .4 .5 .6 .7 x8")
     assert len(f) == 28 and f[:9] == [1, 0, 0, 0, 0, 1, 0, 1, 0] and f[-1] == 0.0
     with pytest.raises(ValueError, match="not a tic-tac-toe board"):
-        tc.cell_features("tic_tac_toe x\nxo\nmoves: 2")
+        tc.cell_features("tic_tac_toe x\ncells: x0 .1")
     tc.mlp_curve(tc.positions(), 300, 1e-3)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("| MLP on the cells, same examples, step 300")

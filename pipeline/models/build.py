@@ -49,6 +49,8 @@ class ModelConfig:
     """Longest sequence (prompt + completion)."""
     tie_word_embeddings: bool = True
     """Share the input embedding and the output projection."""
+    initializer_range: float = 0.02
+    """Standard deviation of the random initial weights (transformers' default)."""
     seed: int = 0
     """Seed of the random initialization and of the tokenizer's training corpus."""
     tokenizer: TokenizerConfig = TokenizerConfig()
@@ -62,11 +64,18 @@ class ModelConfig:
             raise ConfigError(
                 f"model.hidden_size ({self.hidden_size}) must be divisible by model.num_heads ({self.num_heads})"
             )
+        if not self.initializer_range > 0:
+            raise ConfigError(f"model.initializer_range must be > 0, got {self.initializer_range}")
         if self.hidden_size // self.num_heads < 16:
             raise ConfigError(f"model.hidden_size / model.num_heads must be >= 16, got {self.hidden_size // self.num_heads}")
 
     def key(self) -> dict:
-        return asdict(self)
+        """The settings a build's cache key hashes: every field, `initializer_range` only where it
+        is not the default (so the builds made before it existed keep their keys)."""
+        out = asdict(self)
+        if out["initializer_range"] == ModelConfig.initializer_range:
+            del out["initializer_range"]
+        return out
 
 
 def build_untrained_model(config: ModelConfig, tokenizer, out_dir: str | Path) -> Path:
@@ -85,6 +94,7 @@ def build_untrained_model(config: ModelConfig, tokenizer, out_dir: str | Path) -
         num_key_value_heads=config.num_heads,
         max_position_embeddings=config.max_position_embeddings,
         tie_word_embeddings=config.tie_word_embeddings,
+        initializer_range=config.initializer_range,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

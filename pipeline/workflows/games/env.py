@@ -3,8 +3,10 @@ each player's call is rewarded, the team reward), its problems (dealt and opened
 scripted opponents, and the environment of one episode (`GameEnv`).
 
 What an agent sees: one user message, its game and seat on the first line ("tic_tac_toe x",
-"bargaining p1") and OpenSpiel's own text observation for that player below it; tic-tac-toe adds a
-last line listing the mover's legal cells ("moves: 1 2 5", `GameSpec.list_moves`). What it answers:
+"bargaining p1") and OpenSpiel's own text observation for that player below it, except that
+tic-tac-toe's board is one line of cells, each its content and number ("cells: x0 .1 o2 .3 x4 .5 .6
+.7 .8", `GameSpec.board_cells`; a game may instead list the mover's legal actions on a last line,
+`GameSpec.list_moves`). What it answers:
 the number of a legal action (tic-tac-toe: the cell 0-8, row by row) or the action's OpenSpiel
 text ("Agree", "Offer: Book: 1, Hat: 0, Basketball: 0"); `read_action` checks it against the
 legal actions before anything is applied.
@@ -70,6 +72,11 @@ class GameSpec:
     """The prompt's last line lists the mover's legal actions ("moves: 0 2 5"), as TextArena's
     board games show their available moves: the model picks from the list rather than working
     out from the board which cells are free. Only where the actions are few and short."""
+    board_cells: bool = False
+    """The observation (a board of one character per cell, rows on lines) is shown as one line of
+    cells, each its content and its number, the action that plays there ("cells: x0 .1 o2 ..."),
+    in place of OpenSpiel's grid: every cell says where it is, so a model reads the board without
+    counting characters, and the free cells (".1") are the legal moves."""
 
 
 REWARDS = {"tic_tac_toe": ("best", "value"), "bargaining": ("outcome",)}
@@ -78,15 +85,19 @@ REWARDS = {"tic_tac_toe": ("best", "value"), "bargaining": ("outcome",)}
 optimal move, the grid's rule: the default "rs" loss trains exactly these), else 0.0."""
 
 SPECS = {
-    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="best", scale=1.0, team="legal", opening=4, max_turns=5, list_moves=True),
+    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="best", scale=1.0, team="legal", opening=4, max_turns=5, board_cells=True),
     "bargaining": GameSpec("bargaining", ("p0", "p1"), reward="outcome", scale=10.0, team="joint", opening=0, max_turns=5),
 }
 
 
 def prompt_text(spec: GameSpec, table: Table, player: int) -> str:
-    """The user message of `player`: game and seat, then OpenSpiel's observation for it, then (where
-    the spec lists them) the legal actions of the player to move."""
-    text = f"{spec.name} {spec.roles[player]}\n{table.observation(player)}"
+    """The user message of `player`: game and seat, then OpenSpiel's observation for it (as a line
+    of numbered cells where the spec says so), then (where the spec lists them) the legal actions
+    of the player to move."""
+    observation = table.observation(player)
+    if spec.board_cells:
+        observation = "cells: " + " ".join(f"{c}{i}" for i, c in enumerate(observation.replace("\n", "")))
+    text = f"{spec.name} {spec.roles[player]}\n{observation}"
     if spec.list_moves and not table.done and table.agent_selection == player:
         text += "\nmoves: " + " ".join(map(str, table.legal()))
     return text

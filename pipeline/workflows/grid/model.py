@@ -272,7 +272,7 @@ def _build_settings(model_config: ModelConfig, game: GridGame, warm: GridWarmSta
     warm_settings.pop("threads", None)
     return {
         "version": GRID_BUILD_VERSION,
-        "model": asdict(model_config),
+        "model": model_config.key(),
         "game": asdict(game),
         "warm_start": warm_settings,
         "prompts": [PLANNER_PREFIX, MOVER_PREFIX, NO_PLAN],

@@ -61,7 +61,7 @@ def _build_settings(model_config: ModelConfig, warm_config: WarmStartConfig) -> 
     # is a new model (other template fields, e.g. how a verdict is read, are not)
     trained = ("user", "system", "verifier_user", "verifier_system", "wrong_feedback", "right_feedback")
     prompts = {name: getattr(ARITHMETIC_PROMPTS, name) for name in trained}
-    settings = {"version": BUILD_VERSION, "model": asdict(model_config), "warm_start": asdict(warm_config), "prompts": prompts}
+    settings = {"version": BUILD_VERSION, "model": model_config.key(), "warm_start": asdict(warm_config), "prompts": prompts}
     settings["warm_start"].pop("threads", None)  # does not change the result
     return settings
 

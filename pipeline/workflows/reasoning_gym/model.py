@@ -155,7 +155,7 @@ def build_settings(task, config: RGWarmStartConfig, model_config: ModelConfig, s
     named by the hash of its own settings (so a new math build is a new reasoning-gym build)."""
     prompts = {k: getattr(task.prompts, k) for k in ("user", "verifier_user", "wrong_feedback", "right_feedback")}
     settings = {"version": RG_BUILD_VERSION, "dataset": task.dataset, "options": task.options, "heldout_fraction": task.heldout_fraction,
-                "max_tokens": task.default_max_tokens, "model": asdict(model_config), "warm_start": asdict(config), "prompts": prompts,
+                "max_tokens": task.default_max_tokens, "model": model_config.key(), "warm_start": asdict(config), "prompts": prompts,
                 "initial": Path(source).name if source is not None else "random"}
     settings["warm_start"].pop("threads")  # does not change the result
     return settings
