@@ -28,7 +28,7 @@ TTT = SPECS["tic_tac_toe"]
 
 def board_table(content: str) -> Table:
     """The tic-tac-toe table a prompt shows (its marks replayed x, o, x, ...)."""
-    cells = "".join(line for line in content.split("\n")[1:] if not line.startswith("moves:"))
+    cells = "".join(c[0] for c in content.split("\n")[1].removeprefix("cells: ").split())
     xs = [i for i, c in enumerate(cells) if c == "x"]
     os_ = [i for i, c in enumerate(cells) if c == "o"]
     moves = [m for pair in zip(xs, os_ + [None]) for m in pair if m is not None][: len(xs) + len(os_)]
