@@ -98,6 +98,20 @@ def test_the_untrained_model_is_deterministic_from_its_seed(tiny_model_dir, tmp_
     assert weights_hash(again) == weights_hash(tiny_model_dir)
 
 
+def test_the_initial_weights_spread_as_the_config_says_and_only_a_changed_spread_enters_the_key(tmp_path):
+    from pipeline.models.build import build_untrained_model
+
+    def spread(range_: float) -> float:
+        folder = build_untrained_model(ModelConfig(seed=7, initializer_range=range_), build_tokenizer(ModelConfig()), tmp_path / str(range_))
+        return float(load_model(folder).model.layers[0].mlp.up_proj.weight.std())
+
+    assert spread(0.02) == pytest.approx(0.02, rel=0.05) and spread(0.1) == pytest.approx(0.1, rel=0.05)
+    assert "initializer_range" not in ModelConfig().key()  # the builds made before it keep their keys
+    assert ModelConfig(initializer_range=0.1).key()["initializer_range"] == 0.1
+    with pytest.raises(ConfigError, match="initializer_range"):
+        ModelConfig(initializer_range=0.0)
+
+
 def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="num_heads"):
         ModelConfig(hidden_size=100, num_heads=3)
