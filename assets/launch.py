@@ -236,14 +236,15 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
     from pipeline.run.context import build_workflow
 
     instance = instance_at(dagster_home(tables.root, home))
-    metrics = build_workflow(settings.run_config()).table_metrics
+    workflow = build_workflow(settings.run_config())
+    metrics, judged = workflow.table_metrics, workflow.judged()  # judged: what the regression warning weighs
     trackers = check_targets(settings.settings().report_to)
     t_start = time.perf_counter()
     done: list[int] = []
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
     if int(getattr(settings, "max_staleness", 0)) > 0:
         try:
-            return _run_overlapped(n_rounds, tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers)
+            return _run_overlapped(n_rounds, tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers, judged)
         finally:
             bar.close()
             close_engines()
@@ -260,25 +261,25 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
             done.append(r)
             record_other(tables, r, time.perf_counter() - t0, started)
             tables.publish(r)
-            _announce_round(tables, r, done, metrics, time.perf_counter() - t0, t_start, bar, out, trackers)
+            _announce_round(tables, r, done, metrics, time.perf_counter() - t0, t_start, bar, out, trackers, judged)
     finally:
         bar.close()
         close_engines()
-    return round_summary(tables.root, [BASE_ROUND, *done], metrics)
+    return round_summary(tables.root, [BASE_ROUND, *done], metrics, judged)
 
 
-def _announce_round(tables: Tables, r: int, done: list[int], metrics, seconds: float, t_start: float, bar, out, trackers) -> None:
+def _announce_round(tables: Tables, r: int, done: list[int], metrics, seconds: float, t_start: float, bar, out, trackers, judged=None) -> None:
     """Round r is done: its line on the console (the round table is printed once, at the end) and
     its metrics to the trackers."""
     bar.set_postfix_str(f"round {r}: {seconds:.0f}s")
-    summary = round_summary(tables.root, [BASE_ROUND, *done], metrics)
+    summary = round_summary(tables.root, [BASE_ROUND, *done], metrics, judged)
     line = round_line(_row(summary, r), _row(summary, BASE_ROUND), metrics, seconds, time.perf_counter() - t_start, _peak_rss_mb())
     _print_lines([line, *reward_error_lines(tables.root, r, str(tables.location))], bar, out)
     if trackers:
         log_round(tables.root, r, trackers, metrics=metrics)
 
 
-def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers) -> pl.DataFrame:
+def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers, judged) -> pl.DataFrame:
     """`_run_rounds` with rounds that overlap (`assets.overlap`): the first incomplete round and
     every later one made from scratch, round r's sampling beside round r-1's training."""
     from assets.overlap import TRAIN_STAGES, prepare_resume, run_overlapped
@@ -303,14 +304,14 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
         done.append(r)
         bar.update(1)
         # from its sampling to its evaluation, overlapping its neighbours
-        _announce_round(tables, r, done, metrics, time.perf_counter() - started[r], t_start, bar, out, trackers)
+        _announce_round(tables, r, done, metrics, time.perf_counter() - started[r], t_start, bar, out, trackers, judged)
 
     if trackers:  # a resumed run logs the rounds a tracker has not seen yet (a no-op for the others)
         for r in done:
             log_round(tables.root, r, trackers, metrics=metrics)
     with pinned_sampler(settings.trainer_cores):
         run_overlapped(first, n_rounds, int(settings.max_staleness), run, finished)
-    return round_summary(tables.root, [BASE_ROUND, *done], metrics)
+    return round_summary(tables.root, [BASE_ROUND, *done], metrics, judged)
 
 
 @contextlib.contextmanager
