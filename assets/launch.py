@@ -268,7 +268,7 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
     return round_summary(tables.root, [BASE_ROUND, *done], metrics, judged)
 
 
-def _announce_round(tables: Tables, r: int, done: list[int], metrics, seconds: float, t_start: float, bar, out, trackers, judged=None) -> None:
+def _announce_round(tables: Tables, r: int, done: list[int], metrics, seconds: float, t_start: float, bar, out, trackers, judged) -> None:
     """Round r is done: its line on the console (the round table is printed once, at the end) and
     its metrics to the trackers."""
     bar.set_postfix_str(f"round {r}: {seconds:.0f}s")

@@ -13,7 +13,7 @@ moves only (the warm start's clean targets, `ttt_sft_examples` with noise 0) for
 prints the same figures every 100 steps: what supervised learning on the right answers reaches,
 an upper bound on what self-play's training on sampled best moves teaches (docs/results/games.md).
 `--mlp-steps N` trains a reference learner on the same examples (train-split positions of random
-games, one best move each, batch 64, Adam at 1e-3): a two-layer MLP whose inputs are the nine
+games, one best move each, batch 64, Adam at `--lr`): a two-layer MLP whose inputs are the nine
 cells one-hot and the mover, so the board's geometry is given rather than read from characters."""
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("models", nargs="*", help="model or checkpoint folders")
     ap.add_argument("--sft-steps", type=int, default=0, help="train a fresh model on best moves for this many steps instead")
     ap.add_argument("--mlp-steps", type=int, default=0, help="train the reference MLP on the same examples for this many steps")
-    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of --sft-steps (default 1e-3, the warm start's)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of --sft-steps and the rate of --mlp-steps (default 1e-3, the warm start's)")
     args = ap.parse_args()
     if not args.models and not args.sft_steps and not args.mlp_steps:
         ap.error("give model folders, --sft-steps N or --mlp-steps N")
