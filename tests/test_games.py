@@ -169,6 +169,70 @@ def test_tree_strategy_runs_on_a_game():
     assert selected.height >= 5 and (selected["local_reward"] >= 0.5).all()
 
 
+def test_the_outcome_team_reward_gives_each_player_its_own_result():
+    wf = load_workflow("tic_tac_toe", team="outcome")
+    steps = play(wf, [problem("")], first_free)  # x wins with its fourth move (the 2-4-6 diagonal)
+    side = dict(steps.group_by("agent_id").agg(pl.col("global_reward").unique()).iter_rows())
+    assert side == {"player_0": [1.0], "player_1": [0.0]}
+    legal = play(load_workflow("tic_tac_toe"), [problem("")], first_free)
+    assert steps["local_reward"].to_list() == legal["local_reward"].to_list()  # the local rewards are the game's
+    # a forfeit loses: o answers nonsense, x gets the win on its rows
+    forfeit = play(wf, [problem("")], lambda c, j, rng: "?" if "tic_tac_toe o" in c else first_free(c, j, rng))
+    assert forfeit["global_reward"].to_list() == [1.0, 0.0] and forfeit["local_reward"].to_list()[-1] == -1.0
+    # the tree: each candidate's own result right after its step (an unfinished game is a draw)
+    tree = play(wf, [problem("0,3,1,4")], lambda c, j, rng: "2" if j == 0 else "8", strategy=Tree(group_size=2))
+    first = tree.filter(pl.col("turn") == 0).sort("sample_idx")
+    assert first["global_reward"].to_list() == [1.0, 0.5] and first["selected"].to_list() == [True, False]
+    # x passes up its win at 2; o's candidates: 5 wins for o, 2 goes on
+    tree = play(wf, [problem("0,3,1,4")], lambda c, j, rng: "8" if "tic_tac_toe x" in c else ("5" if j == 0 else "2"), strategy=Tree(group_size=2))
+    o_rows = tree.filter(pl.col("agent_id") == "player_1").filter(pl.col("turn") == 0).sort("sample_idx")
+    assert o_rows["global_reward"].to_list() == [1.0, 0.5]
+    # bargaining: each player's own deal value / 10
+    deal = load_workflow("bargaining", team="outcome")
+    p = deal.problems("train", 1, 0)[0]
+    rows = play(deal, [p], lambda c, j, rng: "Agree" if "P0 offers" in c else "Offer: Book: 0, Hat: 0, Basketball: 0")
+    assert dict(rows.select("agent_id", "global_reward").iter_rows()) == {"player_0": 0.0, "player_1": 1.0}
+    with pytest.raises(ConfigError, match=r"unknown team reward 'joint'; choose from \['legal', 'outcome'\]"):
+        load_workflow("tic_tac_toe", team="joint")
+
+
+def test_a_per_side_team_reward_that_leaves_an_agent_out_is_named_on_its_rows(monkeypatch):
+    monkeypatch.setattr(GameEnv, "team_reward", lambda self: {"player_0": 1.0})
+    steps = play(load_workflow("tic_tac_toe"), [problem("")], first_free)
+    other = steps.filter(pl.col("agent_id") == "player_1")
+    assert other["global_reward"].is_null().all()
+    assert other["reward_error"].str.contains("team_reward gave no value for agent 'player_1'").all()
+    assert steps.filter(pl.col("agent_id") == "player_0")["global_reward"].to_list() == [1.0] * 4
+    monkeypatch.setattr(GameEnv, "team_reward", lambda self: {"player_0": float("nan"), "player_1": 0.0})
+    steps = play(load_workflow("tic_tac_toe"), [problem("")], first_free)
+    assert steps["global_reward"].is_null().all() and steps["reward_error"].str.contains(r"team_reward\['player_0'\] returned nan").all()
+
+
+def test_evaluation_and_baselines_score_an_outcome_run_as_a_team(monkeypatch):
+    from pipeline.rollout.baselines import play as play_baseline
+
+    legal, _ = _evaluate(monkeypatch, perfect, first_free)
+    outcome, _ = _evaluate(monkeypatch, perfect, first_free, team="outcome")
+    assert outcome == legal  # the self-play success is a legal finish under either
+    wf = load_workflow("tic_tac_toe", team="outcome")
+    assert wf.scored_as_a_team().team == "legal" and wf.team == "outcome"
+    problems = wf.problems("heldout", 6, 0)
+    sampler = ScriptedSampler(first_free)
+    kw = dict(samples=1, temperature=1.0, max_tokens=4, seed=0)
+    raw = play_baseline(wf, problems, sampler, sampler.tokenizer, **kw)
+    scored = play_baseline(wf.scored_as_a_team(), problems, sampler, sampler.tokenizer, **kw)
+    assert scored.success == 1.0 and raw.errors == 0  # every game finished legally
+    assert raw.team_reward == pytest.approx(sum(env_result(p) for p in problems) / 6)  # player_0's side read
+
+
+def env_result(p: Problem) -> float:
+    """x's result of first-free self-play from `p`."""
+    env = GameEnv(TTT, replay(TTT, p.question, seed="r"), {"player_0": 0, "player_1": 1}, -1.0)
+    while not env.over:
+        env.step(("player_0", "player_1")[env.table.agent_selection], str(env.table.legal()[0]))
+    return env.result(0)
+
+
 def test_heuristic_wins_then_blocks_else_random():
     import random
 
@@ -224,9 +288,9 @@ def test_the_starting_policy_holds_the_other_seat():
     assert [a.agent_id for a in games_eval.Versus(wf, 1, "scripted").agents] == ["player_1"]
 
 
-def _evaluate(monkeypatch, policy, base_policy):
+def _evaluate(monkeypatch, policy, base_policy, **options):
     monkeypatch.setattr(games_eval, "_base_sampler", lambda game, samplers: ScriptedSampler(base_policy))
-    wf = load_workflow("tic_tac_toe")
+    wf = load_workflow("tic_tac_toe", **options)
     frame = wf.evaluate({"shared": ScriptedSampler(policy)}, {}, EvalConfig(problems=12, samples=2, greedy=False), 3)
     return {(r["agent_id"], r["metric"]): r["value"] for r in frame.iter_rows(named=True)}, frame
 

@@ -36,6 +36,7 @@ import polars as pl
 
 from pipeline.errors import DataError
 from pipeline.models.chat import encode_prompt
+from pipeline.rollout.contract import side_value, team_value
 from pipeline.rollout.rewards import CORRECT_THRESHOLD
 from pipeline.strategies import IID
 from pipeline.types import GenerateCall, Problem, Sampler, generate_calls
@@ -128,9 +129,8 @@ def play(workflow, problems: Sequence[Problem], sampler: Sampler, tokenizer, *, 
         if i in failed:
             rewards.append(None)
             continue
-        try:
-            value = env.team_reward()
-            rewards.append(float(value) if value is not None and math.isfinite(float(value)) else None)
+        try:  # one number per episode: a per-side mapping's value of the first agent (the contract)
+            rewards.append(side_value(team_value(env.team_reward(), "team_reward"), workflow.turn_order[0])[0])
         except Exception:  # noqa: BLE001
             rewards.append(None)
     known = [r for r in rewards if r is not None]

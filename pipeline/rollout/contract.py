@@ -20,7 +20,7 @@ from pipeline.rollout.agent import Agent
 from pipeline.errors import ConfigError, DataError
 from pipeline.types import Message
 
-__all__ = ["StepResult", "Env", "check_workflow", "check_messages", "finite_reward"]
+__all__ = ["StepResult", "Env", "check_workflow", "check_messages", "finite_reward", "team_value", "side_value"]
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,13 @@ class Env:
         """Take the agent's completion text; return its local reward and whether the episode ends."""
         raise NotImplementedError
 
-    def team_reward(self) -> float | None:
+    def team_reward(self) -> float | Mapping[str, float | None] | None:
         """The global (team) reward of the state as it is now (read at the end of an episode, and
-        right after every tree candidate's step)."""
+        right after every tree candidate's step). A competitive game may return one value per
+        side instead, a mapping from agent id to that agent's reward (self-play's game result for
+        each player): each row then gets its own agent's value, and an agent the mapping leaves
+        out gets a null reward saying so. An evaluation that needs one number per episode (the
+        team's `success`, the baselines) reads the first agent of `turn_order`'s."""
         raise NotImplementedError
 
     def copy(self) -> "Env":
@@ -120,6 +124,31 @@ def finite_reward(value: object, what: str) -> float | None:
     if not math.isfinite(v):
         raise ValueError(f"{what} returned {v}")
     return v
+
+
+def team_value(value: object, what: str) -> float | dict[str, float | None] | None:
+    """A `team_reward()` value checked: one number or None (`finite_reward`), or a mapping from
+    agent id (a string) to a number or None, one per side; anything else is a ValueError naming
+    `what`."""
+    if isinstance(value, Mapping):
+        out: dict[str, float | None] = {}
+        for key, v in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{what} returned a mapping with the key {key!r}, expected agent ids")
+            out[key] = finite_reward(v, f"{what}[{key!r}]")
+        return out
+    return finite_reward(value, what)
+
+
+def side_value(value: float | Mapping[str, float | None] | None, agent_id: str) -> tuple[float | None, str | None]:
+    """(reward, why it is None) of `agent_id` from a checked team value (`team_value`): the value
+    itself, or the agent's entry of a per-side mapping."""
+    if not isinstance(value, Mapping):
+        return value, None if value is not None else "team_reward returned None"
+    if agent_id not in value:
+        return None, f"team_reward gave no value for agent {agent_id!r} (it gave {sorted(value)})"
+    v = value[agent_id]
+    return v, None if v is not None else f"team_reward gave None for agent {agent_id!r}"
 
 
 def check_messages(messages: object, what: str) -> list[Message]:

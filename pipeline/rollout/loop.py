@@ -29,7 +29,8 @@ Strategies (pipeline.strategies) and what they sample:
   group of the tree is exactly the N siblings of one node.
 
 Rewards: `local_reward` is what `env.step` returned for the call; `global_reward` is the
-episode's team reward at its end (`env.team_reward()`) on every row of an ordinary trajectory,
+episode's team reward at its end (`env.team_reward()`; where it gives one value per side, a
+competitive game's, the row's own agent's) on every row of an ordinary trajectory,
 the team reward right after the step on a tree row, and on the first turn's rows of a feedback
 episode the team reward at the end of that turn (the first attempt's own outcome: the second
 attempt, made after privileged feedback, is not the first attempt's credit). Workflow code runs guarded (`safe_map`,
@@ -70,7 +71,7 @@ import pyarrow as pa
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
 from pipeline.rollout.agent import Agent
-from pipeline.rollout.contract import StepResult, check_messages, check_workflow, finite_reward
+from pipeline.rollout.contract import StepResult, check_messages, check_workflow, finite_reward, side_value, team_value
 from pipeline.rollout.rewards import Outcome, row_reward, safe_map
 from pipeline.rollout.rows import Episode, Row, build_rows, to_table
 from pipeline.rollout.sampling import CallPlan, RolloutConfig, merge_shards, plan_call, request_seed, sample_requests, shard_of, step_seed
@@ -238,7 +239,7 @@ def _step_envs(acting: list[Episode], new_rows: list[list[Row]], agent_id: str, 
             row.local = Outcome(reward, result.error) if reward is not None else Outcome(None, result.error or "step returned reward None")
             row.verdict = result.verdict
             if e.tree:
-                row.global_ = Outcome(team) if team is not None else Outcome(None, "team_reward returned None")
+                row.global_ = Outcome(*team)
             results.append((env, result))
         stepped.append(results)
     return stepped
@@ -335,7 +336,8 @@ def _observe(env, agent_id: str) -> list[Message]:
 
 def _advance(env, agent_id: str, text: str, branch: bool):
     """One guarded unit of workflow code: step `env` (a copy of it for a tree candidate) with
-    the agent's text; a tree candidate also reads its team reward right after the step."""
+    the agent's text; a tree candidate also reads its team reward right after the step (its own
+    side's where the environment gives one per side), as (value, why it is None)."""
     if branch:
         env = env.copy()
         if env is None:
@@ -346,24 +348,25 @@ def _advance(env, agent_id: str, text: str, branch: bool):
     reward = finite_reward(result.reward, "step")
     if result.verdict not in (True, False, None):
         raise ValueError(f"step returned verdict {result.verdict!r}, expected True, False or None")
-    team = finite_reward(env.team_reward(), "team_reward") if branch else None
+    team = side_value(team_value(env.team_reward(), "team_reward"), agent_id) if branch else None
     return env, result, reward, team
 
 
 def _team_reward(env):
-    return finite_reward(env.team_reward(), "team_reward")
+    return team_value(env.team_reward(), "team_reward")
 
 
 def _final_rewards(episodes: list[Episode], timeout: float | None) -> None:
     """Ordinary trajectories: every row gets the episode's team reward at its end as its global
-    reward (tree rows were scored right after their step)."""
+    reward, its own agent's where the environment gives one per side (tree rows were scored right
+    after their step)."""
     ordinary = [e for e in episodes if not e.tree and e.rows]
     live = [e for e in ordinary if e.error is None]
     teams = dict(zip(map(id, live), safe_map(_team_reward, [(e.env,) for e in live], timeout, label="team_reward")))
     for e in ordinary:
         final = Outcome(None, e.error) if e.error is not None else _team_outcome(teams[id(e)])
         for row in e.rows:
-            row.global_ = e.first_team if e.first_team is not None and row.turn == 0 else final
+            row.global_ = _side(e.first_team if e.first_team is not None and row.turn == 0 else final, row.agent_id)
 
 
 def _team_outcome(out: Outcome) -> Outcome:
@@ -371,3 +374,11 @@ def _team_outcome(out: Outcome) -> Outcome:
     if out.ok and out.value is None:
         return Outcome(None, "team_reward returned None")
     return out
+
+
+def _side(out: Outcome, agent_id: str) -> Outcome:
+    """`agent_id`'s global reward from a team outcome: the value itself, or its entry of a
+    per-side mapping (a missing or None entry is named)."""
+    if not out.ok or not isinstance(out.value, Mapping):
+        return out
+    return Outcome(*side_value(out.value, agent_id))

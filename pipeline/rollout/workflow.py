@@ -11,7 +11,9 @@ makes an `Env` for one problem: the environment's state for one episode. The rol
             text = <sampled from the agent's policy>  # one `steps` row per call
             result = env.step(agent_id, text)         # local reward, done, verdict
             if result.done: stop
-    team reward = env.team_reward()                   # the global reward of every row
+    team reward = env.team_reward()                   # the global reward of every row (a
+                                                      # competitive game: one per side, each
+                                                      # row its own agent's)
 
 Every agent call is one `steps` row with its tokens and logprobs; the search strategies apply
 to any workflow:
@@ -34,8 +36,9 @@ the contract where it can be checked before sampling (no agents, repeated ids, a
 naming an unknown agent, a strategy it does not support) is a one-line `ConfigError` naming the
 workflow (`check_workflow`).
 
-The budget-matched baselines (`pipeline.rollout.baselines`) ask a workflow three more things, each
-with a default: its single agent (`single_agent`: by default `SoloWorkflow`, the first agent of the
+The budget-matched baselines (`pipeline.rollout.baselines`) ask a workflow four more things, each
+with a default: the workflow they score (`scored_as_a_team`: itself, or a competitive game's variant
+with one team reward per episode), its single agent (`single_agent`: by default `SoloWorkflow`, the first agent of the
 turn order alone taking every seat), whether and how its answers compare (`answer_key`; by default
 they do not, and there is no majority vote) and what an agent sees when it answers again
 (`refine_messages`).
@@ -133,6 +136,13 @@ class Workflow:
         return tuple((a, m) for a, m, _ in self.table_metrics)
 
     # -- the budget-matched baselines (`pipeline.rollout.baselines`) ----------------------------
+    def scored_as_a_team(self) -> "Workflow":
+        """The workflow as the baselines (and a workflow's own evaluation, where it asks) score
+        it, with one team reward per episode: itself by default. A competitive game whose
+        training rows carry one reward per side (`Env.team_reward`'s mapping) returns its variant
+        with a team reward that reads the same for both sides (a legal finish)."""
+        return self
+
     def single_agent(self) -> "Workflow | None":
         """The team's single-agent variant: a team of one agent that does the team's job alone,
         which the baselines play at the team's number of model calls. Default: the first agent of

@@ -119,7 +119,7 @@ def _played(ctx, round_: int, k: float, source: str) -> pl.DataFrame:
     from pipeline.run.rounds import evaluation_config
     from schemas import BASELINES, polars_schema, validate
 
-    team = ctx.workflow()
+    team = ctx.workflow().scored_as_a_team()
     checkpoints = ctx.trained_checkpoints(round_)
     policy_of = {a.agent_id: a.policy_id for a in team.agents}
     samplers = ctx.samplers(checkpoints)

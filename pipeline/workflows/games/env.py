@@ -40,7 +40,7 @@ from pipeline.tasks.base import split_of
 from pipeline.types import Message
 from pipeline.workflows.games.spiel import Table, best_moves, solved_value
 
-__all__ = ["GameSpec", "GameEnv", "SPECS", "REWARDS", "PLAYERS", "OPPONENTS", "read_action", "draw_histories", "positions", "replay", "prompt_text"]
+__all__ = ["GameSpec", "GameEnv", "SPECS", "REWARDS", "TEAMS", "PLAYERS", "OPPONENTS", "read_action", "draw_histories", "positions", "replay", "prompt_text"]
 
 PLAYERS = ("player_0", "player_1")
 """The agents: one per seat (OpenSpiel's players 0 and 1)."""
@@ -61,8 +61,13 @@ class GameSpec:
     scale: float
     """Utilities are divided by this (bargaining's deal values run to 10; tic-tac-toe's are +-1)."""
     team: str
-    """The team reward in self-play: "legal" (1.0 when the game ended without a forfeit) or
-    "joint" (the players' summed utilities / (2 * scale): the deal's value to both)."""
+    """The default team reward in self-play (one of the game's `TEAMS`): "legal" (1.0 when the
+    game ended without a forfeit) or "joint" (the players' summed utilities / (2 * scale): the
+    deal's value to both)."""
+    outcome: str
+    """What each player gets under the team reward "outcome" (one value per side): "result" (1
+    win, 0.5 draw, 0 loss; a forfeit loses) or "utility" (its own utility / scale; 0 after a
+    forfeit: no deal)."""
     opening: int
     """Default of the workflow's `opening`: random plies (even counts, the first seat to move)
     played before the problem starts."""
@@ -79,14 +84,21 @@ class GameSpec:
     counting characters, and the free cells (".1") are the legal moves."""
 
 
+TEAMS = {"tic_tac_toe": ("legal", "outcome"), "bargaining": ("joint", "outcome")}
+"""The team rewards a game offers in self-play (the workflow's `team` option; `GameSpec.team` is the
+default). "outcome": one value per side (`Env.team_reward`'s mapping), each player's own result of
+the game (`GameSpec.outcome`), so every row of a player carries how its game went for it, SPIRAL's
+self-play reward; a loss that weighs the global reward (alpha > 0) trains on it, and `--baseline
+role` is then SPIRAL's role-conditioned advantage on it."""
+
 REWARDS = {"tic_tac_toe": ("best", "value"), "bargaining": ("outcome",)}
 """The local rewards a game offers (the workflow's `reward` option; `GameSpec.reward` is the default).
 "best": 1.0 when the move's minimax result is the best the mover could get from the position (an
 optimal move, the grid's rule: the default "rs" loss trains exactly these), else 0.0."""
 
 SPECS = {
-    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="best", scale=1.0, team="legal", opening=4, max_turns=5, board_cells=True),
-    "bargaining": GameSpec("bargaining", ("p0", "p1"), reward="outcome", scale=10.0, team="joint", opening=0, max_turns=5),
+    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="best", scale=1.0, team="legal", outcome="result", opening=4, max_turns=5, board_cells=True),
+    "bargaining": GameSpec("bargaining", ("p0", "p1"), reward="outcome", scale=10.0, team="joint", outcome="utility", opening=0, max_turns=5),
 }
 
 
@@ -207,13 +219,17 @@ OPPONENTS: dict[str, dict[str, Callable[[Table, random.Random], int]]] = {
 class GameEnv(Env):
     """One game. `seats` maps the agents that play to their players; a seat no agent holds is
     played by `opponent` (a scripted player) inside `step`. `judge`: the seat whose result is the
-    team reward (evaluation against an opponent: 1 win, 0.5 draw, 0 loss); None in self-play."""
+    team reward (evaluation against an opponent: 1 win, 0.5 draw, 0 loss); None in self-play,
+    where `team` (`TEAMS`, the spec's by default) says what the team reward is."""
 
     def __init__(self, spec: GameSpec, table: Table, seats: dict[str, int], penalty: float,
-                 opponent: Callable[[Table, random.Random], int] | None = None, judge: int | None = None, seed: str = "", reward: str | None = None) -> None:
+                 opponent: Callable[[Table, random.Random], int] | None = None, judge: int | None = None, seed: str = "", reward: str | None = None,
+                 team: str | None = None) -> None:
         self.spec, self.table, self.seats, self.penalty = spec, table, dict(seats), float(penalty)
         self.reward = reward or spec.reward
         """How a call is rewarded (`REWARDS`); the spec's by default."""
+        self.team = team or spec.team
+        """The self-play team reward (`TEAMS`); the spec's by default."""
         self.opponent, self.judge = opponent, judge
         self.rng = random.Random(f"opponent:{seed}")
         self.forfeit: int | None = None
@@ -274,10 +290,19 @@ class GameEnv(Env):
         other = max(v for s, v in enumerate(r) if s != seat)
         return 1.0 if r[seat] > other else 0.5 if r[seat] == other else 0.0
 
-    def team_reward(self) -> float:
+    def outcome(self, seat: int) -> float:
+        """`seat`'s own result of the game as it stands (`GameSpec.outcome`); an unfinished game
+        is a draw (0.5) or no deal yet (0.0)."""
+        if self.spec.outcome == "result":
+            return self.result(seat)
+        return 0.0 if self.forfeit is not None else self.table.rewards()[seat] / self.spec.scale
+
+    def team_reward(self) -> float | dict[str, float]:
         if self.judge is not None:
             return self.result(self.judge)
-        if self.spec.team == "legal":
+        if self.team == "outcome":
+            return {agent_id: self.outcome(seat) for agent_id, seat in self.seats.items()}
+        if self.team == "legal":
             return 1.0 if self.forfeit is None and self.table.done else 0.0
         if self.forfeit is not None:
             return 0.0

@@ -100,7 +100,7 @@ def _base_sampler(game, samplers):
 
 def evaluate_game(game, samplers: Mapping[str, object], tokenizers: Mapping[str, object], config, round_: int) -> pl.DataFrame:
     """The `evaluation` rows of one round of a game workflow (module docstring)."""
-    frame = evaluate_workflow(game, samplers, tokenizers, config, round_)
+    frame = evaluate_workflow(game.scored_as_a_team(), samplers, tokenizers, config, round_)
     problems = game.problems("heldout", config.problems, config.seed)
     policy_of = {a.agent_id: a.policy_id for a in game.agents}
     rows: list[dict] = []

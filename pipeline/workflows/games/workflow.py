@@ -14,14 +14,14 @@ against a scripted player and against the starting policy is `pipeline.workflows
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from pipeline.errors import ConfigError
 from pipeline.rollout.agent import Agent
 from pipeline.rollout.workflow import Workflow
 from pipeline.types import Problem
-from pipeline.workflows.games.env import OPPONENTS, PLAYERS, REWARDS, SPECS, GameEnv, GameSpec, draw_histories, replay
+from pipeline.workflows.games.env import OPPONENTS, PLAYERS, REWARDS, SPECS, TEAMS, GameEnv, GameSpec, draw_histories, replay
 
 __all__ = ["GameWorkflow", "TicTacToeWorkflow", "BargainingWorkflow", "GAME_WORKFLOWS"]
 
@@ -47,7 +47,12 @@ class GameWorkflow(Workflow):
     `opponent` (the scripted player of the evaluation: tic_tac_toe "heuristic" (default) or
     "random"; bargaining "random"), `base_model` (the starting policy the evaluation plays against;
     default: the workflow's embedded model), `reward` (how a call is rewarded:
-    `pipeline.workflows.games.env.REWARDS`; tic_tac_toe "best" (default) or "value")."""
+    `pipeline.workflows.games.env.REWARDS`; tic_tac_toe "best" (default) or "value"), `team` (the
+    self-play team reward, `pipeline.workflows.games.env.TEAMS`: tic_tac_toe "legal" (default),
+    bargaining "joint" (default), or "outcome": each player's own result of the game on its rows,
+    for a loss that weighs the global reward, e.g. `--loss ppo --alpha 1 --local-weight 0`; the
+    evaluation's self-play and the baselines keep the game's default team reward, so their numbers
+    read the same under either)."""
 
     opening: int | None = None
     heldout_fraction: float = 0.3
@@ -55,6 +60,7 @@ class GameWorkflow(Workflow):
     opponent: str | None = None
     base_model: str | None = None
     reward: str | None = None
+    team: str | None = None
     agents: tuple[Agent, ...] = field(default_factory=_players)
 
     spec: ClassVar[GameSpec]
@@ -75,6 +81,9 @@ class GameWorkflow(Workflow):
         self.reward = self.reward or SPECS[name].reward
         if self.reward not in REWARDS[name]:
             raise ConfigError(f"workflow {name!r}: unknown reward {self.reward!r}; choose from {list(REWARDS[name])}")
+        self.team = self.team or SPECS[name].team
+        if self.team not in TEAMS[name]:
+            raise ConfigError(f"workflow {name!r}: unknown team reward {self.team!r}; choose from {list(TEAMS[name])}")
         scripted = OPPONENTS[name]
         self.opponent = self.opponent or next(iter(scripted))
         if self.opponent not in scripted:
@@ -109,7 +118,13 @@ class GameWorkflow(Workflow):
             raise ConfigError(f"workflow {self.spec.name!r}: problem {problem.uid!r} is not a history of legal moves ({err})") from None
 
     def reset(self, problem: Problem, strategy) -> GameEnv:
-        return GameEnv(self.spec, self.table(problem), {p: i for i, p in enumerate(PLAYERS)}, self.illegal_penalty, reward=self.reward)
+        return GameEnv(self.spec, self.table(problem), {p: i for i, p in enumerate(PLAYERS)}, self.illegal_penalty, reward=self.reward, team=self.team)
+
+    def scored_as_a_team(self) -> "GameWorkflow":
+        """This workflow with the game's default team reward (one number per episode: a legal
+        finish, the joint deal value), what the evaluation's self-play and the baselines score;
+        itself when it already has it (`team="outcome"` gives one value per side)."""
+        return self if self.team == self.spec.team else replace(self, team=self.spec.team)
 
     def max_tokens(self, agent_id: str, kind: str = "rollout") -> int | None:
         return 4 if self.spec.name == "tic_tac_toe" else 48
