@@ -76,27 +76,40 @@ def tree_groups_share_context(context: dg.AssetCheckExecutionContext, store: Sto
     )
 
 
-@dg.asset_check(asset=advantages, blocking=True, description="no NaN/inf; member advantages are centred in every group")
+def advantage_baselines(df: pl.DataFrame, cfg) -> tuple[int, int, float]:
+    """(groups, groups off, worst) of an `advantages` table under `cfg` (an AdvantageConfig).
+    A group or batch baseline centres each group's member advantages: off = |mean| > 1e-6, worst
+    the largest |mean|. The role baseline (SPIRAL's RAE) subtracts one running mean per role and
+    round, which a round's rows need not average to: there the groups are (round, role) and off
+    means its members were scored against more than one baseline (reward - advantage differs by
+    more than 1e-6; worst the largest spread)."""
+    members = df.filter(pl.col("active") & pl.col("reward").is_not_null())
+    if cfg.baseline == "role":
+        spread = (pl.col("reward") - pl.col("advantage"))
+        groups = members.group_by("round", "agent_id").agg((spread.max() - spread.min()).alias("off"))
+    else:
+        key = [*cfg.group_key, "round"]
+        if cfg.trajectory_mean:
+            # a trajectory is one member: its rows' mean advantage (equal to each row's with the "mean" score)
+            members = members.group_by(*key, "traj_uid").agg(pl.col("advantage").mean())
+        groups = members.group_by(key).agg(pl.col("advantage").mean().abs().alias("off"))
+    return groups.height, groups.filter(pl.col("off") > 1e-6).height, float(groups["off"].max() or 0.0)
+
+
+@dg.asset_check(asset=advantages, blocking=True, description="no NaN/inf; member advantages are centred in every group (one baseline per role and round under the role baseline)")
 def advantages_sane(context: dg.AssetCheckExecutionContext, settings: RunSettings, store: StoreResource) -> dg.AssetCheckResult:
     df = _load(store, context, "advantages")
     cfg = settings.run_config().advantage
     nonfinite = df.filter(~pl.col("advantage").is_finite() | ~pl.col("sample_weight").is_finite() | (pl.col("reward").is_not_null() & ~pl.col("reward").is_finite()))
-    members = df.filter(pl.col("active") & pl.col("reward").is_not_null())
-    key = [*cfg.group_key, "round"]
-    if cfg.trajectory_mean:
-        # a trajectory is one member: its rows' mean advantage (equal to each row's with the "mean" score)
-        members = members.group_by(*key, "traj_uid").agg(pl.col("advantage").mean())
-    centred = members.group_by(key).agg(pl.col("advantage").mean().abs().alias("off"), pl.len().alias("n"))
-    worst = float(centred["off"].max() or 0.0)
-    off = centred.filter(pl.col("off") > 1e-6)
+    groups, off, worst = advantage_baselines(df, cfg)
     return dg.AssetCheckResult(
-        passed=nonfinite.height == 0 and off.height == 0,
+        passed=nonfinite.height == 0 and off == 0,
         severity=ERROR,
         metadata={
             "nonfinite_rows": nonfinite.height,
             "nonfinite_step_ids": str(nonfinite["step_id"].head(10).to_list()),
-            "groups": centred.height,
-            "uncentred_groups": off.height,
+            "groups": groups,
+            "uncentred_groups": off,
             "max_abs_group_mean": worst,
         },
     )

@@ -490,6 +490,27 @@ def test_role_baseline_is_a_running_mean_per_role_by_hand():
         AdvantageConfig(baseline="role", role_decay=1.0)
 
 
+def test_the_advantages_check_judges_role_baselines_per_role_not_per_group():
+    """The round's blocking check (`assets.checks.advantage_baselines`): group baselines centre
+    each group; the role baseline's advantages are not centred within a round (A = reward - the
+    running mean), so it checks one baseline per (round, role) instead."""
+    from assets.checks import advantage_baselines
+
+    rows = dict(round=[0, 0, 0], agent_id=["x", "x", "o"], reward=[1.0, 1.0, 1.0], active=[True] * 3)
+    role = AdvantageConfig(baseline="role", role_decay=0.5)
+    scored = compute_advantages(frame(**rows), role)
+    assert abs(scored["advantage"].sum()) > 0.5  # not centred: the old per-group test would fail it
+    assert advantage_baselines(scored, role) == (2, 0, 0.0)
+    bent = scored.with_columns(pl.when(pl.arange(0, 3) == 0).then(pl.col("advantage") + 0.1).otherwise(pl.col("advantage")).alias("advantage"))
+    groups, off, worst = advantage_baselines(bent, role)
+    assert (groups, off) == (2, 1) and worst == pytest.approx(0.1)
+    group = AdvantageConfig()
+    mixed = frame(uid=["p", "p", "p"], agent_id=["x"] * 3, reward=[1.0, 0.0, 0.0], active=[True] * 3, round=[0] * 3)
+    groups, off, _ = advantage_baselines(compute_advantages(mixed, group), group)
+    assert (groups, off) == (1, 0)
+    assert advantage_baselines(compute_advantages(mixed, group).with_columns(pl.lit(0.5).alias("advantage")), group)[1] == 1
+
+
 def test_role_baseline_uses_the_mixed_reward():
     """With global and local parts the return is alpha*global + local_weight*local, as elsewhere."""
     config = AdvantageConfig(baseline="role", role_decay=0.0, alpha=1.0, local_weight=1.0)
