@@ -6,6 +6,7 @@ probability it puts on the best moves (what sampling at T=1 plays).
     .venv/bin/python scripts/ttt_critical.py MODEL_DIR [MODEL_DIR ...]
     .venv/bin/python scripts/ttt_critical.py --sft-steps 1500 [--lr 1e-3]
     .venv/bin/python scripts/ttt_critical.py --mlp-steps 1500
+    .venv/bin/python scripts/ttt_critical.py --versus MODEL_DIR [MODEL_DIR ...]
 
 MODEL_DIR: the embedded model (`ttt_model()`) or a round's checkpoint (`STORE/checkpoints/
 round=R/shared`). `--sft-steps N` instead trains a fresh model of the embedded model's shape and tokenizer on best
@@ -14,7 +15,13 @@ prints the same figures every 100 steps: what supervised learning on the right a
 an upper bound on what self-play's training on sampled best moves teaches (docs/results/games.md).
 `--mlp-steps N` trains a reference learner on the same examples (train-split positions of random
 games, one best move each, batch 64, Adam at `--lr`): a two-layer MLP whose inputs are the nine
-cells one-hot and the mover, so the board's geometry is given rather than read from characters."""
+cells one-hot and the mover, so the board's geometry is given rather than read from characters.
+`--versus` adds, per model, its exact expected results against the scripted player on the
+evaluation's held-out positions in both seats (the evaluation samples them; here every branch is
+weighed by its probability, so there is no sampling noise): playing at T=1 (the evaluation's
+temperature; probability on a taken cell forfeits), greedy, and renormalized onto best moves (what
+its choice among best moves alone would win), then where its T=1 play leaves best moves, by kind of
+position, weighted by how often play against the scripted player reaches it."""
 
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from pipeline.workflows.games.env import SPECS, prompt_text
+from pipeline.workflows.games.env import SPECS, prompt_text, replay, ttt_forced
 from pipeline.workflows.games.spiel import Table, best_moves
 
 SPEC = SPECS["tic_tac_toe"]
@@ -48,8 +55,8 @@ def positions() -> list[tuple[str, list[int], list[int]]]:
     return out
 
 
-def measure(model, tokenizer, items) -> dict[str, float]:
-    """Greedy best-move share and mass on best moves, over all `items` and the critical ones."""
+def cell_probs(model, tokenizer, prompts: list[str]):
+    """(len(prompts), 9): the probability of each cell's number as the first token of the answer."""
     import torch
 
     digits = [tokenizer.convert_tokens_to_ids(str(i)) for i in range(9)]
@@ -57,15 +64,20 @@ def measure(model, tokenizer, items) -> dict[str, float]:
     model.eval()
     probs = []
     with torch.no_grad():
-        for k in range(0, len(items), 256):
-            chunk = items[k:k + 256]
-            texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p, *_ in chunk]
+        for k in range(0, len(prompts), 256):
+            chunk = prompts[k:k + 256]
+            texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True) for p in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             mask = enc["attention_mask"]
             last = mask.sum(1) - 1 if tokenizer.padding_side == "right" else torch.full((len(chunk),), mask.shape[1] - 1)
             probs.append(torch.softmax(model(**enc).logits[torch.arange(len(chunk)), last].float(), -1)[:, digits])
     model.train(was_training)
-    return scores(items, torch.cat(probs))
+    return torch.cat(probs)
+
+
+def measure(model, tokenizer, items) -> dict[str, float]:
+    """Greedy best-move share and mass on best moves, over all `items` and the critical ones."""
+    return scores(items, cell_probs(model, tokenizer, [p for p, *_ in items]))
 
 
 def scores(items, probs) -> dict[str, float]:
@@ -141,11 +153,85 @@ def mlp_curve(items, steps: int, lr: float) -> None:
             print(line(f"MLP on the cells, same examples, step {step} (lr {lr:g})", scores(items, probs)), flush=True)
 
 
+def heldout_starts() -> list[Table]:
+    """The evaluation's held-out positions (the tic-tac-toe workflow's, at the evaluation's seed)."""
+    from pipeline.config import EvalConfig
+    from pipeline.workflows.games.workflow import TicTacToeWorkflow
+
+    return [replay(SPEC, p.question, seed="versus") for p in TicTacToeWorkflow().problems("heldout", EvalConfig().problems, EvalConfig().seed)]
+
+
+def versus(policy, starts: list[Table]) -> dict[str, float]:
+    """Exact expected results of `policy` (prompt, legal cells, best cells -> {cell: probability}
+    over the nine cells; mass on a taken cell forfeits) against the scripted player (`ttt_forced`,
+    else a uniformly random free cell) from each of `starts`, in each seat: "win"/"draw" over both
+    seats, "win x"/"win o", and, per kind of position the policy moves at ("win available", "must
+    block", "quiet"), "visits <kind>" (per game) and "off best <kind>" (probability off best moves
+    per visit)."""
+    out = {"win": 0.0, "draw": 0.0, "win x": 0.0, "win o": 0.0}
+    visits: dict[str, float] = {}
+    off: dict[str, float] = {}
+    for seat in (0, 1):
+
+        def value(table: Table, reach: float) -> tuple[float, float]:
+            if table.done:
+                r = table.rewards()[seat]
+                return (1.0, 0.0) if r > 0 else (0.0, 1.0) if r == 0 else (0.0, 0.0)
+            legal = table.legal()
+            if table.agent_selection == seat:
+                best = best_moves(table)
+                forced = ttt_forced(table)
+                kind = "quiet" if forced is None else "win available" if forced[1] == "win" else "must block"
+                dist = policy(prompt_text(SPEC, table, seat), legal, best)
+                visits[kind] = visits.get(kind, 0.0) + reach
+                off[kind] = off.get(kind, 0.0) + reach * (1.0 - sum(dist.get(c, 0.0) for c in best))
+                dist = {c: p for c, p in dist.items() if c in legal}  # the rest forfeits: no win, no draw
+            else:
+                forced = ttt_forced(table)
+                dist = {forced[0]: 1.0} if forced is not None else {c: 1.0 / len(legal) for c in legal}
+            win = draw = 0.0
+            for cell, p in dist.items():
+                if p > 0:
+                    child = table.clone()
+                    child.step(cell)
+                    w, d = value(child, reach * p)
+                    win, draw = win + p * w, draw + p * d
+            return win, draw
+
+        for table in starts:
+            w, d = value(table, 1.0 / (2 * len(starts)))
+            out["win"] += w / (2 * len(starts))
+            out["draw"] += d / (2 * len(starts))
+            out["win " + "xo"[seat]] += w / len(starts)
+    for kind in visits:
+        out[f"visits {kind}"] = visits[kind]
+        out[f"off best {kind}"] = off[kind] / visits[kind]
+    return out
+
+
+def versus_lines(label: str, probs: dict[str, list[float]], starts: list[Table]) -> list[str]:
+    """The `--versus` table rows of one model (`probs`: prompt -> the nine cells' probabilities)."""
+    plays = {
+        "T=1": lambda prompt, legal, best: dict(enumerate(probs[prompt])),
+        "greedy": lambda prompt, legal, best: {max(range(9), key=lambda c: probs[prompt][c]): 1.0},
+        "onto best": lambda prompt, legal, best: {c: probs[prompt][c] / (sum(probs[prompt][b] for b in best) or 1.0) for c in best},
+    }
+    rows, kinds = [], None
+    for name, policy in plays.items():
+        m = versus(policy, starts)
+        rows.append(f"| {label}, {name} | {100 * m['win']:.1f} | {100 * m['win x']:.1f} | {100 * m['win o']:.1f} | {100 * m['draw']:.1f} |")
+        kinds = kinds or m
+    rows.append("|  | " + "; ".join(f"{k}: {kinds['visits ' + k]:.2f} a game, {100 * kinds['off best ' + k]:.1f}% off best at T=1"
+                                     for k in ("win available", "must block", "quiet") if "visits " + k in kinds) + " | | | |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="model or checkpoint folders")
     ap.add_argument("--sft-steps", type=int, default=0, help="train a fresh model on best moves for this many steps instead")
     ap.add_argument("--mlp-steps", type=int, default=0, help="train the reference MLP on the same examples for this many steps")
+    ap.add_argument("--versus", action="store_true", help="also each model's exact expected results against the scripted player on the held-out positions")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of --sft-steps and the rate of --mlp-steps (default 1e-3, the warm start's)")
     args = ap.parse_args()
     if not args.models and not args.sft_steps and not args.mlp_steps:
@@ -161,9 +247,18 @@ def main() -> None:
     print("| model | greedy best, all | mass on best, all | greedy best, critical | mass on best, critical |\n|---|---:|---:|---:|---:|")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    found = {}
     for folder in args.models:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        print(line(folder, measure(AutoModelForCausalLM.from_pretrained(folder), tokenizer, items)), flush=True)
+        probs = cell_probs(AutoModelForCausalLM.from_pretrained(folder), tokenizer, [p for p, *_ in items])
+        print(line(folder, scores(items, probs)), flush=True)
+        found[folder] = {p: row.tolist() for (p, *_), row in zip(items, probs)}
+    if args.versus and found:
+        starts = heldout_starts()
+        print(f"\nExact expected results against the scripted player, {len(starts)} held-out positions x 2 seats")
+        print("| model, play | win, both seats | win as x | win as o | draw, both seats |\n|---|---:|---:|---:|---:|")
+        for folder, probs in found.items():
+            print("\n".join(versus_lines(folder, probs, starts)), flush=True)
     if args.sft_steps:
         sft_curve(items, args.sft_steps, args.lr)
     if args.mlp_steps:

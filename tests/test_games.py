@@ -405,6 +405,42 @@ def test_ttt_critical_reference_mlp_reads_the_cells_and_learns_best_moves(capsys
     assert critical_greedy > 60.0, last
 
 
+def test_ttt_critical_versus_weighs_every_branch_against_the_scripted_player():
+    """scripts/ttt_critical.py --versus: exact expected results against the scripted player (it
+    wins if it can, blocks if it must, else plays a uniformly random free cell), by hand from one
+    position where x (to move) wins at 2 and o threatens 5."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("ttt_critical", Path(__file__).resolve().parents[1] / "scripts" / "ttt_critical.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    start = [replay(TTT, "0,3,1,4", seed="v")]
+    wins = tc.versus(lambda prompt, legal, best: {2: 1.0}, start)
+    # as x it wins at once; as o the scripted x moves first and wins: o never moves
+    assert (wins["win x"], wins["win o"], wins["win"], wins["draw"]) == (1.0, 0.0, 0.5, 0.0)
+    assert wins["visits win available"] == 0.5 and wins["off best win available"] == 0.0
+    half = tc.versus(lambda prompt, legal, best: {2: 0.5, 8: 0.5}, start)  # 8 lets the scripted o win at 5
+    assert half["win x"] == 0.5 and half["off best win available"] == 0.5
+    taken = tc.versus(lambda prompt, legal, best: {0: 1.0}, start)  # a taken cell forfeits
+    assert taken["win"] == taken["draw"] == 0.0
+    # the scripted player's random replies weighed uniformly: an x playing a uniformly random best
+    # move from "x 0, o 4" wins 1/6 as sampled games count it (4,000 games, about 0.6 points of
+    # standard error; were the scripted o's free choice its first free cell, 2/7)
+    import random
+
+    from pipeline.workflows.games.env import ttt_heuristic
+
+    exact = tc.versus(lambda prompt, legal, best: {c: 1.0 / len(best) for c in best}, [replay(TTT, "0,4", seed="v")])
+    rng, won = random.Random(0), 0
+    for i in range(4000):
+        env = GameEnv(TTT, replay(TTT, "0,4", seed="v"), {"me": 0}, -1.0, opponent=ttt_heuristic, judge=0, seed=str(i))
+        while not env.over:
+            env.step("me", str(rng.choice(best_moves(env.table))))
+        won += env.result(0) == 1.0
+    assert exact["win x"] == pytest.approx(1 / 6) and won / 4000 == pytest.approx(1 / 6, abs=0.03)
+
+
 def test_a_games_best_round_and_regressions_judge_its_wins_not_its_losses_or_draws(tmp_path):
     """A game's judged metrics are its self-play success and win rates (`judged_metrics`): they pick
     the `--start-from best` checkpoint and are what the regression warning names; the loss and draw
