@@ -231,6 +231,26 @@ def test_failing_blocking_check_stops_the_round(tmp_path, default_model_dir, mon
     assert not table_path(tmp_path, 0, "advantages").exists()
 
 
+def test_a_round_under_the_role_baseline_passes_the_advantages_check(tmp_path, default_model_dir):
+    """`--baseline role` (SPIRAL's RAE): the round's blocking advantage check judges one baseline
+    per role, not group centring, so the round reaches training (it stopped at the check before)."""
+    from assets.definitions import advantages, problems, rollouts
+
+    instance = dg.DagsterInstance.ephemeral()
+    try:
+        result = materialize_round(instance, tmp_path, small_settings(default_model_dir, baseline="role", problems=3), 0,
+                                   assets=[problems, rollouts, advantages, *all_checks])
+    finally:
+        close_engines()
+    checks = {e.asset_check_key.name: e.passed for e in result.get_asset_check_evaluations()}
+    assert result.success and checks["advantages_sane"] is True
+    adv = pl.read_parquet(table_path(tmp_path, 0, "advantages"))
+    members = adv.filter(pl.col("active") & pl.col("reward").is_not_null())
+    b = members.group_by("agent_id").agg((pl.col("reward") - pl.col("advantage")).alias("b"))
+    assert b.height == 2 and all(max(v) - min(v) < 1e-9 for v in b["b"])  # one baseline per role
+    assert abs(float(members["advantage"].mean())) > 1e-6  # not centred: the per-group test would have failed
+
+
 def test_ground_truth_baseline_round_is_step_matched(tmp_path, default_model_dir):
     """The SFT-on-ground-truth baseline trains as many rows as the rollouts' view would have."""
     from pipeline.run.rounds import EnginePool, RoundContext, run_round_stages
