@@ -109,8 +109,9 @@ def advantages_sane(context: dg.AssetCheckExecutionContext, settings: RunSetting
             "nonfinite_rows": nonfinite.height,
             "nonfinite_step_ids": str(nonfinite["step_id"].head(10).to_list()),
             "groups": groups,
-            "uncentred_groups": off,
-            "max_abs_group_mean": worst,
+            # under the role baseline: (round, role) groups scored against more than one baseline, and the largest spread
+            "uncentred_groups" if cfg.baseline != "role" else "roles_with_two_baselines": off,
+            "max_abs_group_mean" if cfg.baseline != "role" else "max_baseline_spread": worst,
         },
     )
 

@@ -191,9 +191,34 @@ def test_the_outcome_team_reward_gives_each_player_its_own_result():
     deal = load_workflow("bargaining", team="outcome")
     p = deal.problems("train", 1, 0)[0]
     rows = play(deal, [p], lambda c, j, rng: "Agree" if "P0 offers" in c else "Offer: Book: 0, Hat: 0, Basketball: 0")
-    assert dict(rows.select("agent_id", "global_reward").iter_rows()) == {"player_0": 0.0, "player_1": 1.0}
+    side = dict(rows.group_by("agent_id").agg(pl.col("global_reward").unique()).iter_rows())
+    assert side == {"player_0": [0.0], "player_1": [1.0]}
     with pytest.raises(ConfigError, match=r"unknown team reward 'joint'; choose from \['legal', 'outcome'\]"):
         load_workflow("tic_tac_toe", team="joint")
+
+
+def test_the_reports_rollout_success_reads_the_first_players_side_of_an_outcome_game(tmp_path):
+    """`maxit report`'s success_<strategy> (`trajectory_success`) takes one number per episode: with
+    one reward per side, the first agent's (player_0), not whoever moved last; a store of such a run
+    has no trained single agent (one agent playing both seats has no reward per side)."""
+    from pipeline.run.baselines import trained_single_settings
+    from pipeline.run.experiments import record_experiment
+    from pipeline.run.report import trajectory_success
+    from pipeline.run.settings import Settings
+
+    wf = load_workflow("tic_tac_toe", team="outcome")
+    forfeit = play(wf, [problem("")], lambda c, j, rng: "?" if "tic_tac_toe o" in c else first_free(c, j, rng))
+    assert forfeit["agent_id"].to_list() == ["player_0", "player_1"]  # o's forfeit is the last row
+    assert trajectory_success(forfeit.lazy()).collect()["global_reward"].to_list() == [1.0]
+    won = play(wf, [problem("")], first_free)  # x's winning move is the last row
+    assert trajectory_success(won.lazy()).collect()["global_reward"].to_list() == [1.0]
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    record_experiment(tmp_path / "store", Settings(workflow="tic_tac_toe", workflow_options=("team=outcome",), model_dir=str(model)), "hf")
+    (tmp_path / "store" / "round=0").mkdir()
+    with pytest.raises(ConfigError, match="gives each seat its own result"):
+        trained_single_settings(tmp_path / "store")
 
 
 def test_a_per_side_team_reward_that_leaves_an_agent_out_is_named_on_its_rows(monkeypatch):

@@ -140,7 +140,8 @@ class Workflow:
         """The workflow as the baselines (and a workflow's own evaluation, where it asks) score
         it, with one team reward per episode: itself by default. A competitive game whose
         training rows carry one reward per side (`Env.team_reward`'s mapping) returns its variant
-        with a team reward that reads the same for both sides (a legal finish)."""
+        with a team reward that reads the same for both sides (the games: a legal finish, the
+        joint deal value)."""
         return self
 
     def single_agent(self) -> "Workflow | None":

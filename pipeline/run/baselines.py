@@ -178,6 +178,11 @@ def trained_single_settings(store: str | Path, problems: int | None = None):
         raise ConfigError(f"the trained single agent's problems per round must be a whole number >= 1, got {problems!r}")
     record = _record(store)
     settings = stored_settings(record)
+    if "team=outcome" in settings.workflow_options:
+        raise ConfigError(
+            f"store {store}: its workflow gives each seat its own result (team=outcome); the single agent plays every seat "
+            "on one reward, so it has no trained single agent: train one from a store with the game's default team reward"
+        )
     table = read_baselines(store)
     if table is None:
         raise DataError(f"store {store}: no baselines table: compute it first (maxit baselines --store {store})")

@@ -57,11 +57,15 @@ than two standard errors (`pipeline.run.regression.round_regressions`); present 
 
 def trajectory_success(steps: pl.LazyFrame) -> pl.LazyFrame:
     """One row per trajectory (round, strategy, traj_uid, global_reward): its team reward at the
-    end, the global reward of its last row. A tree counts once, as the path its selected
-    candidates took: the team reward right after its last selected step (its `traj_uid` is the
-    problem's `uid`). Rows are taken in the table's order, which is step order."""
+    end, the global reward of the first row of its last turn (every row of that turn carries the
+    team reward at the end; where the environment gives one per side, a competitive game's, that
+    row is the first agent's, the side the contract reads: `Env.team_reward`). A tree counts once,
+    as the path its selected candidates took: the team reward right after its last selected step
+    (its `traj_uid` is the problem's `uid`). Rows are taken in the table's order, which is step
+    order."""
     tree = pl.col("strategy") == "tree"
-    ordinary = steps.filter(~tree).group_by("round", "strategy", "traj_uid").agg(pl.col("global_reward").last())
+    last_turn = pl.col("global_reward").filter(pl.col("turn") == pl.col("turn").max()).first()
+    ordinary = steps.filter(~tree).group_by("round", "strategy", "traj_uid").agg(last_turn.alias("global_reward"))
     trees = (
         steps.filter(tree & pl.col("selected"))
         .group_by("round", "strategy", "uid")
