@@ -383,7 +383,7 @@ def test_reward_scalars_count_active_rows_and_leave_null_rewards_out():
     ]
     steps = pl.DataFrame(
         [
-            {"round": 0, "strategy": s, "agent_id": a, "traj_uid": t, "uid": "u0", "selected": sel, "active": act, "local_reward": lr, "global_reward": gr}
+            {"round": 0, "strategy": s, "agent_id": a, "traj_uid": t, "uid": "u0", "turn": 0, "selected": sel, "active": act, "local_reward": lr, "global_reward": gr}
             for s, a, t, sel, act, lr, gr in rows
         ]
     )
