@@ -178,10 +178,14 @@ def trained_single_settings(store: str | Path, problems: int | None = None):
         raise ConfigError(f"the trained single agent's problems per round must be a whole number >= 1, got {problems!r}")
     record = _record(store)
     settings = stored_settings(record)
-    if "team=outcome" in settings.workflow_options:
+    from pipeline.run.context import build_workflow
+
+    team = build_workflow(settings.run_config())
+    if team.scored_as_a_team() is not team:  # its rows carry one team reward per side
         raise ConfigError(
-            f"store {store}: its workflow gives each seat its own result (team=outcome); the single agent plays every seat "
-            "on one reward, so it has no trained single agent: train one from a store with the game's default team reward"
+            f"store {store}: workflow {settings.workflow!r} gives each seat its own result (one team reward per side, e.g. "
+            "team=outcome); the single agent plays every seat on one reward, so it has no trained single agent: train one "
+            "from a store with the workflow's default team reward"
         )
     table = read_baselines(store)
     if table is None:
