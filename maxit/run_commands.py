@@ -100,7 +100,7 @@ def cmd_run(args) -> int:
     from assets.config import RunSettings
     from assets.launch import run_rounds
     from pipeline.run.report import console_table
-    from pipeline.run.settings import settings_from_args
+    from pipeline.run.settings import settings_from_args, setting_flag, workflow_defaults
     from pipeline.run.tracking import check_targets
 
     settings = settings_from_args(args)
@@ -108,6 +108,9 @@ def cmd_run(args) -> int:
     check_targets(settings.report_to)
     workflow, strategies = check_run_inputs(settings, config, args.store)
     say(f"maxit run: algorithm {settings.algorithm} (loss {settings.loss}), workflow {workflow.describe()}, strategies {' '.join(strategies)}")
+    own = workflow_defaults({k: v for k, v in vars(args).items() if v is not None})
+    if own:
+        say(f"maxit run: the workflow's own defaults: {', '.join(f'{setting_flag(k)} {v}' for k, v in own.items())} (a flag given overrides them)")
     for note in small_splits(settings, workflow):
         say(note)
     print_source_notes("maxit run", settings, strategies, wrap=True)

@@ -500,3 +500,24 @@ def test_a_games_best_round_and_regressions_judge_its_wins_not_its_losses_or_dra
     # a judged pair is judged whatever its name: the workflow, not a naming rule, says what counts
     named = round_regressions(ev, TicTacToeWorkflow.table_metrics, judged=[("team", "loss_vs_scripted")])
     assert list(named) == [0, 1] and named[1].startswith("loss_scripted 40.0% < 80.0% (round -1, ")
+
+
+def test_a_round_with_replay_draws_nearly_all_of_a_finite_train_split():
+    """tic-tac-toe's train split is a finite set of positions: a round that asks for most of it,
+    a quarter of them replayed from earlier rounds, still draws as many distinct problems, the
+    replayed first (the draw used to ask the split for problems + replayed, more than it holds,
+    and stopped the run at round 1)."""
+    from pipeline.run.rounds import draw_problems
+
+    workflow = load_workflow("tic_tac_toe")
+    with pytest.raises(ConfigError, match=r"train has (\d+) positions"):
+        workflow.problems("train", 10_000, 0)
+    earlier = draw_problems(workflow, 128, seed=1, round_=0)
+    drawn = draw_problems(workflow, 512, seed=2, round_=1, replay=earlier)
+    uids = drawn["uid"].to_list()
+    assert len(uids) == len(set(uids)) == 512
+    assert uids[:128] == earlier["uid"].to_list()
+    # a split large enough draws what it drew before: the n + replayed draw, the replayed removed
+    small = draw_problems(workflow, 64, seed=2, round_=1, replay=earlier.head(16))
+    fresh = [p.uid for p in workflow.problems("train", 80, 2) if p.uid not in set(earlier.head(16)["uid"])]
+    assert small["uid"].to_list() == earlier.head(16)["uid"].to_list() + fresh[:48]

@@ -314,3 +314,67 @@ def test_a_bad_value_is_named_by_its_flag_where_the_config_field_is_a_setting():
         Settings(eval_problems=0).run_config()
     assert Settings().flag_named("RolloutConfig.max_tokens must be >= 1") == "RolloutConfig.max_tokens must be >= 1"
     assert Settings().flag_named("RunConfig.no_such_field is wrong") == "RunConfig.no_such_field is wrong"
+
+
+_OWN_DEFAULTS = '''
+from dataclasses import dataclass
+from typing import ClassVar
+from pipeline.workflows import Workflow
+
+@dataclass
+class Budgeted(Workflow):
+    name: ClassVar[str] = "budgeted"
+    run_defaults: ClassVar[dict] = {"problems": 7, "eval_problems": 9}
+
+@dataclass
+class Greedy(Workflow):
+    name: ClassVar[str] = "greedy"
+    run_defaults: ClassVar[dict] = {"problems": 7, "loss": "ppo", "nonsense": 1}
+
+@dataclass
+class Broken(Workflow):
+    name: ClassVar[str] = "broken"
+    run_defaults: ClassVar[object] = ["problems"]
+'''
+
+
+def test_a_workflow_s_own_defaults_fill_the_flags_left_alone(tmp_path):
+    """`Workflow.run_defaults` fills the settings the command line leaves unset, below any flag
+    given; the algorithm's settings are not the workflow's to default; Python's Settings take
+    what they are given."""
+    file = tmp_path / "own.py"
+    file.write_text(_OWN_DEFAULTS)
+    spec = f"{file}:Budgeted"
+    own = cli_settings("--workflow", spec)
+    assert (own.problems, own.eval_problems) == (7, 9)
+    given = cli_settings("--workflow", spec, "--problems", "3")
+    assert (given.problems, given.eval_problems) == (3, 9)
+    assert Settings(workflow=spec).problems == Settings().problems  # Python: as given
+    with pytest.raises(ConfigError, match=r"run_defaults names 'loss', 'nonsense'"):
+        cli_settings("--workflow", f"{file}:Greedy")
+    with pytest.raises(ConfigError, match=r"workflow .*Broken.*run_defaults must map setting names"):
+        cli_settings("--workflow", f"{file}:Broken")
+    # the built-in workflows' own defaults are settings a workflow may default
+    from pipeline.run.settings import workflow_defaults
+    from pipeline.workflows import WORKFLOW_NAMES
+
+    for name in WORKFLOW_NAMES:
+        assert set(workflow_defaults({"workflow": name})) <= {f.name for f in dataclasses.fields(Settings)}
+
+
+def test_maxit_run_says_the_workflow_s_own_defaults(tmp_path, capsys, monkeypatch):
+    """`maxit run` names the defaults it took from the workflow (here it stops right after, before
+    any round)."""
+    file = tmp_path / "own.py"
+    file.write_text(_OWN_DEFAULTS)
+    import maxit.run_commands as rc
+
+    def stop(*a, **k):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(rc, "small_splits", stop)
+    monkeypatch.setattr(rc, "check_run_inputs", lambda settings, config, store: (type("W", (), {"describe": lambda self: "budgeted"})(), ("iid",)))
+    with pytest.raises(SystemExit):
+        main(["run", "--workflow", f"{file}:Budgeted", "--store", str(tmp_path / "s")])
+    out = capsys.readouterr()
+    assert "the workflow's own defaults: --problems 7, --eval-problems 9" in out.out + out.err

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import copy as _copy
 from dataclasses import replace
-from typing import ClassVar
+from typing import Any, ClassVar, Mapping
 
 from pipeline.rollout.agent import SHARED_POLICY, Agent
 from pipeline.errors import ConfigError
@@ -76,6 +76,15 @@ class Workflow:
     supports_feedback: ClassVar[bool] = False
     """Whether `reset(problem, Feedback(...))` gives an environment that runs the two-turn
     feedback strategy (privileged feedback after `feedback_agent`'s first attempt)."""
+    run_defaults: ClassVar[Mapping[str, Any]] = {}
+    """Run settings this workflow runs with where the command line leaves them unset, by setting
+    name (`maxit run`'s flags without the dashes: `{"problems": 512}`): the budget its environment
+    needs to learn within a run's rounds. `maxit run`, `maxit rollout` and the stage commands
+    apply them below any flag given (`pipeline.run.settings.settings_from_args`) and say so;
+    `Settings(...)`, `RunConfig(...)` and the Dagster launchpad's fields take the values they are
+    given. A setting that
+    an algorithm or a loss presets (the loss, the strategies, the reward mix...) is the algorithm's
+    and cannot be defaulted here."""
 
     # -- what a subclass provides ---------------------------------------------------------
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:

@@ -115,7 +115,14 @@ def draw_problems(workflow, n: int, seed: int, round_: int, replay: pl.DataFrame
         return problems_table(workflow.problems("train", n, seed), round_)
     again = problems_from_table(replay.head(n))
     taken = {p.uid for p in again}
-    fresh = [p for p in workflow.problems("train", n + len(again), seed) if p.uid not in taken]
+    try:
+        drawn = workflow.problems("train", n + len(again), seed)
+    except ConfigError:
+        # a finite train split (a game's positions) may hold n problems but not n + the replayed;
+        # n distinct fresh ones still leave n - len(again) that are not replayed. The n + len(again)
+        # draw stays first so that a split large enough draws what it always drew.
+        drawn = workflow.problems("train", n, seed)
+    fresh = [p for p in drawn if p.uid not in taken]
     return problems_table(again + fresh[: n - len(again)], round_)
 
 

@@ -23,7 +23,7 @@ import typing
 from contextlib import contextmanager
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Mapping
 
 from pipeline.config import AdvantageConfig, EvalConfig, RunConfig, ScaleConfig, TrackingConfig, ViewConfig, flat
 from pipeline.config.flat import CHECKPOINTING, ZERO_ADVANTAGE_ROWS, parse_group_by, parse_options, parse_weights
@@ -36,7 +36,7 @@ from pipeline.strategies import Feedback
 
 __all__ = [
     "Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "setting_flag", "setting_help", "preset_summary",
-    "unsourced_strategies", "SOURCES", "settings_from_args", "setting_default", "parse_group_by", "parse_options", "parse_weights",
+    "unsourced_strategies", "SOURCES", "settings_from_args", "workflow_defaults", "setting_default", "parse_group_by", "parse_options", "parse_weights",
 ]
 
 
@@ -546,10 +546,32 @@ def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | N
 
 
 def settings_from_args(args: argparse.Namespace, **overrides) -> Settings:
-    """The `Settings` of parsed flags: flags left alone keep the setting's default."""
+    """The `Settings` of parsed flags: flags left alone keep the workflow's `run_defaults`
+    (`workflow_defaults`), else the setting's default."""
     values = {f.name: getattr(args, f.name) for f in fields(Settings) if getattr(args, f.name, None) is not None}
     values.update(overrides)
-    return Settings(**values)
+    return Settings(**{**workflow_defaults(values), **values})
+
+
+def workflow_defaults(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The `run_defaults` of the workflow `values` name (`Workflow.run_defaults`) that `values`
+    leave unset: what `settings_from_args` fills in below the flags given. A default naming no
+    setting, or one an algorithm or loss presets (those are the algorithm's), or the workflow
+    itself, is a one-line `ConfigError` naming the workflow and the setting."""
+    from pipeline.workflows import workflow_run_defaults
+
+    spec = values.get("workflow", _default(RunConfig, "workflow"))
+    if not isinstance(spec, str):
+        return {}
+    defaults = workflow_run_defaults(spec)
+    allowed = {f.name for f in fields(Settings)} - flat.preset_names() - {"algorithm", "workflow", "workflow_options"}
+    bad = [name for name in defaults if name not in allowed]
+    if bad:
+        raise ConfigError(
+            f"workflow {spec!r}: run_defaults names {', '.join(map(repr, bad))}: a workflow may default a setting of `maxit run` "
+            "that no algorithm presets (the budget, the evaluation's size...), not the algorithm's (the loss, strategies, reward mix)"
+        )
+    return {name: value for name, value in defaults.items() if name not in values}
 
 
 def settings_fields() -> list[tuple[str, Any, Any, str]]:

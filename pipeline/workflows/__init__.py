@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.rollout.agent import SHARED_POLICY, Agent
@@ -31,7 +31,7 @@ from pipeline.rollout.workflow import Workflow, with_policies
 
 __all__ = [
     "Agent", "SHARED_POLICY", "Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "workflow_options",
-    "WORKFLOW_NAMES", "ENTRY_POINT_GROUP", "RUN_SETTINGS",
+    "WORKFLOW_NAMES", "ENTRY_POINT_GROUP", "RUN_SETTINGS", "workflow_run_defaults",
 ]
 
 ENTRY_POINT_GROUP = "maxit.workflows"
@@ -160,3 +160,13 @@ def _check_options(name: str, accepted: tuple[str, ...], options: dict) -> None:
     if unknown:
         takes = f"it takes: {', '.join(accepted)}" if accepted else "it takes no options"
         raise ConfigError(f"workflow {name!r}: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} ({takes})")
+
+
+def workflow_run_defaults(spec: str) -> dict[str, Any]:
+    """The `Workflow.run_defaults` of the workflow named by `spec` (its class's; none for a
+    factory function), read without building it. A value that is not a mapping is a one-line
+    `ConfigError` naming the workflow."""
+    defaults = getattr(_resolve(spec), "run_defaults", {})
+    if not isinstance(defaults, Mapping) or not all(isinstance(k, str) for k in defaults):
+        raise ConfigError(f"workflow {spec!r}: run_defaults must map setting names to values, got {defaults!r}")
+    return dict(defaults)
