@@ -521,3 +521,23 @@ def test_a_round_with_replay_draws_nearly_all_of_a_finite_train_split():
     small = draw_problems(workflow, 64, seed=2, round_=1, replay=earlier.head(16))
     fresh = [p.uid for p in workflow.problems("train", 80, 2) if p.uid not in set(earlier.head(16)["uid"])]
     assert small["uid"].to_list() == earlier.head(16)["uid"].to_list() + fresh[:48]
+
+
+def test_tic_tac_toe_runs_at_its_own_budget_unless_told_otherwise():
+    """`maxit run --workflow tic_tac_toe` samples 256 positions a round in groups of 8 (the
+    workflow's `run_defaults`); a flag given wins; the math default keeps the library's."""
+    from maxit.cli import build_parser
+    from pipeline.run.settings import Settings, settings_from_args
+
+    def cli(*argv):
+        return settings_from_args(build_parser().parse_args(["run", *argv]))
+
+    own = cli("--workflow", "tic_tac_toe")
+    assert (own.problems, own.samples) == (256, 8)
+    assert (cli("--workflow", "tic_tac_toe", "--samples", "4").samples, cli("--workflow", "tic_tac_toe", "--problems", "128").problems) == (4, 128)
+    assert (cli().problems, cli().samples) == (Settings().problems, Settings().samples) == (128, 4)
+    from pipeline.run.settings import setting_help
+
+    assert f"tic_tac_toe {own.problems};" in setting_help("problems") and f"tic_tac_toe {own.samples})" in setting_help("samples")
+    # the game's train split holds the positions a round asks for, a quarter replayed on top
+    assert len(load_workflow("tic_tac_toe").problems("train", round(own.problems * (1 + own.problem_replay)), 0)) >= own.problems

@@ -91,8 +91,16 @@ class Settings:
     )
 
     # --- sampling ---------------------------------------------------------------------------
-    problems: int = _s(_default(RunConfig, "problems"), "training problems drawn per round", group="sampling")
-    samples: int = _s(_default(RunConfig, "samples"), "group size of every strategy (tree: candidates per node)", group="sampling")
+    problems: int = _s(
+        _default(RunConfig, "problems"),
+        "training problems drawn per round (a workflow may run with its own when the flag is left out: tic_tac_toe 256; maxit run says so)",
+        group="sampling",
+    )
+    samples: int = _s(
+        _default(RunConfig, "samples"),
+        "group size of every strategy (tree: candidates per node; a workflow may run with its own when the flag is left out: tic_tac_toe 8)",
+        group="sampling",
+    )
     strategies: tuple[str, ...] | None = _s(None, "search strategies interleaved in each round", group="sampling", metavar="STRATEGY")
     temperature: float = _s(_default(RunConfig, "temperature"), "sampling temperature (training computes p_train at the same temperature)", group="sampling")
     max_tokens: int | None = _s(_default(RunConfig, "max_tokens"), "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling")
