@@ -236,6 +236,8 @@ def main() -> None:
     args = ap.parse_args()
     if not args.models and not args.sft_steps and not args.mlp_steps:
         ap.error("give model folders, --sft-steps N or --mlp-steps N")
+    if args.versus and not args.models:
+        ap.error("--versus plays model folders: give at least one")
     for folder in args.models:
         if not (Path(folder) / "config.json").is_file():
             ap.error(f"{folder}: not a model folder (no config.json)")

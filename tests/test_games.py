@@ -541,3 +541,22 @@ def test_tic_tac_toe_runs_at_its_own_budget_unless_told_otherwise():
     assert f"tic_tac_toe {own.problems};" in setting_help("problems") and f"tic_tac_toe {own.samples})" in setting_help("samples")
     # the game's train split holds the positions a round asks for, a quarter replayed on top
     assert len(load_workflow("tic_tac_toe").problems("train", round(own.problems * (1 + own.problem_replay)), 0)) >= own.problems
+
+
+def test_a_game_built_directly_refuses_an_unknown_reward_or_team_reward():
+    spec = SPECS["tic_tac_toe"]
+    seats = {"player_0": 0, "player_1": 1}
+    with pytest.raises(ConfigError, match=r"tic_tac_toe: unknown team reward 'nope'; choose from \['legal', 'outcome'\]"):
+        GameEnv(spec, replay(spec, "", seed="t"), seats, -1.0, team="nope")
+    with pytest.raises(ConfigError, match=r"tic_tac_toe: unknown reward 'nope'; choose from \['best', 'value'\]"):
+        GameEnv(spec, replay(spec, "", seed="t"), seats, -1.0, reward="nope")
+    assert GameEnv(spec, replay(spec, "", seed="t"), seats, -1.0, team="outcome").team == "outcome"
+
+
+def test_ttt_critical_versus_without_a_model_is_a_one_line_error():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "ttt_critical.py"
+    out = subprocess.run([sys.executable, str(script), "--versus", "--sft-steps", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().endswith("error: --versus plays model folders: give at least one")

@@ -237,6 +237,12 @@ class GameEnv(Env):
         """How a call is rewarded (`REWARDS`); the spec's by default."""
         self.team = team or spec.team
         """The self-play team reward (`TEAMS`); the spec's by default."""
+        # the workflow checks its options; an environment built directly is checked here, or an
+        # unknown name would only surface as a missing reward at the game's end
+        if self.reward not in REWARDS[spec.name]:
+            raise ConfigError(f"{spec.name}: unknown reward {self.reward!r}; choose from {list(REWARDS[spec.name])}")
+        if self.team not in TEAMS[spec.name]:
+            raise ConfigError(f"{spec.name}: unknown team reward {self.team!r}; choose from {list(TEAMS[spec.name])}")
         self.opponent, self.judge = opponent, judge
         self.rng = random.Random(f"opponent:{seed}")
         self.forfeit: int | None = None
