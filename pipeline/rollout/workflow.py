@@ -78,7 +78,7 @@ class Workflow:
     feedback strategy (privileged feedback after `feedback_agent`'s first attempt)."""
     run_defaults: ClassVar[Mapping[str, Any]] = {}
     """Run settings this workflow runs with where the command line leaves them unset, by setting
-    name (`maxit run`'s flags without the dashes: `{"problems": 512}`): the budget its environment
+    name (`maxit run`'s flags without the dashes: `{"problems": 256}`): the budget its environment
     needs to learn within a run's rounds. `maxit run`, `maxit rollout` and the stage commands
     apply them below any flag given (`pipeline.run.settings.settings_from_args`) and say so;
     `Settings(...)`, `RunConfig(...)` and the Dagster launchpad's fields take the values they are
