@@ -100,7 +100,7 @@ def cmd_run(args) -> int:
     from assets.config import RunSettings
     from assets.launch import run_rounds
     from pipeline.run.report import console_table
-    from pipeline.run.settings import settings_from_args, setting_flag, workflow_defaults
+    from pipeline.run.settings import settings_from_args
     from pipeline.run.tracking import check_targets
 
     settings = settings_from_args(args)
@@ -108,9 +108,7 @@ def cmd_run(args) -> int:
     check_targets(settings.report_to)
     workflow, strategies = check_run_inputs(settings, config, args.store)
     say(f"maxit run: algorithm {settings.algorithm} (loss {settings.loss}), workflow {workflow.describe()}, strategies {' '.join(strategies)}")
-    own = workflow_defaults({k: v for k, v in vars(args).items() if v is not None})
-    if own:
-        say(f"maxit run: the workflow's own defaults: {', '.join(f'{setting_flag(k)} {v}' for k, v in own.items())} (a flag given overrides them)")
+    say_own_defaults("maxit run", args)
     for note in small_splits(settings, workflow):
         say(note)
     print_source_notes("maxit run", settings, strategies, wrap=True)
@@ -126,6 +124,16 @@ def cmd_run(args) -> int:
         say(line)
     say(f"(every column: maxit report --markdown --store {args.store})")
     return 0
+
+
+def say_own_defaults(command: str, args) -> None:
+    """Say which settings the command took from the workflow's `run_defaults` (the flags it left
+    unset), so that a run's budget is never a silent choice."""
+    from pipeline.run.settings import setting_flag, workflow_defaults
+
+    own = workflow_defaults({k: v for k, v in vars(args).items() if v is not None})
+    if own:
+        say(f"{command}: the workflow's own defaults: {', '.join(f'{setting_flag(k)} {v}' for k, v in own.items())} (a flag given overrides them)")
 
 
 def regressed_lines(summary) -> list[str]:
@@ -180,6 +188,7 @@ def cmd_rollout(args) -> int:
     if args.round < 0:
         raise MaxitError(f"--round must be >= 0, got {args.round}")
     _workflow, strategies = check_run_inputs(settings, config, args.store)
+    say_own_defaults("maxit rollout", args)
     print_source_notes("maxit rollout", settings, strategies)
     local_store(args.store)
     ctx = RoundContext(args.store, config)

@@ -354,12 +354,12 @@ def test_a_workflow_s_own_defaults_fill_the_flags_left_alone(tmp_path):
         cli_settings("--workflow", f"{file}:Greedy")
     with pytest.raises(ConfigError, match=r"workflow .*Broken.*run_defaults must map setting names"):
         cli_settings("--workflow", f"{file}:Broken")
-    # the built-in workflows' own defaults are settings a workflow may default
+    # the built-in workflows' own defaults: only the game's budget
     from pipeline.run.settings import workflow_defaults
     from pipeline.workflows import WORKFLOW_NAMES
 
-    for name in WORKFLOW_NAMES:
-        assert set(workflow_defaults({"workflow": name})) <= {f.name for f in dataclasses.fields(Settings)}
+    own = {name: workflow_defaults({"workflow": name}) for name in WORKFLOW_NAMES}
+    assert own == {**{name: {} for name in WORKFLOW_NAMES}, "tic_tac_toe": {"problems": 256, "samples": 8}}
 
 
 def test_maxit_run_says_the_workflow_s_own_defaults(tmp_path, capsys, monkeypatch):
@@ -378,3 +378,8 @@ def test_maxit_run_says_the_workflow_s_own_defaults(tmp_path, capsys, monkeypatc
         main(["run", "--workflow", f"{file}:Budgeted", "--store", str(tmp_path / "s")])
     out = capsys.readouterr()
     assert "the workflow's own defaults: --problems 7, --eval-problems 9" in out.out + out.err
+    # maxit rollout says the same; a flag given, even at the default's value, is not the workflow's
+    rc.say_own_defaults("maxit rollout", build_parser().parse_args(["rollout", "--store", "s", "--workflow", f"{file}:Budgeted", "--problems", "7"]))
+    rc.say_own_defaults("maxit rollout", build_parser().parse_args(["rollout", "--store", "s"]))
+    out = capsys.readouterr()
+    assert (out.out + out.err).strip().splitlines() == ["maxit rollout: the workflow's own defaults: --eval-problems 9 (a flag given overrides them)"]

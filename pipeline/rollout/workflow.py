@@ -79,12 +79,12 @@ class Workflow:
     run_defaults: ClassVar[Mapping[str, Any]] = {}
     """Run settings this workflow runs with where the command line leaves them unset, by setting
     name (`maxit run`'s flags without the dashes: `{"problems": 256}`): the budget its environment
-    needs to learn within a run's rounds. `maxit run`, `maxit rollout` and the stage commands
-    apply them below any flag given (`pipeline.run.settings.settings_from_args`) and say so;
-    `Settings(...)`, `RunConfig(...)` and the Dagster launchpad's fields take the values they are
-    given. A setting that
-    an algorithm or a loss presets (the loss, the strategies, the reward mix...) is the algorithm's
-    and cannot be defaulted here."""
+    needs to learn within a run's rounds. `maxit run` and `maxit rollout` apply them below any
+    flag given (`pipeline.run.settings.settings_from_args`) and say so (the stage commands take no
+    workflow); `Settings(...)`, `RunConfig(...)` and the Dagster launchpad's fields take the
+    values they are given. A ClassVar of a `Workflow` class (a factory function has none). A
+    setting that an algorithm or a loss presets (the loss, the strategies, the reward mix...) is
+    the algorithm's and cannot be defaulted here."""
 
     # -- what a subclass provides ---------------------------------------------------------
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
