@@ -173,7 +173,7 @@ def draw_histories(spec: GameSpec, split: str, n: int, seed: int, opening: int, 
     for more than the split holds is a `ConfigError` saying how many it holds."""
     pool = [h for key, h in positions(spec, opening) if split_of(key, heldout_fraction, salt=f"{spec.name}:") == split]
     if n > len(pool):
-        raise ConfigError(f"{spec.name}: {split} has {len(pool)} positions with openings of up to {opening} plies, {n} asked for (ask for fewer problems, or change opening or heldout_fraction)")
+        raise ConfigError(f"{spec.name}: {split} has {len(pool)} positions with openings of up to {opening} plies, {n} asked for (ask for fewer: --problems for train, --eval-problems for heldout; or change opening or heldout_fraction)")
     random.Random(f"{spec.name}:{split}:{seed}").shuffle(pool)
     return pool[:n]
 
