@@ -223,6 +223,17 @@ OPPONENTS: dict[str, dict[str, Callable[[Table, random.Random], int]]] = {
 # -- the environment ----------------------------------------------------------------------------
 
 
+def reward_names(spec: GameSpec, reward: str | None, team: str | None, who: str) -> tuple[str, str]:
+    """`reward` and `team` (None: the spec's), each checked against the game's `REWARDS` and
+    `TEAMS`: an unknown name is a `ConfigError` from `who` listing the known ones."""
+    reward, team = reward or spec.reward, team or spec.team
+    if reward not in REWARDS[spec.name]:
+        raise ConfigError(f"{who}: unknown reward {reward!r}; choose from {list(REWARDS[spec.name])}")
+    if team not in TEAMS[spec.name]:
+        raise ConfigError(f"{who}: unknown team reward {team!r}; choose from {list(TEAMS[spec.name])}")
+    return reward, team
+
+
 class GameEnv(Env):
     """One game. `seats` maps the agents that play to their players; a seat no agent holds is
     played by `opponent` (a scripted player) inside `step`. `judge`: the seat whose result is the
@@ -233,16 +244,10 @@ class GameEnv(Env):
                  opponent: Callable[[Table, random.Random], int] | None = None, judge: int | None = None, seed: str = "", reward: str | None = None,
                  team: str | None = None) -> None:
         self.spec, self.table, self.seats, self.penalty = spec, table, dict(seats), float(penalty)
-        self.reward = reward or spec.reward
-        """How a call is rewarded (`REWARDS`); the spec's by default."""
-        self.team = team or spec.team
-        """The self-play team reward (`TEAMS`); the spec's by default."""
-        # the workflow checks its options; an environment built directly is checked here, or an
-        # unknown name would only surface as a missing reward at the game's end
-        if self.reward not in REWARDS[spec.name]:
-            raise ConfigError(f"{spec.name}: unknown reward {self.reward!r}; choose from {list(REWARDS[spec.name])}")
-        if self.team not in TEAMS[spec.name]:
-            raise ConfigError(f"{spec.name}: unknown team reward {self.team!r}; choose from {list(TEAMS[spec.name])}")
+        # checked here too, not only by the workflow: in an environment built directly an unknown
+        # name would only surface as a missing reward at the game's end
+        self.reward, self.team = reward_names(spec, reward, team, spec.name)
+        """How a call is rewarded (`REWARDS`) and the self-play team reward (`TEAMS`); the spec's by default."""
         self.opponent, self.judge = opponent, judge
         self.rng = random.Random(f"opponent:{seed}")
         self.forfeit: int | None = None

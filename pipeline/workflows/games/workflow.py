@@ -21,7 +21,7 @@ from pipeline.errors import ConfigError
 from pipeline.rollout.agent import Agent
 from pipeline.rollout.workflow import Workflow
 from pipeline.types import Problem
-from pipeline.workflows.games.env import OPPONENTS, PLAYERS, REWARDS, SPECS, TEAMS, GameEnv, GameSpec, draw_histories, replay
+from pipeline.workflows.games.env import OPPONENTS, PLAYERS, SPECS, GameEnv, GameSpec, draw_histories, replay, reward_names
 
 __all__ = ["GameWorkflow", "TicTacToeWorkflow", "BargainingWorkflow", "GAME_WORKFLOWS"]
 
@@ -78,12 +78,7 @@ class GameWorkflow(Workflow):
             raise ConfigError(f"workflow {name!r}: heldout_fraction must be in (0, 1), got {self.heldout_fraction!r}")
         if isinstance(self.illegal_penalty, bool) or not isinstance(self.illegal_penalty, (int, float)):
             raise ConfigError(f"workflow {name!r}: illegal_penalty must be a number, got {self.illegal_penalty!r}")
-        self.reward = self.reward or SPECS[name].reward
-        if self.reward not in REWARDS[name]:
-            raise ConfigError(f"workflow {name!r}: unknown reward {self.reward!r}; choose from {list(REWARDS[name])}")
-        self.team = self.team or SPECS[name].team
-        if self.team not in TEAMS[name]:
-            raise ConfigError(f"workflow {name!r}: unknown team reward {self.team!r}; choose from {list(TEAMS[name])}")
+        self.reward, self.team = reward_names(self.spec, self.reward, self.team, f"workflow {name!r}")
         scripted = OPPONENTS[name]
         self.opponent = self.opponent or next(iter(scripted))
         if self.opponent not in scripted:
