@@ -58,6 +58,14 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
         from pipeline.workflows.reasoning_gym import ReasoningGymWorkflow
 
         return ReasoningGymWorkflow
+    if name == "math_review":
+        from pipeline.workflows.math.review import ReviewWorkflow
+
+        return ReviewWorkflow
+    if name == "plan_path":
+        from pipeline.workflows.plan_path import PlanPathWorkflow
+
+        return PlanPathWorkflow
     return None
 
 
