@@ -1,0 +1,81 @@
+"""The docs hold to the code: the README stays a front door (its size), every flag a doc names in a
+`maxit` command exists on that command, and every relative link points at a file of the checkout."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from maxit.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+README_MAX_LINES = 200
+README_MAX_BYTES = 16 * 1024
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_readme_is_a_front_door():
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, f"README.md has {len(text.splitlines())} lines (at most {README_MAX_LINES})"
+    assert len(text.encode()) <= README_MAX_BYTES, f"README.md has {len(text.encode())} bytes (at most {README_MAX_BYTES})"
+
+
+def command_flags() -> dict[str, set[str]]:
+    """command -> every option string its parser takes (subcommands of a command included)."""
+    out: dict[str, set[str]] = {}
+
+    def walk(name: str, parser: argparse.ArgumentParser):
+        for action in parser._actions:
+            out.setdefault(name, set()).update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_parser in action.choices.values():
+                    walk(name, sub_parser)
+
+    top = build_parser()
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in commands.choices.items():
+        walk(name, parser)
+    return out
+
+
+MAXIT_CALL = re.compile(r"maxit (?P<command>[a-z]+)(?P<rest>[^`\n|]*)")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def documented_flags(text: str) -> list[tuple[str, str]]:
+    """(command, flag) for each `--flag` written after `maxit COMMAND` on the same line of code."""
+    found = []
+    for match in MAXIT_CALL.finditer(text):
+        for flag in FLAG.findall(match["rest"]):
+            found.append((match["command"], flag))
+    return found
+
+
+def test_documented_flags_exist():
+    flags = command_flags()
+    missing = []
+    for doc in [README, ROOT / "docs" / "STATUS.md", ROOT / "docs" / "WORKFLOWS.md"]:
+        for command, flag in documented_flags(doc.read_text()):
+            if command in flags and flag not in flags[command]:
+                missing.append(f"{doc.relative_to(ROOT)}: maxit {command} {flag}")
+    assert not missing, "flags the docs name that the command does not take:\n" + "\n".join(missing)
+
+
+def test_the_flag_check_sees_a_wrong_flag():
+    flags = command_flags()
+    found = documented_flags("run `maxit run --rounds 5 --no-such-flag`")
+    assert ("run", "--no-such-flag") in found and "--no-such-flag" not in flags["run"]
+    assert "--rounds" in flags["run"]
+
+
+LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)\s#]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(doc):
+    broken = [target for target in LINK.findall(doc.read_text()) if not (doc.parent / target).exists()]
+    assert not broken, f"{doc.relative_to(ROOT)} links to missing files: {broken}"
