@@ -11,6 +11,10 @@ Built in:
   Solver/Verifier pair or a tool agent and a plan agent (the `envs` extra);
 - `tic_tac_toe`, `bargaining`: two-player OpenSpiel games in self-play (the `games` extra).
 
+A program of OpenAI API calls, trained as it is: `load_workflow("program:path/to/file.py:run")` or
+`"program:my_pkg.module:run"` (`pipeline.workflows.program`: each call goes through a recording
+endpoint, `pipeline.rollout.endpoint`).
+
 A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
 (a `Workflow` subclass or a function returning a workflow), or the name of a `maxit.workflows`
 entry point, built with the options its constructor takes (any other is refused, naming the
@@ -19,6 +23,7 @@ options it takes). docs/WORKFLOWS.md has the contract and a complete example.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from importlib import metadata
@@ -90,6 +95,10 @@ def _import_file(path: str):
 
 
 def _resolve(spec: str) -> Callable[..., Workflow]:
+    if spec.startswith("program:"):  # a program of OpenAI API calls (pipeline.workflows.program)
+        from pipeline.workflows.program import ProgramWorkflow
+
+        return functools.partial(ProgramWorkflow, spec[len("program:"):])
     builtin = _builtin(spec)
     if builtin is not None:
         return builtin
