@@ -157,7 +157,7 @@ def run(problem, client):
     if kind == "raises":
         raise RuntimeError("boom")
     if kind == "hangs":
-        time.sleep(5)
+        time.sleep(60)
     if kind == "late":
         threading.Thread(target=lambda: (time.sleep(0.2), GOT.setdefault("late", _try(ask, client)))).start()
     if kind == "unknown_model":
@@ -182,7 +182,7 @@ def test_a_hostile_program_fails_its_own_episodes_and_the_round_goes_on(tmp_path
     problems = wf.problems("train", 8, 0)
     start = time.monotonic()
     steps = pl.from_arrow(run_rollouts(problems, wf, [IID(group_size=1)], Adder(), RolloutConfig()))
-    assert time.monotonic() - start < 4.5  # the hang was abandoned at its timeout, not waited for
+    assert time.monotonic() - start < 30  # the hang was abandoned at its timeout, not waited for
     error = dict(zip(steps["uid"], steps["reward_error"]))
     reward = dict(zip(steps["uid"], steps["reward"]))
     assert set(error) == {"good", "raises", "hangs", "late", "unknown_model", "malformed", "bad_return"}  # no_call: no row
