@@ -310,3 +310,27 @@ def test_the_example_team_runs_a_round_of_maxit_run_and_its_rows_are_what_it_saw
     assert {"success", "success_greedy"} <= set(ev.filter(pl.col("agent_id") == "team")["metric"])
     assert "success" in out.stdout
     print(f"one round of the example: {seconds:.0f} s")
+
+
+STREAM = """
+AGENTS = ["solver"]
+GOT = []
+
+def problems(split, n, seed):
+    return [{"uid": "p", "question": "20+22=", "answer": "42"}]
+
+def run(problem, client):
+    chunks = list(client.chat.completions.create(model="solver", messages=[{"role": "user", "content": problem.question}], stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    GOT.append((text, chunks[-1].choices[0].finish_reason))
+    return float(text == problem.answer)
+"""
+
+
+def test_a_streamed_call_gets_the_same_completion_and_is_a_row(tmp_path):
+    # verifiers' harnesses call with stream=True
+    spec, name = program_file(tmp_path, "stream_prog", STREAM)
+    wf = load_workflow(f"program:{spec}:run")
+    steps = pl.from_arrow(run_rollouts(wf.problems("train", 1, 0), wf, [IID(group_size=1)], Adder(), RolloutConfig()))
+    assert loaded(name).GOT == [("42", "stop")]
+    assert steps["completion_text"].to_list() == ["42"] and steps["reward"].to_list() == [1.0]
