@@ -3,7 +3,8 @@
 A program written against the OpenAI chat API (`pipeline.workflows.program`) plays its episodes
 through this endpoint: `POST /ep/<key>/v1/chat/completions` (and `/v1/completions`, `GET
 /v1/models`), where `model` names an agent of the team, so its policy and engine, and `<key>` is
-a per-episode token in the client's base URL that the program never sees as such. The key
+a per-episode token in the client's base URL that the program never sees as such. A streamed
+request (`stream=True`) gets the same completion as server-sent events, in one chunk. The key
 carries the episode's uid, strategy and sample index; the endpoint assigns each call its turn
 (the agent's call count within the episode) and its step (the episode's call count), and
 records:
@@ -301,8 +302,6 @@ class Endpoint:
                 raise RequestError(409, "a call came after the episode's program returned (or was stopped)", "episode_closed")
         request = _json_body(body)
         agent = self._agent(request.get("model"))
-        if request.get("stream"):
-            raise RequestError(400, "streaming is not supported: call without stream=True", "unsupported", "stream")
         n = request.get("n", 1)
         if n not in (None, 1):
             raise RequestError(400, f"n must be 1 (one completion per call), got {n!r}", "unsupported", "n")
@@ -359,7 +358,11 @@ class Endpoint:
         )
         with calls.lock:
             e.rows.append(row)
-        return _response(kind, step_id, agent.agent_id, sample, len(prompt_ids))
+        out = _response(kind, step_id, agent.agent_id, sample, len(prompt_ids))
+        if request.get("stream"):
+            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            out = {"stream": _chunks(kind, out, include_usage)}
+        return out
 
     def _agent(self, model: object) -> Agent:
         if not isinstance(model, str) or model not in self.agents:
@@ -437,6 +440,25 @@ def _response(kind: str, step_id: str, model: str, sample: Sample, n_prompt: int
     return {"id": f"cmpl-{step_id}", "object": "text_completion", "created": created, "model": model, "choices": [choice], "usage": usage}
 
 
+def _chunks(kind: str, full: dict, include_usage: bool) -> list[dict]:
+    """A response as the chunks of a stream (`stream=True`): the whole completion in one
+    chunk (it is sampled whole), then its finish reason, then the usage when asked for."""
+    choice = full["choices"][0]
+    head = {k: full[k] for k in ("id", "created", "model")}
+    if kind == "chat":
+        head["object"] = "chat.completion.chunk"
+        first = {"index": 0, "delta": {"role": "assistant", "content": choice["message"]["content"]}, "finish_reason": None, "logprobs": None}
+        last = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"], "logprobs": None}
+    else:
+        head["object"] = "text_completion"
+        first = {"index": 0, "text": choice["text"], "finish_reason": None, "logprobs": None}
+        last = {"index": 0, "text": "", "finish_reason": choice["finish_reason"], "logprobs": None}
+    chunks = [{**head, "choices": [first]}, {**head, "choices": [last]}]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": full["usage"]})
+    return chunks
+
+
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024
     """Every running episode may connect at once (http.server's default backlog is 5: the rest
@@ -496,4 +518,15 @@ class _Handler(BaseHTTPRequestHandler):
                 calls.fail(f"the endpoint failed on a request: {type(exc).__name__}: {exc}")
             self._send(500, RequestError(500, f"{type(exc).__name__}: {exc}", "internal_error", kind="server_error").body())
             return
-        self._send(200, payload)
+        if "stream" in payload:
+            self._send_stream(payload["stream"])
+        else:
+            self._send(200, payload)
+
+    def _send_stream(self, chunks: list[dict]) -> None:
+        data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
