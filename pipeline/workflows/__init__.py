@@ -33,6 +33,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.rollout.agent import SHARED_POLICY, Agent
 from pipeline.rollout.contract import Env, StepResult, check_workflow
 from pipeline.rollout.workflow import Workflow, with_policies
+from pipeline.workflows.modules import import_file as _import_file
 
 __all__ = [
     "Agent", "SHARED_POLICY", "Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "workflow_options",
@@ -75,23 +76,6 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
 
 
 WORKFLOW_NAMES = ("math", "single", "grid", "code", "tic_tac_toe", "bargaining", "reasoning_gym")
-
-
-def _import_file(path: str):
-    """A workflow module given as a file path ("examples/relay.py")."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    file = Path(path).resolve()
-    if not file.is_file():
-        raise ImportError(f"no such file {path}")
-    name = f"maxit_workflow_{file.stem}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def _resolve(spec: str) -> Callable[..., Workflow]:

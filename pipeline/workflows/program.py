@@ -62,6 +62,7 @@ from pipeline.rollout.endpoint import Endpoint, EpisodeCalls
 from pipeline.rollout.rewards import Outcome
 from pipeline.rollout.rows import Episode, Row
 from pipeline.rollout.workflow import Workflow
+from pipeline.workflows.modules import import_file
 from pipeline.types import Problem
 
 __all__ = ["ProgramWorkflow", "team", "PREFIX"]
@@ -299,14 +300,12 @@ def _row_outcomes(value: Any, error: str | None, agent_id: str) -> tuple[Outcome
 
 def _load(program: str) -> tuple[Any, Callable]:
     """(module, function) of "FILE.py:FUNC" or "pkg.module:func"; a one-line ConfigError else."""
-    from pipeline.workflows import _import_file
-
     name = PREFIX + program
     module_name, sep, attr = program.rpartition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"workflow {name!r}: expected program:FILE.py:FUNC or program:package.module:function")
     try:
-        module = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        module = import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except ImportError as err:
         raise ConfigError(f"workflow {name!r}: cannot import {module_name!r} ({err})") from None
     except Exception as err:  # noqa: BLE001 - a user's module may fail to import in any way
