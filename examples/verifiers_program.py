@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-AGENTS = ["solver"]
+AGENTS = ["adder"]
 MAX_TOKENS = 16
 
 
@@ -38,7 +38,7 @@ def run(problem, client):
         raise RuntimeError("set MAXIT_VF_EVAL to the vf-eval of a venv with verifiers 0.4 and examples/verifiers_sum installed")
     with tempfile.TemporaryDirectory(prefix="maxit-vf-") as out:
         subprocess.run(
-            [vf_eval, "sum-v1", "-n", "1", "-r", "1", "--model", "solver", "--client.base-url", str(client.base_url),
+            [vf_eval, "sum-v1", "-n", "1", "-r", "1", "--model", AGENTS[0], "--client.base-url", str(client.base_url),
              "--client.api-key-var", "MAXIT_VF_KEY", "--env.agent.harness.id", "null", "--env.agent.runtime.type", "subprocess",
              "--no-push", "--output-dir", out, "--env.taskset.question", problem.question, "--env.taskset.answer", problem.answer],
             env={**os.environ, "MAXIT_VF_KEY": "unused"}, check=True, capture_output=True, timeout=600,
