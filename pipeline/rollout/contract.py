@@ -102,6 +102,8 @@ def check_workflow(workflow: object, strategies: Sequence = ()) -> object:
         if agent_id not in ids:
             raise bad(f"hinted_agents names unknown agent {agent_id!r}")
     for s in strategies:
+        if getattr(s, "strategy_id", None) == "tree" and not getattr(workflow, "supports_tree", True):
+            raise bad("cannot run the tree strategy (it branches copies of one environment state, and this workflow has no state to copy); drop 'tree' from the strategies")
         if getattr(s, "strategy_id", None) == "feedback":
             if not workflow.supports_feedback:
                 raise bad("does not support the feedback strategy (its supports_feedback is False); drop 'feedback' from the strategies")

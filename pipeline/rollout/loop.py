@@ -47,6 +47,11 @@ sample count. What a request draws depends on the request alone, not on the othe
 the call, so splitting a round's problems into shards (`shard_of`, `merge_shards`) gives the
 same rows.
 
+A workflow that plays whole episodes itself rather than through `Env` steps (a program of
+OpenAI API calls, `pipeline.workflows.program`) has a method `run_episodes(problems, strategies,
+samplers, tokenizers, config) -> list[Row]`: `run_rollouts` checks the inputs as for any
+workflow, hands it the samplers and tokenizers by policy id, and makes the table of its rows.
+
 Row ids (deterministic): `traj_uid = r{round}-{strategy}-{uid}-s{sample}`,
 `step_id = node_id = {traj_uid}-{agent_id}-t{turn}`; `parent_node_id` is the previous row of
 the trajectory (in a tree, the selected candidate of the previous step), null at the first step.
@@ -79,7 +84,7 @@ from pipeline.strategies import Feedback, Strategy
 from pipeline.types import Message, Problem, Sampler
 from schemas import STEPS, validate
 
-__all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
+__all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "make_episodes", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
 
 
 def run_rollouts(
@@ -96,7 +101,12 @@ def run_rollouts(
 
     `sampler` is one engine for every policy, or a mapping policy_id -> engine when agents have
     their own policies. `tokenizer` renders prompts (`encode_prompt`); by default the sampler's
-    `tokenizer` attribute, else `pipeline.models.load_tokenizer(sampler.model_dir)`."""
+    `tokenizer` attribute, else `pipeline.models.load_tokenizer(sampler.model_dir)`.
+
+    A workflow that plays whole episodes itself (`run_episodes`, a program's: see the module
+    doc) gets the checked inputs and returns the rows; the table is made and validated here."""
+    if callable(getattr(workflow, "run_episodes", None)):
+        return _run_episodes(problems, workflow, strategies, sampler, config, tokenizer)
     round_ = _start(problems, workflow, strategies, sampler, config, tokenizer)
     for turn, step, agent_id in _schedule(workflow):
         live = [e for e in round_.episodes if e.active]
@@ -105,6 +115,18 @@ def run_rollouts(
         _agent_step(round_, live, turn, step, agent_id)
     _final_rewards(round_.episodes, config.reward_timeout)
     return validate(to_table(round_.rows, config), STEPS)
+
+
+def _run_episodes(problems, workflow, strategies, sampler, config, tokenizer) -> pa.Table:
+    """The rows of a workflow that plays its episodes itself: `workflow.run_episodes(problems,
+    strategies, samplers, tokenizers, config)` with the samplers and tokenizers by policy id."""
+    if not isinstance(config, RolloutConfig):
+        raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
+    _check_inputs(problems, workflow, strategies)
+    samplers = _samplers(sampler, workflow.agents)
+    tokenizers = {pid: tokenizer if tokenizer is not None else _tokenizer_of(eng) for pid, eng in samplers.items()}
+    rows = workflow.run_episodes(list(problems), list(strategies), samplers, tokenizers, config)
+    return validate(to_table(rows, config), STEPS)
 
 
 @dataclass
@@ -131,7 +153,7 @@ def _start(problems, workflow, strategies, sampler, config, tokenizer) -> _Round
     if not isinstance(config, RolloutConfig):
         raise ConfigError(f"config must be a RolloutConfig, got {type(config).__name__}")
     _check_inputs(problems, workflow, strategies)
-    episodes = _episodes(problems, strategies, config.round)
+    episodes = make_episodes(problems, strategies, config.round)
     resets = safe_map(workflow.reset, [(e.problem, e.strategy) for e in episodes], config.reward_timeout, label="reset")
     for e, env in zip(episodes, resets):
         if env.ok and env.value is not None:
@@ -144,7 +166,7 @@ def _start(problems, workflow, strategies, sampler, config, tokenizer) -> _Round
     )
 
 
-def _episodes(problems: Sequence[Problem], strategies: Sequence[Strategy], round_: int) -> list[Episode]:
+def make_episodes(problems: Sequence[Problem], strategies: Sequence[Strategy], round_: int) -> list[Episode]:
     """Every strategy's episodes, strategy by strategy, problem by problem: one tree per problem,
     or `group_size` trajectories."""
     episodes: list[Episode] = []

@@ -49,6 +49,9 @@ class Row:
     verdict: bool | None = None
     global_: Outcome | None = None
     local: Outcome | None = None
+    temperature: float | None = None
+    """The temperature the call was sampled at, where it is not the round's (a program's request
+    that the run lets choose it, `pipeline.rollout.endpoint`); None: `RolloutConfig.temperature`."""
 
 
 @dataclass(slots=True)
@@ -144,6 +147,6 @@ def to_table(rows: list[Row], config: RolloutConfig) -> pa.Table:
         cols["staleness"].append(None if policy_round is None else config.staleness.get(row.policy_id))
         cols["engine"].append(row.engine)
         cols["seed"].append(row.seed)
-        cols["temperature"].append(float(config.temperature))
+        cols["temperature"].append(float(config.temperature if row.temperature is None else row.temperature))
     arrays = [pa.array(cols[f.name], type=f.type) for f in STEPS.schema]
     return pa.Table.from_arrays(arrays, schema=STEPS.schema)

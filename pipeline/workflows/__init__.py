@@ -11,6 +11,10 @@ Built in:
   Solver/Verifier pair or a tool agent and a plan agent (the `envs` extra);
 - `tic_tac_toe`, `bargaining`: two-player OpenSpiel games in self-play (the `games` extra).
 
+A program of OpenAI API calls, trained as it is: `load_workflow("program:path/to/file.py:run")` or
+`"program:my_pkg.module:run"` (`pipeline.workflows.program`: each call goes through a recording
+endpoint, `pipeline.rollout.endpoint`).
+
 A user's own: `load_workflow("my_pkg.module:Name")` or `load_workflow("path/to/file.py:Name")`
 (a `Workflow` subclass or a function returning a workflow), or the name of a `maxit.workflows`
 entry point, built with the options its constructor takes (any other is refused, naming the
@@ -19,6 +23,7 @@ options it takes). docs/WORKFLOWS.md has the contract and a complete example.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from importlib import metadata
@@ -28,6 +33,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.rollout.agent import SHARED_POLICY, Agent
 from pipeline.rollout.contract import Env, StepResult, check_workflow
 from pipeline.rollout.workflow import Workflow, with_policies
+from pipeline.workflows.modules import import_file as _import_file
 
 __all__ = [
     "Agent", "SHARED_POLICY", "Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "workflow_options",
@@ -72,24 +78,11 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
 WORKFLOW_NAMES = ("math", "single", "grid", "code", "tic_tac_toe", "bargaining", "reasoning_gym")
 
 
-def _import_file(path: str):
-    """A workflow module given as a file path ("examples/relay.py")."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    file = Path(path).resolve()
-    if not file.is_file():
-        raise ImportError(f"no such file {path}")
-    name = f"maxit_workflow_{file.stem}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def _resolve(spec: str) -> Callable[..., Workflow]:
+    if spec.startswith("program:"):  # a program of OpenAI API calls (pipeline.workflows.program)
+        from pipeline.workflows.program import ProgramWorkflow
+
+        return functools.partial(ProgramWorkflow, spec[len("program:"):])
     builtin = _builtin(spec)
     if builtin is not None:
         return builtin

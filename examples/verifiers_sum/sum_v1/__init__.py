@@ -1,0 +1,3 @@
+from sum_v1.taskset import SumTaskset
+
+__all__ = ["SumTaskset"]
