@@ -31,6 +31,7 @@ import polars as pl
 
 from pipeline.errors import MaxitError, RunInterrupted
 from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, record_experiment
+from pipeline.run.lifeline import preexec, run_lifeline, stop_orphans
 from pipeline.run.ray_shards import check_ray, ray_session
 from pipeline.run.report import reward_error_lines, round_line, round_summary
 from pipeline.run.rounds import BASE_ROUND, round_complete
@@ -198,7 +199,10 @@ def run_rounds(
     check_ray(executor, address, str(store))  # before anything is written
     tables = Tables(store)
     tables.root.mkdir(parents=True, exist_ok=True)
-    with acquire_writer_lock(tables.root, command=command_line()) as lock, token_in_env(lock.token):
+    # a trainer an earlier run left running would hold the lock's shared side or, as a torchrun
+    # rank, write this store's checkpoints beside this run: stopped first, and named
+    stop_orphans(tables.root, lambda line: print(f"maxit run: {line}", file=sys.stderr, flush=True))
+    with acquire_writer_lock(tables.root, command=command_line()) as lock, token_in_env(lock.token), run_lifeline(tables.root):
         # a URL is the store of record: the working copy is made to hold its tables (complete
         # rounds are kept, tables it never received are dropped); checkpoints come when needed
         tables.pull(reconcile=True)
@@ -318,7 +322,7 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
 def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
     """With `trainer_cores` ("1", "2-3"): this thread (the sampler lane, and the engines it starts,
     whose threads bind to the cores they may use) pinned to the other cores meanwhile; the trainer
-    lane's process pins itself to `trainer_cores` (`_lane_preexec`)."""
+    lane's process is pinned to `trainer_cores` (`_pin`)."""
     if trainer_cores is None:
         yield
         return
@@ -343,7 +347,8 @@ def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
 
 def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine: str, stages: tuple[str, ...]) -> None:
     """`materialize_round(..., stages=stages)` run by `python -m assets.lane`, which shares this
-    run's writer lock and dies with it; its failure raised here as the `MaxitError` it reported."""
+    run's writer lock and dies with it (`pipeline.run.lifeline`); its failure raised here as the
+    `MaxitError` it reported."""
     import json
     import subprocess
     import tempfile
@@ -359,25 +364,17 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
                 "--round", str(r), "--stages", *stages, "--home", str(dagster_home(tables.root)), "--result", str(result)]
         cores = getattr(values, "trainer_cores", None)
         env = None if cores is None else {**os.environ, "OMP_NUM_THREADS": str(len(parse_cores(cores, "--trainer-cores")))}
-        done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=lambda: _lane_preexec(cores))
+        done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=preexec(None if cores is None else lambda: _pin(cores)))
         reason = json.loads(result.read_text(encoding="utf-8"))["error"] if result.is_file() else f"exit code {done.returncode}"
     if reason is not None or done.returncode != 0:
         raise MaxitError(reason or f"round {r}: {' '.join(stages)} stopped with exit code {done.returncode}")
 
 
-def _lane_preexec(cores: str | None) -> None:
-    """In the lane's process before it starts: be killed when the run's process dies (Linux), so a
-    lane never writes the store after its run is gone; pinned to `cores` when given."""
-    import ctypes
+def _pin(cores: str) -> None:
+    """In the lane's process before it starts: pinned to `cores` (`--trainer-cores`)."""
+    from pipeline.config.scale import parse_cores
 
-    if cores is not None:
-        from pipeline.config.scale import parse_cores
-
-        os.sched_setaffinity(0, parse_cores(cores, "--trainer-cores"))
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    os.sched_setaffinity(0, parse_cores(cores, "--trainer-cores"))
 
 
 def materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool, stages: tuple[str, ...] | None = None) -> None:
