@@ -173,26 +173,32 @@ class RoundContext:
             out[pid] = Path(rec.path)
         return out
 
+    def trained_rounds(self, round_: int) -> dict[str, int]:
+        """policy_id -> the round of the checkpoint round `round_` trains from: round r-1's with
+        `max_staleness` > 0 (registered by the time round r trains, maybe not yet when its rows
+        are made), else the round of its start checkpoint (`start_checkpoints`: the latest before
+        it, or with `start_from="best"` the best evaluated round's)."""
+        if self.config.max_staleness:
+            return {pid: max(BASE_ROUND, round_ - 1) for pid in self.policy_ids}
+        out = {}
+        for pid, path in self.start_checkpoints(round_).items():
+            trained = self.registry.round_of(pid, path)
+            out[pid] = BASE_ROUND if trained is None else trained
+        return out
+
     def staleness_plan(self, round_: int, checkpoints: Mapping[str, Path]) -> tuple[dict[str, int], dict[str, int]]:
         """(policy_id -> the round of the checkpoint in `checkpoints` that samples it, policy_id ->
-        how many rounds it is older than the checkpoint round `round_` trains): the `policy_round`
-        and `staleness` of the round's rows. A checkpoint the registry does not hold has neither.
-        The trained checkpoint is the latest registered before the round in synchronous rounds, and
-        round r-1's with `max_staleness` > 0 (it is registered before round r trains)."""
+        how many rounds it is older than the checkpoint round `round_` trains, `trained_rounds`):
+        the `policy_round` and `staleness` of the round's rows. A checkpoint the registry does
+        not hold has neither."""
         sampled, staleness = {}, {}
+        trained = self.trained_rounds(round_)
         for pid, path in checkpoints.items():
             policy_round = self.registry.round_of(pid, path)
             if policy_round is None:
                 continue
             sampled[pid] = policy_round
-            if self.config.max_staleness:
-                trained = max(BASE_ROUND, round_ - 1)
-            else:
-                rec = self.registry.latest_record(pid, round_)
-                trained = rec.round if rec is not None else BASE_ROUND
-                if self.config.start_from == "best":
-                    trained = sampled[pid]  # "best" trains from the checkpoint it samples with
-            staleness[pid] = max(0, trained - sampled[pid])
+            staleness[pid] = max(0, trained.get(pid, policy_round) - policy_round)
         return sampled, staleness
 
     def trained_checkpoints(self, round_: int) -> dict[str, Path]:

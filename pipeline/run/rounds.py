@@ -336,7 +336,8 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
         problems = tables.read(round_, "problems") if c.train_on == "ground_truth" else None
         rows = advantages
         if c.max_row_staleness is not None:  # the version threshold, on the round's rows and the replayed ones
-            trained = round_ - 1  # the round trains round r-1's checkpoint (round 0: the starting model, -1)
+            # measured from the checkpoint each policy trains from, as the rows' `staleness` is
+            trained = ctx.trained_rounds(round_)
             rows = apply_version_threshold(rows, trained, c.max_row_staleness, c.stale_row_weight)
             earlier = [apply_version_threshold(e, trained, c.max_row_staleness, c.stale_row_weight) for e in earlier]
         return training_view(rows, ctx.strategy_objects(), tokenizer, c, ctx.workflow(), round_, earlier=earlier, problems=problems)
