@@ -185,3 +185,193 @@ def test_kill_9_twice_in_overlapped_rounds_then_resume(tmp_path, default_model_d
     assert not list(store.glob("round=*/.*.tmp-*"))
     registered = sorted(p.parent.name for p in (store / "checkpoints" / "registry").glob("round=*/*.json"))
     assert registered == ["round=-1", "round=0", "round=1"]
+
+
+# -- every process of a run dies with it (`pipeline.run.lifeline`) ------------------------------
+
+
+def _marked(mark: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose environment carries `mark`."""
+    import os
+    from pathlib import Path
+
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if mark.encode() not in (d / "environ").read_bytes():
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if cmd:  # a zombie has none
+            out.append((int(d.name), cmd))
+    return out
+
+
+def _kill_marked(mark: str) -> None:
+    import os
+    import signal
+
+    for pid, _ in _marked(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_until(condition, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_a_grandchild_holding_the_lifeline_dies_with_the_run_process_alone(tmp_path):
+    """A stand-in run (a Python process that names itself the run) starts a child that starts a
+    grandchild; each holds the lifeline. kill -9 of the run alone (not its group) ends both
+    within seconds, and so does kill -9 of the middle one alone for the grandchild."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    grandchild = "from pipeline.run.lifeline import hold_lifeline; hold_lifeline('rank'); import time; time.sleep(120)"
+    child = ("import subprocess, sys, time; from pipeline.run.lifeline import hold_lifeline; hold_lifeline('lane'); "
+             f"subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(120)")
+    for victim in ("run", "lane"):
+        store = tmp_path / victim
+        run = ("import os, subprocess, sys, time; from pipeline.run.lifeline import run_lifeline\n"
+               f"with run_lifeline({str(store)!r}):\n    subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(120)")
+        mark = f"MAXIT_TEST_MARK={uuid.uuid4().hex}"
+        env = {**os.environ, "PYTHONPATH": str(root), mark.split("=")[0]: mark.split("=")[1]}
+        proc = subprocess.Popen([sys.executable, "-c", run], env=env, cwd=root, start_new_session=True)
+        try:
+            assert _wait_until(lambda: len(_marked(mark)) == 3 and len(list((store / ".maxit-trainers").glob("*.json"))) == 2, 60), _marked(mark)
+            if victim == "run":
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                assert _wait_until(lambda: not _marked(mark), 5), f"left after kill -9 of the run alone: {_marked(mark)}"
+            else:
+                lane = next(pid for pid, cmd in _marked(mark) if "hold_lifeline('lane')" in cmd)
+                os.kill(lane, signal.SIGKILL)
+                assert _wait_until(lambda: [pid for pid, _ in _marked(mark)] == [proc.pid], 5), _marked(mark)
+        finally:
+            _kill_marked(mark)
+            os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+            proc.wait()
+
+
+def test_a_run_stops_what_an_earlier_run_of_its_store_left_running(tmp_path):
+    """`stop_orphans`: a recorded process whose run is gone is killed and named; one whose run
+    lives is left alone; the records of ended processes are removed."""
+    import json
+    import os
+    import socket
+    import subprocess
+
+    from pipeline.run.lifeline import TRAINERS_DIR, process_start, stop_orphans
+
+    folder = tmp_path / TRAINERS_DIR
+    folder.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan, kept = subprocess.Popen(["sleep", "120"]), subprocess.Popen(["sleep", "120"])
+    try:
+        def record(pid, run_pid, run_start):
+            (folder / f"{pid}.json").write_text(json.dumps({
+                "pid": pid, "start": process_start(pid), "host": socket.gethostname(), "role": "trainer rank 1",
+                "run_pid": run_pid, "run_start": run_start, "run_id": "r1", "command": "python -m pipeline.learn.trainer", "since": "then"}))
+
+        record(orphan.pid, gone.pid, None)  # its run is gone
+        record(kept.pid, os.getpid(), process_start(os.getpid()))  # its run (this process) lives
+        record(gone.pid, gone.pid, None)  # ended
+        said = []
+        assert stop_orphans(tmp_path, said.append) == [orphan.pid]
+        assert orphan.wait(timeout=5) == -9
+        assert kept.poll() is None
+        assert len(said) == 1 and f"pid {orphan.pid}" in said[0] and "trainer rank 1" in said[0] and "earlier run" in said[0]
+        assert sorted(p.name for p in folder.glob("*.json")) == [f"{kept.pid}.json"]
+    finally:
+        for p in (orphan, kept):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow  # a round trained by two processes, then the resumed run: minutes on two cores
+@pytest.mark.timeout(1800)
+def test_kill_9_of_the_run_alone_while_two_processes_train_leaves_no_process(tmp_path, default_model_dir):
+    import os
+    import signal
+    import subprocess
+    import uuid
+
+    from pipeline.store import table_path
+
+    store = tmp_path / "store"
+    mark = f"MAXIT_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"), "MAXIT_TEST_MARK": mark.split("=")[1]}
+    cmd = [*_run_cmd(store, default_model_dir, 2), "--train-processes", "2"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # round 0 trains in two torchrun ranks (round 1 samples meanwhile)
+        ranks = lambda: [pid for pid, c in _marked(mark) if "pipeline.learn.trainer" in c and "torch.distributed.run" not in c]  # noqa: E731
+        assert _wait_until(lambda: len(ranks()) >= 2 or proc.poll() is not None, 900) and proc.poll() is None, "no round trained in two processes"
+        os.kill(proc.pid, signal.SIGKILL)  # the run's process alone, as an out-of-memory kill does
+        proc.wait()
+        assert _wait_until(lambda: not _marked(mark), 10), f"left running after kill -9 of maxit run: {_marked(mark)}"
+    finally:
+        _kill_marked(mark)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not table_path(store, 0, "evaluation").exists()
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in (-1, 0, 1):
+        assert table_path(store, r, "evaluation").exists()
+    assert not _marked(mark)
+
+
+def test_the_row_staleness_filter_counts_from_the_checkpoint_the_round_trains_from(tmp_path, monkeypatch):
+    """`--start-from best --max-row-staleness 0`: round 2 samples and trains from the best round
+    (0), so its own rows (policy_round 0, staleness 0) are kept; a threshold counted from round
+    r-1 (1) dropped them."""
+    import pipeline.run.rounds as rounds
+    from pipeline.run.context import RoundContext
+    from pipeline.run.settings import Settings
+    from pipeline.store import Tables
+
+    tables = Tables(tmp_path)
+    ctx = RoundContext(tables, Settings(workflow="tic_tac_toe", start_from="best", max_row_staleness=0).run_config())
+    for r in (-1, 0, 1):
+        folder = tmp_path / "ckpt" / str(r)
+        folder.mkdir(parents=True)
+        ctx.registry.register(r, "shared", folder)
+        value = {-1: 0.2, 0: 0.9, 1: 0.5}[r]  # round 0 is the best
+        rows = [{"round": r, "policy_id": "shared", "agent_id": "team", "split": "heldout", "metric": m, "value": value, "n": 800}
+                for m in ("success", "win_vs_scripted", "win_vs_base")]
+        tables.write(r, "evaluation", pl.DataFrame(rows).cast({"round": pl.Int32}))
+    assert ctx.trained_rounds(2) == {"shared": 0}
+    assert ctx.staleness_plan(2, ctx.start_checkpoints(2)) == ({"shared": 0}, {"shared": 0})
+
+    seen = {}
+    monkeypatch.setattr(rounds, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(rounds, "_stage", lambda ctx, r, stage, compute, table=None: compute())
+
+    def view(rows, strategies, tokenizer, config, workflow, round_, earlier=(), problems=None):
+        seen["rows"], seen["earlier"] = rows, earlier
+        return "view"
+
+    monkeypatch.setattr(rounds, "training_view", view)
+    own = pl.DataFrame({"step_id": ["a", "b"], "round": [2, 2], "policy_id": ["shared"] * 2, "policy_round": [0, 0], "sample_weight": [1.0, 1.0]},
+                       schema_overrides={"round": pl.Int32, "policy_round": pl.Int32})
+    assert rounds.stage_training_view(ctx, 2, own) == "view"
+    assert seen["rows"]["step_id"].to_list() == ["a", "b"]
