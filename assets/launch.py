@@ -286,7 +286,7 @@ def _announce_round(tables: Tables, r: int, done: list[int], metrics, seconds: f
 def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers, judged) -> pl.DataFrame:
     """`_run_rounds` with rounds that overlap (`assets.overlap`): the first incomplete round and
     every later one made from scratch, round r's sampling beside round r-1's training."""
-    from assets.overlap import TRAIN_STAGES, prepare_resume, run_overlapped
+    from assets.overlap import TRAIN_STAGES, StorePlan, prepare_resume, run_overlapped
 
     first = 0 if restart else next((r for r in range(n_rounds) if not round_complete(tables, r)), n_rounds)
     done = list(range(first))
@@ -314,7 +314,8 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
         for r in done:
             log_round(tables.root, r, trackers, metrics=metrics)
     with pinned_sampler(settings.trainer_cores):
-        run_overlapped(first, n_rounds, int(settings.max_staleness), run, finished)
+        k, schedule = int(settings.max_staleness), str(settings.staleness_schedule)
+        run_overlapped(first, n_rounds, k, run, finished, schedule=schedule, plan=StorePlan(tables, schedule, k))
     return round_summary(tables.root, [BASE_ROUND, *done], metrics, judged)
 
 

@@ -36,7 +36,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     "problems": ("problems",), "samples": ("samples",), "strategies": ("strategies",), "temperature": ("temperature", "train.temperature"),
     "max_tokens": ("max_tokens",), "max_loop_num": ("max_loop_num",), "seed": ("seed",),
     "problem_replay": ("problem_replay",), "start_from": ("start_from",),
-    "max_staleness": ("max_staleness",), "max_row_staleness": ("max_row_staleness",), "stale_row_weight": ("stale_row_weight",),
+    "max_staleness": ("max_staleness",), "staleness_schedule": ("staleness_schedule",), "max_row_staleness": ("max_row_staleness",), "stale_row_weight": ("stale_row_weight",),
     "feedback_train_context": ("strategy_options.feedback.train_context",), "feedback_first_attempt": ("strategy_options.feedback.first_attempt",),
     # rewards and advantages
     "alpha": ("advantage.alpha",), "local_weight": ("advantage.local_weight",), "group_by": ("advantage.group_by",),
@@ -73,7 +73,7 @@ ZERO_ADVANTAGE_ROWS = ("drop", "keep")
 
 _RUN_FIELDS = ("workflow", "task", "task_file", "prompt_file", "model_dir", "shared_policy", "engine", "problems", "samples",
                "temperature", "max_tokens", "max_loop_num", "seed", "train_on", "problem_replay", "start_from",
-               "max_staleness", "max_row_staleness", "stale_row_weight")
+               "max_staleness", "staleness_schedule", "max_row_staleness", "stale_row_weight")
 """The settings that are `RunConfig` fields of the same name."""
 
 

@@ -11,6 +11,7 @@ import polars as pl
 from pipeline.config import DEFAULT_MIX, RunConfig
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError, DataError
+from pipeline.learn.staleness import read_sampling_plan
 from pipeline.store import BASE_ROUND, Tables
 from pipeline.store.registry import PolicyRegistry
 from pipeline.strategies import make_strategy
@@ -152,14 +153,16 @@ class RoundContext:
 
     def sample_checkpoints(self, round_: int) -> dict[str, Path]:
         """policy_id -> the checkpoint round `round_` samples with: its start checkpoints in
-        synchronous rounds; with `max_staleness` K > 0 the checkpoints of round r-1-K exactly (the
-        starting model's before round K+1), whatever has been registered since, so that a round's
-        rows do not depend on how fast the trainer ran. The driver starts the round's rollouts
-        once they are registered (`assets.launch`); before that, this is an error naming them."""
+        synchronous rounds; with `max_staleness` K > 0 those of the round recorded for it when its
+        sampling started (`read_sampling_plan`: the overlapped driver records the freshest
+        registered, or round r-1-K's with the "exact" schedule), and round r-1-K's where nothing
+        is recorded (the starting model's before round K+1). A recorded round's checkpoint that
+        is not registered is an error naming it."""
         k = self.config.max_staleness
         if k == 0:
             return self.start_checkpoints(round_)
-        source = max(BASE_ROUND, round_ - 1 - k)
+        recorded = read_sampling_plan(self.tables.root, round_)
+        source = max(BASE_ROUND, round_ - 1 - k) if recorded is None else recorded
         if source == BASE_ROUND:
             return self.start_checkpoints(0)
         out = {}

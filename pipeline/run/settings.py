@@ -120,8 +120,14 @@ class Settings:
     )
     max_staleness: int = _s(
         _default(RunConfig, "max_staleness"),
-        "rounds the rollouts may run ahead of training: round r samples with round r-1-K's checkpoint while round r-1 trains "
-        "(0 = synchronous rounds)", group="sampling",
+        "rounds the rollouts may run ahead of training: round r samples while round r-1 trains, with a checkpoint at most K rounds "
+        "older than round r-1's (--staleness-schedule); 0 = synchronous rounds", group="sampling",
+    )
+    staleness_schedule: str = _s(
+        _default(RunConfig, "staleness_schedule"),
+        "with --max-staleness K: bound, the freshest checkpoint registered when the round's sampling starts (at most K rounds old); "
+        "exact, round r-1-K's always (rows that do not depend on the lanes' speed). The choice is recorded per round; a resume repeats it",
+        group="sampling", choices=_choices(RunConfig, "staleness_schedule"),
     )
     max_row_staleness: int | None = _s(
         _default(RunConfig, "max_row_staleness"),

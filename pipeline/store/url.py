@@ -203,12 +203,15 @@ def _fingerprint(info: Mapping) -> str:
 
 def _synced(rel: str) -> bool:
     """Whether a path relative to the store is one of the files `UrlStore` mirrors: the round
-    tables (`round=<r>/<table>.parquet`, and a shard's tables below `round=<r>/shards/`) and the
-    experiment record; not temporary files, checkpoints (the registry's) or logs."""
+    tables (`round=<r>/<table>.parquet`, and a shard's tables below `round=<r>/shards/`), an
+    overlapped round's sampling record (`round=<r>/sampling.json`) and the experiment record; not
+    temporary files, checkpoints (the registry's) or logs."""
     parts = rel.split("/")
     if any(p.startswith(".") for p in parts):
         return False
     if rel == "experiment.json":
+        return True
+    if len(parts) == 2 and parts[0].startswith("round=") and parts[1] == "sampling.json":  # an overlapped round's sampling record
         return True
     return parts[0].startswith("round=") and parts[-1].endswith(".parquet")
 
