@@ -375,3 +375,72 @@ def test_the_row_staleness_filter_counts_from_the_checkpoint_the_round_trains_fr
                        schema_overrides={"round": pl.Int32, "policy_round": pl.Int32})
     assert rounds.stage_training_view(ctx, 2, own) == "view"
     assert seen["rows"]["step_id"].to_list() == ["a", "b"]
+
+
+class Plan:
+    """A fake `SamplingPlan`: the records, and what was recorded in this run."""
+
+    def __init__(self, records=None):
+        self.records, self.made = dict(records or {}), {}
+
+    def recorded(self, r):
+        return self.records.get(r)
+
+    def record(self, r, source):
+        self.records[r] = self.made[r] = source
+
+
+@pytest.mark.parametrize("schedule, round2", [("exact", 0), ("bound", 1)])
+def test_the_bound_samples_with_the_freshest_checkpoint_and_exact_with_round_r_minus_1_minus_k(schedule, round2):
+    """K=1, three rounds, a trainer faster than the sampler: by the time round 2 samples, round 1
+    is trained; "bound" samples it with round 1's checkpoint, "exact" with round 0's. Each choice
+    is recorded before the round samples, and never staler than K."""
+    lanes, plan = Lanes(1, train_seconds=0.01, sample_seconds=0.6), Plan()
+    lanes.first = 0
+    seen = {}
+    real = lanes.__call__
+
+    def run(r, stages):
+        if stages == SAMPLE_STAGES:
+            seen[r] = (plan.records.get(r), sorted(lanes.trained))
+        real(r, stages)
+
+    run_overlapped(0, 3, 1, run, lambda r: None, schedule=schedule, plan=plan)
+    assert plan.made == {0: -1, 1: -1, 2: round2}
+    assert seen[2] == (round2, [0, 1])  # recorded before sampling; round 1 was trained by then
+    assert all(r - 1 - 1 <= source <= r - 1 for r, source in plan.made.items())
+
+
+def test_a_resumed_run_samples_a_recorded_round_with_its_recorded_checkpoint():
+    """Round 2 was recorded as sampled with round 0's checkpoint before the kill: the resumed
+    run (from round 1) samples it with round 0's again under "bound", where round 1's is the
+    freshest, and records nothing new for it."""
+    lanes, plan = Lanes(1, train_seconds=0.01, sample_seconds=0.6), Plan({1: -1, 2: 0})
+    lanes.first, lanes.trained = 1, {-1, 0}
+    run_overlapped(1, 4, 1, lanes, lambda r: None, schedule="bound", plan=plan)
+    assert plan.records[2] == 0 and 2 not in plan.made and 1 not in plan.made
+    assert plan.made == {3: 2}  # a round without a record: the freshest trained when it started
+
+
+def test_the_sampling_record_picks_the_checkpoint_and_is_checked(tmp_path):
+    """`RoundContext.sample_checkpoints` samples with the recorded round's checkpoints (round
+    r-1-K's where none is recorded); a broken record is an error naming its file."""
+    from pipeline.errors import DataError
+    from pipeline.learn.staleness import sampling_plan_path, write_sampling_plan
+    from pipeline.run.context import RoundContext
+    from pipeline.run.settings import Settings
+    from pipeline.store import Tables
+
+    tables = Tables(tmp_path)
+    ctx = RoundContext(tables, Settings(workflow="tic_tac_toe", max_staleness=2).run_config())
+    for r in (-1, 0, 1, 2):
+        folder = tmp_path / "ckpt" / str(r)
+        folder.mkdir(parents=True)
+        ctx.registry.register(r, "shared", folder)
+    assert ctx.sample_checkpoints(3)["shared"].name == "0"  # 3-1-2
+    write_sampling_plan(tables.root, 3, 2, "bound", 2)
+    assert ctx.sample_checkpoints(3)["shared"].name == "2"
+    assert ctx.staleness_plan(3, ctx.sample_checkpoints(3)) == ({"shared": 2}, {"shared": 0})
+    sampling_plan_path(tables.root, 3).write_text('{"sampled_with_round": 3}')
+    with pytest.raises(DataError, match=r"round=3/sampling.json: sampled_with_round must be a round in \[-1, 2\]"):
+        ctx.sample_checkpoints(3)
