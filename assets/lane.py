@@ -26,7 +26,7 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.run.lifeline import hold_lifeline
+    from pipeline.store.lifeline import hold_lifeline
 
     hold_lifeline("trainer lane")  # first: a lane whose run is gone must not write its store
     ap = argparse.ArgumentParser(prog="python -m assets.lane", description="Materialize some stages of one round (a lane of overlapped rounds).")

@@ -31,7 +31,7 @@ import polars as pl
 
 from pipeline.errors import MaxitError, RunInterrupted
 from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, record_experiment
-from pipeline.run.lifeline import preexec, run_lifeline, stop_orphans
+from pipeline.store.lifeline import preexec, run_lifeline, stop_orphans
 from pipeline.run.ray_shards import check_ray, ray_session
 from pipeline.run.report import reward_error_lines, round_line, round_summary
 from pipeline.run.rounds import BASE_ROUND, round_complete
@@ -348,7 +348,7 @@ def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
 
 def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine: str, stages: tuple[str, ...]) -> None:
     """`materialize_round(..., stages=stages)` run by `python -m assets.lane`, which shares this
-    run's writer lock and dies with it (`pipeline.run.lifeline`); its failure raised here as the
+    run's writer lock and dies with it (`pipeline.store.lifeline`); its failure raised here as the
     `MaxitError` it reported."""
     import json
     import subprocess

@@ -187,7 +187,7 @@ def test_kill_9_twice_in_overlapped_rounds_then_resume(tmp_path, default_model_d
     assert registered == ["round=-1", "round=0", "round=1"]
 
 
-# -- every process of a run dies with it (`pipeline.run.lifeline`) ------------------------------
+# -- every process of a run dies with it (`pipeline.store.lifeline`) ------------------------------
 
 
 def _marked(mark: str) -> list[tuple[int, str]]:
@@ -243,12 +243,12 @@ def test_a_grandchild_holding_the_lifeline_dies_with_the_run_process_alone(tmp_p
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    grandchild = "from pipeline.run.lifeline import hold_lifeline; hold_lifeline('rank'); import time; time.sleep(120)"
-    child = ("import subprocess, sys, time; from pipeline.run.lifeline import hold_lifeline; hold_lifeline('lane'); "
+    grandchild = "from pipeline.store.lifeline import hold_lifeline; hold_lifeline('rank'); import time; time.sleep(120)"
+    child = ("import subprocess, sys, time; from pipeline.store.lifeline import hold_lifeline; hold_lifeline('lane'); "
              f"subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(120)")
     for victim in ("run", "lane"):
         store = tmp_path / victim
-        run = ("import os, subprocess, sys, time; from pipeline.run.lifeline import run_lifeline\n"
+        run = ("import os, subprocess, sys, time; from pipeline.store.lifeline import run_lifeline\n"
                f"with run_lifeline({str(store)!r}):\n    subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(120)")
         mark = f"MAXIT_TEST_MARK={uuid.uuid4().hex}"
         env = {**os.environ, "PYTHONPATH": str(root), mark.split("=")[0]: mark.split("=")[1]}
@@ -277,7 +277,7 @@ def test_a_run_stops_what_an_earlier_run_of_its_store_left_running(tmp_path):
     import socket
     import subprocess
 
-    from pipeline.run.lifeline import TRAINERS_DIR, process_start, stop_orphans
+    from pipeline.store.lifeline import TRAINERS_DIR, process_start, stop_orphans
 
     folder = tmp_path / TRAINERS_DIR
     folder.mkdir()
@@ -444,3 +444,31 @@ def test_the_sampling_record_picks_the_checkpoint_and_is_checked(tmp_path):
     sampling_plan_path(tables.root, 3).write_text('{"sampled_with_round": 3}')
     with pytest.raises(DataError, match=r"round=3/sampling.json: sampled_with_round must be a round in \[-1, 2\]"):
         ctx.sample_checkpoints(3)
+
+
+@pytest.mark.slow  # two runs of three overlapped rounds: minutes on two cores
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("schedule", ["exact", "bound"])
+def test_three_overlapped_rounds_sample_with_the_recorded_checkpoint(schedule, tmp_path, default_model_dir):
+    """K=1, three rounds: round 2 samples with a trained checkpoint. Under "exact" its rows carry
+    policy_round 0 (round r-1-K's); under "bound" the checkpoint recorded when its sampling
+    started (0 or 1, whichever was the freshest then; tests above pin which with fake lanes), and
+    its rows' staleness is counted from round 1's, the one round 2 trains from."""
+    import json
+    import os
+    import subprocess
+
+    from pipeline.learn.staleness import sampling_plan_path
+
+    store = tmp_path / "store"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    done = subprocess.run([*_run_cmd(store, default_model_dir, 3), "--staleness-schedule", schedule], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=2000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recorded = {r: json.loads(sampling_plan_path(store, r).read_text())["sampled_with_round"] for r in range(3)}
+    steps = pl.read_parquet(str(store / "round=*" / "steps.parquet"), hive_partitioning=True)
+    plan = {r: (p, s) for r, p, s in steps.group_by("round").agg(pl.col("policy_round").unique(), pl.col("staleness").unique()).rows()}
+    assert recorded[0] == recorded[1] == -1 and plan[0] == ([-1], [0]) and plan[1] == ([-1], [1])
+    if schedule == "exact":
+        assert recorded[2] == 0
+    assert recorded[2] in (0, 1) and plan[2] == ([recorded[2]], [1 - recorded[2]])

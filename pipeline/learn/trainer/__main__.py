@@ -2,7 +2,7 @@
 
 import os
 
-from pipeline.run.lifeline import hold_lifeline
+from pipeline.store.lifeline import hold_lifeline
 
 # first, before torch loads: a trainer (or a torchrun rank) whose run is gone must not write its checkpoint
 hold_lifeline("trainer" if "RANK" not in os.environ else f"trainer rank {os.environ['RANK']}")

@@ -10,8 +10,9 @@ three ways:
 
 - the spawner sets the parent-death signal in the child before it executes anything
   (`preexec`, as `preexec_fn`: libc's `prctl` is looked up in the parent, so the child between
-  fork and exec only calls it), so a process that runs no maxit code (torchrun's launcher) dies
-  with the process that started it;
+  fork and exec only calls it), so a process that runs no maxit code dies with the process that
+  started it; torchrun's launcher gets SIGTERM, on which it stops its ranks (each in a session of
+  its own, maybe still importing torch) before it exits;
 - a process that runs maxit code (the lane, the trainer, each rank, each step process) calls
   `hold_lifeline` in its first lines: the parent-death signal for its own parent, and a watchdog
   thread that kills it once its parent changes (it was re-parented: the parent died) or the
@@ -104,26 +105,28 @@ def _prctl():
     return _PRCTL or None
 
 
-def die_with_parent(parent: int | None = None) -> None:
-    """Be killed (SIGKILL) when the parent dies; `parent`: the pid of the process that started
-    this one: a process whose parent already died before this call (it was re-parented) exits
-    at once."""
+def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Get `sig` (SIGKILL: be killed) when the parent dies; `parent`: the pid of the process
+    that started this one: a process whose parent already died before this call (it was
+    re-parented) exits at once."""
     prctl = _prctl()
     if prctl is not None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        prctl(PR_SET_PDEATHSIG, int(sig))
     if parent is not None and os.getppid() != parent:
         os._exit(1)
 
 
-def preexec(then: Callable[[], None] | None = None) -> Callable[[], None]:
+def preexec(then: Callable[[], None] | None = None, sig: int = signal.SIGKILL) -> Callable[[], None]:
     """A `preexec_fn` for a process this one starts: `die_with_parent` (this process as the
-    parent), then `then`. The parent-death signal survives the child's exec."""
+    parent, `sig` the signal), then `then`. The parent-death signal survives the child's exec.
+    torchrun's launcher gets SIGTERM, on which it stops its ranks before it exits (they run in
+    sessions of their own, and a rank still importing torch holds no lifeline yet)."""
     _prctl()  # looked up here, in the parent: the child only calls it
-    return functools.partial(_preexec, os.getpid(), then)
+    return functools.partial(_preexec, os.getpid(), then, int(sig))
 
 
-def _preexec(parent: int, then: Callable[[], None] | None) -> None:
-    die_with_parent(parent)
+def _preexec(parent: int, then: Callable[[], None] | None, sig: int) -> None:
+    die_with_parent(parent, sig)
     if then is not None:
         then()
 
