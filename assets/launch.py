@@ -195,6 +195,36 @@ def run_rounds(
     127.0.0.1 that the run starts before its first round and stops after its last."""
     if n_rounds < 1:
         raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
+    with engine_devices(getattr(settings, "engine_devices", None)):
+        return _run_rounds_on_devices(n_rounds, store, settings, engine, restart, home, quiet_dagster, verbose)
+
+
+@contextlib.contextmanager
+def engine_devices(devices: str | None) -> Iterator[None]:
+    """With `devices` ("0,1", `--engine-devices`): this process, and so its engines and every
+    process it starts but the trainer's (`--trainer-devices`), sees only those accelerators
+    (`CUDA_VISIBLE_DEVICES`, restored on exit). CUDA reads it once, when first used: a process
+    that has used it already cannot be given other devices, which is an error here."""
+    from pipeline.config.scale import DEVICES_ENV, devices_env
+
+    if devices is None:
+        yield
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise MaxitError(f"--engine-devices {devices}: CUDA is already in use in this process; start a new one")
+    before = os.environ.get(DEVICES_ENV)
+    os.environ[DEVICES_ENV] = devices_env(devices)[DEVICES_ENV]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DEVICES_ENV, None)
+        else:
+            os.environ[DEVICES_ENV] = before
+
+
+def _run_rounds_on_devices(n_rounds, store, settings, engine, restart, home, quiet_dagster, verbose) -> pl.DataFrame:
     executor, address = getattr(settings, "executor", "dagster"), getattr(settings, "ray_address", None)
     check_ray(executor, address, str(store))  # before anything is written
     tables = Tables(store)
@@ -355,7 +385,7 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
     import tempfile
     from dataclasses import asdict
 
-    from pipeline.config.scale import parse_cores
+    from pipeline.config.scale import devices_env, parse_cores
 
     values = settings.settings() if hasattr(settings, "settings") else settings
     with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
@@ -364,7 +394,9 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
         argv = [sys.executable, "-m", "assets.lane", "--store", str(tables.location), "--engine", engine, "--settings", str(settings_file),
                 "--round", str(r), "--stages", *stages, "--home", str(dagster_home(tables.root)), "--result", str(result)]
         cores = getattr(values, "trainer_cores", None)
-        env = None if cores is None else {**os.environ, "OMP_NUM_THREADS": str(len(parse_cores(cores, "--trainer-cores")))}
+        env = devices_env(getattr(values, "trainer_devices", None)) or dict(os.environ)  # --trainer-devices: the lane and its ranks
+        if cores is not None:
+            env["OMP_NUM_THREADS"] = str(len(parse_cores(cores, "--trainer-cores")))
         done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=preexec(None if cores is None else lambda: _pin(cores)))
         reason = json.loads(result.read_text(encoding="utf-8"))["error"] if result.is_file() else f"exit code {done.returncode}"
     if reason is not None or done.returncode != 0:

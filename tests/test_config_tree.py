@@ -166,7 +166,7 @@ RUN_FLAGS = {
     ("--gradient-checkpointing",): ("auto", "on", "off"), ("--group-minibatches", "--no-group-minibatches"): None,
     ("--optimizer-state",): ("fresh", "carry"), ("--micro-batch-tokens",): None, ("--lr-round-decay",): None, ("--kl-beta",): None,
     ("--train-on",): ("rollouts", "ground_truth"), ("--shards",): None,
-    ("--max-staleness",): None, ("--staleness-schedule",): ("bound", "exact"), ("--trainer-cores",): None, ("--max-row-staleness",): None, ("--stale-row-weight",): None,
+    ("--max-staleness",): None, ("--staleness-schedule",): ("bound", "exact"), ("--trainer-cores",): None, ("--engine-devices",): None, ("--trainer-devices",): None, ("--max-row-staleness",): None, ("--stale-row-weight",): None,
     ("--executor",): ("dagster", "ray"), ("--ray-address",): None,
     ("--tensor-parallel-size",): None, ("--data-parallel-size",): None, ("--train-processes",): None,
     ("--fsdp",): ("off", "full_shard", "shard_grad_op", "hybrid_shard"), ("--eval-problems",): None, ("--eval-samples",): None,
@@ -186,7 +186,7 @@ LAUNCHPAD_DEFAULTS = {
     "negative_weight": None, "normalize": None, "optimizer_state": "fresh", "problem_replay": 0.25, "problems": 128, "prompt_file": None, "ray_address": None, "relabel_verdicts": False,
     "report_to": [], "samples": 4, "seed": 0, "sequence_ratio": None, "shards": 1, "shared_policy": True, "stale_row_weight": 0.0, "staleness_schedule": "bound", "start_from": "last", "strategies": None,
     "strategy_weights": None, "task": "arithmetic", "task_file": None, "temperature": 1.0, "tensor_parallel_size": 1, "train_on": "rollouts",
-    "train_processes": 1, "trainer_cores": None, "trajectory_mean": None, "trajectory_score": None, "verifier_replay": 0, "workflow": "math", "workflow_options": [],
+    "train_processes": 1, "trainer_cores": None, "engine_devices": None, "trainer_devices": None, "trajectory_mean": None, "trajectory_score": None, "verifier_replay": 0, "workflow": "math", "workflow_options": [],
     "zero_advantage_rows": None,
     "off_policy_correction": "none", "correction_cap": 2.0, "correction_low": None,
 }

@@ -472,3 +472,51 @@ def test_three_overlapped_rounds_sample_with_the_recorded_checkpoint(schedule, t
     if schedule == "exact":
         assert recorded[2] == 0
     assert recorded[2] in (0, 1) and plan[2] == ([recorded[2]], [1 - recorded[2]])
+
+
+def test_the_sampler_and_the_trainer_are_given_their_own_devices(tmp_path, monkeypatch):
+    """`--engine-devices 0,1 --trainer-devices 2,3`: the run's process (its engines, the step
+    processes it starts) sees 0,1 while the run lasts; the trainer lane's process, and the ranks it
+    starts, 2,3; a shared device, a trainer without processes of its own and a bad list are
+    refused by flag. Checked on a CPU by the environment each process is given."""
+    import json
+    import os
+    import subprocess
+
+    import assets.launch as launch
+    from assets.config import RunSettings
+    from pipeline.config.scale import DEVICES_ENV, devices_env
+    from pipeline.run.settings import Settings
+    from pipeline.store import Tables
+
+    with pytest.raises(ConfigError, match="--engine-devices '0,1' and --trainer-devices '1,2' share device"):
+        Settings(max_staleness=1, engine_devices="0,1", trainer_devices="1,2").run_config()
+    with pytest.raises(ConfigError, match="--trainer-devices '2' gives the trainer's own processes"):
+        Settings(trainer_devices="2").run_config()
+    with pytest.raises(ConfigError, match="--trainer-devices must list distinct device indices"):
+        Settings(max_staleness=1, trainer_devices="2,2").run_config()
+    with pytest.raises(ConfigError, match="--train-processes 3 needs a device each"):
+        Settings(train_processes=3, trainer_devices="2,3").run_config()
+    assert Settings(train_processes=2, trainer_devices="2,3").run_config().scale.trainer_devices == "2,3"
+    assert devices_env(None) is None and devices_env(" 3, 1", {"A": "b"}) == {"A": "b", DEVICES_ENV: "3,1"}
+
+    monkeypatch.setenv(DEVICES_ENV, "7")
+    with launch.engine_devices("0,1"):
+        assert os.environ[DEVICES_ENV] == "0,1"
+    assert os.environ[DEVICES_ENV] == "7"
+
+    given = {}
+
+    def fake_run(argv, cwd=None, env=None, preexec_fn=None):
+        given["env"] = env
+        result = argv[argv.index("--result") + 1]
+        with open(result, "w") as fh:
+            json.dump({"error": None}, fh)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    settings = RunSettings.from_settings(Settings(max_staleness=1, engine_devices="0,1", trainer_devices="2,3"))
+    with launch.engine_devices(settings.engine_devices):
+        launch._materialize_in_process_of_its_own(Tables(tmp_path / "store"), 1, settings, "hf", ("policy",))
+        assert os.environ[DEVICES_ENV] == "0,1"
+    assert given["env"][DEVICES_ENV] == "2,3"

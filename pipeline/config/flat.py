@@ -57,7 +57,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     # scale-out
     "shards": ("scale.shards",), "tensor_parallel_size": ("scale.tensor_parallel_size",), "data_parallel_size": ("scale.data_parallel_size",),
     "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",), "executor": ("scale.executor",), "ray_address": ("scale.ray_address",),
-    "trainer_cores": ("scale.trainer_cores",),
+    "trainer_cores": ("scale.trainer_cores",), "engine_devices": ("scale.engine_devices",), "trainer_devices": ("scale.trainer_devices",),
     # evaluation and tracking
     "eval_problems": ("evaluation.problems",), "eval_samples": ("evaluation.samples",), "eval_max_tokens": ("evaluation.max_tokens",),
     "base_eval_cache": ("evaluation.reuse_base",), "report_to": ("tracking.report_to",),
@@ -131,7 +131,8 @@ def run_fields(algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
         "evaluation": eval_config(values),
         "scale": ScaleConfig(**_given(values, shards="shards", tensor_parallel_size="tensor_parallel_size",
                                       data_parallel_size="data_parallel_size", train_processes="train_processes", fsdp="fsdp",
-                                      executor="executor", ray_address="ray_address")),
+                                      executor="executor", ray_address="ray_address", trainer_cores="trainer_cores",
+                                      engine_devices="engine_devices", trainer_devices="trainer_devices")),
         "tracking": TrackingConfig(**({"report_to": tuple(values["report_to"])} if "report_to" in values else {})),
     }
 

@@ -229,6 +229,12 @@ class RunConfig:
                 f"RunConfig.scale.trainer_cores {self.scale.trainer_cores!r} pins the trainer of overlapped rounds: it needs "
                 "RunConfig.max_staleness > 0"
             )
+        if self.scale.trainer_devices is not None and not k and self.scale.train_processes == 1:
+            raise ConfigError(
+                f"RunConfig.scale.trainer_devices {self.scale.trainer_devices!r} gives the trainer's own processes their devices: it "
+                "needs RunConfig.max_staleness > 0 (the trainer lane) or ScaleConfig.train_processes > 1 (torchrun's ranks); "
+                "in-process training uses the run's devices (ScaleConfig.engine_devices)"
+            )
         if k and self.start_from == "best":
             raise ConfigError(
                 f"RunConfig.start_from 'best' picks the checkpoint by the previous round's evaluation, which an overlapped "

@@ -35,6 +35,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.config import RunConfig
+from pipeline.config.scale import devices_env
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError
 from pipeline.learn.advantages import compute_advantages
@@ -384,9 +385,10 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
             train = ctx.config.train.for_round(round_)  # the round's learning rate (--lr-round-decay)
             if in_process:
                 res = train_policy(view, pid, parent, out, train, round_=round_)
-            else:
+            else:  # torchrun's ranks on the trainer's devices (`--trainer-devices`), rank i on the i-th
                 res = train_in_subprocess(
                     view_file, pid, parent, out, train, round_=round_, processes=scale.train_processes, fsdp=scale.fsdp,
+                    env=devices_env(scale.trainer_devices),
                 )
             ctx.registry.register(round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash, metrics=registry_metrics(res))
             results[pid] = res
