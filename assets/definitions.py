@@ -35,11 +35,13 @@ def make_resources(store: str = STORE, engine: str = ENGINE, settings: RunSettin
     }
 
 
+_RESOURCES = make_resources()
+
 defs = dg.Definitions(
     assets=ROUND_ASSETS,
     asset_checks=all_checks,
     jobs=[round_job],
-    sensors=[make_next_round_sensor(MAX_ROUNDS)],
-    schedules=[make_iteration_schedule(MAX_ROUNDS)],
-    resources=make_resources(),
+    sensors=[make_next_round_sensor(MAX_ROUNDS, _RESOURCES["settings"])],
+    schedules=[make_iteration_schedule(MAX_ROUNDS, settings=_RESOURCES["settings"])],
+    resources=_RESOURCES,
 )

@@ -26,6 +26,9 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.store.lifeline import hold_lifeline
+
+    hold_lifeline("trainer lane")  # first: a lane whose run is gone must not write its store
     ap = argparse.ArgumentParser(prog="python -m assets.lane", description="Materialize some stages of one round (a lane of overlapped rounds).")
     ap.add_argument("--store", required=True)
     ap.add_argument("--engine", required=True)

@@ -31,6 +31,7 @@ import polars as pl
 
 from pipeline.errors import MaxitError, RunInterrupted
 from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, record_experiment
+from pipeline.store.lifeline import preexec, run_lifeline, stop_orphans
 from pipeline.run.ray_shards import check_ray, ray_session
 from pipeline.run.report import reward_error_lines, round_line, round_summary
 from pipeline.run.rounds import BASE_ROUND, round_complete
@@ -194,11 +195,44 @@ def run_rounds(
     127.0.0.1 that the run starts before its first round and stops after its last."""
     if n_rounds < 1:
         raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
+    with engine_devices(getattr(settings, "engine_devices", None)):
+        return _run_rounds_on_devices(n_rounds, store, settings, engine, restart, home, quiet_dagster, verbose)
+
+
+@contextlib.contextmanager
+def engine_devices(devices: str | None) -> Iterator[None]:
+    """With `devices` ("0,1", `--engine-devices`): this process, and so its engines and every
+    process it starts but the trainer's (`--trainer-devices`), sees only those accelerators
+    (`CUDA_VISIBLE_DEVICES`, restored on exit). CUDA reads it once, when first used: a process
+    that has used it already cannot be given other devices, which is an error here."""
+    from pipeline.config.scale import DEVICES_ENV, devices_env
+
+    if devices is None:
+        yield
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise MaxitError(f"--engine-devices {devices}: CUDA is already in use in this process; start a new one")
+    before = os.environ.get(DEVICES_ENV)
+    os.environ[DEVICES_ENV] = devices_env(devices)[DEVICES_ENV]
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DEVICES_ENV, None)
+        else:
+            os.environ[DEVICES_ENV] = before
+
+
+def _run_rounds_on_devices(n_rounds, store, settings, engine, restart, home, quiet_dagster, verbose) -> pl.DataFrame:
     executor, address = getattr(settings, "executor", "dagster"), getattr(settings, "ray_address", None)
     check_ray(executor, address, str(store))  # before anything is written
     tables = Tables(store)
     tables.root.mkdir(parents=True, exist_ok=True)
-    with acquire_writer_lock(tables.root, command=command_line()) as lock, token_in_env(lock.token):
+    # a trainer an earlier run left running would hold the lock's shared side or, as a torchrun
+    # rank, write this store's checkpoints beside this run: stopped first, and named
+    stop_orphans(tables.root, lambda line: print(f"maxit run: {line}", file=sys.stderr, flush=True))
+    with acquire_writer_lock(tables.root, command=command_line()) as lock, token_in_env(lock.token), run_lifeline(tables.root):
         # a URL is the store of record: the working copy is made to hold its tables (complete
         # rounds are kept, tables it never received are dropped); checkpoints come when needed
         tables.pull(reconcile=True)
@@ -282,7 +316,7 @@ def _announce_round(tables: Tables, r: int, done: list[int], metrics, seconds: f
 def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers, judged) -> pl.DataFrame:
     """`_run_rounds` with rounds that overlap (`assets.overlap`): the first incomplete round and
     every later one made from scratch, round r's sampling beside round r-1's training."""
-    from assets.overlap import TRAIN_STAGES, prepare_resume, run_overlapped
+    from assets.overlap import TRAIN_STAGES, StorePlan, prepare_resume, run_overlapped
 
     first = 0 if restart else next((r for r in range(n_rounds) if not round_complete(tables, r)), n_rounds)
     done = list(range(first))
@@ -310,7 +344,8 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
         for r in done:
             log_round(tables.root, r, trackers, metrics=metrics)
     with pinned_sampler(settings.trainer_cores):
-        run_overlapped(first, n_rounds, int(settings.max_staleness), run, finished)
+        k, schedule = int(settings.max_staleness), str(settings.staleness_schedule)
+        run_overlapped(first, n_rounds, k, run, finished, schedule=schedule, plan=StorePlan(tables, schedule, k))
     return round_summary(tables.root, [BASE_ROUND, *done], metrics, judged)
 
 
@@ -318,7 +353,7 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
 def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
     """With `trainer_cores` ("1", "2-3"): this thread (the sampler lane, and the engines it starts,
     whose threads bind to the cores they may use) pinned to the other cores meanwhile; the trainer
-    lane's process pins itself to `trainer_cores` (`_lane_preexec`)."""
+    lane's process is pinned to `trainer_cores` (`_pin`)."""
     if trainer_cores is None:
         yield
         return
@@ -343,13 +378,14 @@ def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
 
 def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine: str, stages: tuple[str, ...]) -> None:
     """`materialize_round(..., stages=stages)` run by `python -m assets.lane`, which shares this
-    run's writer lock and dies with it; its failure raised here as the `MaxitError` it reported."""
+    run's writer lock and dies with it (`pipeline.store.lifeline`); its failure raised here as the
+    `MaxitError` it reported."""
     import json
     import subprocess
     import tempfile
     from dataclasses import asdict
 
-    from pipeline.config.scale import parse_cores
+    from pipeline.config.scale import devices_env, parse_cores
 
     values = settings.settings() if hasattr(settings, "settings") else settings
     with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
@@ -358,26 +394,20 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
         argv = [sys.executable, "-m", "assets.lane", "--store", str(tables.location), "--engine", engine, "--settings", str(settings_file),
                 "--round", str(r), "--stages", *stages, "--home", str(dagster_home(tables.root)), "--result", str(result)]
         cores = getattr(values, "trainer_cores", None)
-        env = None if cores is None else {**os.environ, "OMP_NUM_THREADS": str(len(parse_cores(cores, "--trainer-cores")))}
-        done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=lambda: _lane_preexec(cores))
+        env = devices_env(getattr(values, "trainer_devices", None)) or dict(os.environ)  # --trainer-devices: the lane and its ranks
+        if cores is not None:
+            env["OMP_NUM_THREADS"] = str(len(parse_cores(cores, "--trainer-cores")))
+        done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=preexec(None if cores is None else lambda: _pin(cores)))
         reason = json.loads(result.read_text(encoding="utf-8"))["error"] if result.is_file() else f"exit code {done.returncode}"
     if reason is not None or done.returncode != 0:
         raise MaxitError(reason or f"round {r}: {' '.join(stages)} stopped with exit code {done.returncode}")
 
 
-def _lane_preexec(cores: str | None) -> None:
-    """In the lane's process before it starts: be killed when the run's process dies (Linux), so a
-    lane never writes the store after its run is gone; pinned to `cores` when given."""
-    import ctypes
+def _pin(cores: str) -> None:
+    """In the lane's process before it starts: pinned to `cores` (`--trainer-cores`)."""
+    from pipeline.config.scale import parse_cores
 
-    if cores is not None:
-        from pipeline.config.scale import parse_cores
-
-        os.sched_setaffinity(0, parse_cores(cores, "--trainer-cores"))
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    os.sched_setaffinity(0, parse_cores(cores, "--trainer-cores"))
 
 
 def materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool, stages: tuple[str, ...] | None = None) -> None:

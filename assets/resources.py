@@ -35,8 +35,10 @@ class StoreResource(dg.ConfigurableResource):
         step processes (`--shards`) join it through `TOKEN_ENV`; the step processes of one UI
         run share it by run id. Between two steps of a UI run the lock is free: another writer
         starting then makes the run's next step fail, not write beside it."""
+        from pipeline.store.lifeline import hold_lifeline
         from pipeline.store.lock import TOKEN_ENV, acquire
 
+        hold_lifeline("step process")  # a step process of `maxit run` (--shards) dies with it; a no-op in the run's own
         run = context.run
         if run is None:  # built outside a run (a test's build_resources): no writer to stand for
             return

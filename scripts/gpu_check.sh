@@ -6,7 +6,9 @@
 #   2. the main job on CUDA, two rounds: vLLM where it imports, else the transformers engine;
 #   3. training steps of a randomly initialised ~0.5B Llama-shaped model in bf16: tokens/s and the
 #      share of the card's dense bf16 peak (benchmarks/train_step.py);
-#   4. `maxit run --rounds 1 --train-processes 2` on the one GPU, where 16 GiB of it are free.
+#   4. `maxit run --rounds 1 --train-processes 2` on the one GPU, where 16 GiB of it are free;
+#   5. overlapped rounds with the sampler and the trainer on their own GPUs (`--max-staleness 1
+#      --engine-devices 0 --trainer-devices 1`), where the machine has two GPUs or more.
 # On a machine without an NVIDIA GPU (nvidia-smi lists none; MAXIT_GPU=0 says the same) it says so,
 # skips every part and exits 0. Exit: 0 when every part that ran passed, else 1.
 set -uo pipefail
@@ -47,7 +49,7 @@ if .venv/bin/python -c "import vllm" >/dev/null 2>&1; then engine=vllm; else eng
 echo "engine for the main job: $engine"
 if [ "$engine" = vllm ]; then export MAXIT_REQUIRE_VLLM=1; fi  # its GPU test must run, not skip
 part gpu-tests 100 .venv/bin/python -m pytest -q -p no:cacheprovider -m gpu tests
-rm -rf "$out/main" "$out/tp2"
+rm -rf "$out/main" "$out/tp2" "$out/overlap-devices"
 part main-job 160 .venv/bin/maxit run --rounds 2 --engine "$engine" --store "$out/main"
 part train-step 60 .venv/bin/python benchmarks/train_step.py --size 0.5b --device cuda --batch 8 --seq 2048 --steps 3
 free_gib=$(.venv/bin/python -c 'import torch; print(torch.cuda.mem_get_info()[0] // 2**30)')
@@ -55,6 +57,12 @@ if [ "$free_gib" -ge 16 ]; then
   part train-procs-2 100 .venv/bin/maxit run --rounds 1 --train-processes 2 --engine "$engine" --store "$out/tp2"
 else
   summary+=("train-procs-2    skipped: ${free_gib} GiB of the GPU free, 16 needed")
+fi
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+if [ "$gpus" -ge 2 ]; then
+  part overlap-devices 200 .venv/bin/maxit run --rounds 3 --max-staleness 1 --engine-devices 0 --trainer-devices 1 --engine "$engine" --store "$out/overlap-devices"
+else
+  summary+=("overlap-devices  skipped: ${gpus} GPU(s), 2 needed (the sampler's and the trainer's)")
 fi
 echo "== summary (logs in $out)"
 printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -259,3 +259,25 @@ def test_the_trainer_computes_p_old_for_a_correction(tok, model, init_dir, tmp_p
     kept = train_policy(view, "shared", init_dir, tmp_path / "geo", TrainConfig(**FAST, loss=LossConfig(kind="rs", correction="geo-mask")))
     assert kept.first_step_diagnostics.overall.n_masked_rows == 0
     assert moved(tmp_path / "geo")
+
+
+@pytest.mark.parametrize("kind", ["rs", "ppo", "is", "exit"])
+@pytest.mark.parametrize("old", [False, True])
+def test_none_is_the_loss_of_the_commit_before_corrections(kind, old):
+    """correction="none" (whatever its cap and bound) against tests/data/loss_before_corrections.json:
+    the loss and gradient the loss code computed before the corrections landed (commit 1cf919b,
+    written by tests/data/loss_before_corrections.py), bit for bit, with and without p_old in
+    the batch."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent / "data"
+    stored = json.loads((here / "loss_before_corrections.json").read_text())
+    assert stored["commit"] == "1cf919b"
+    spec = importlib.util.spec_from_file_location("loss_before_corrections", here / "loss_before_corrections.py")
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    values = maker.values
+    config = LossConfig(kind=kind, correction="none", correction_cap=7.0, correction_low=0.2)
+    assert values(kind, old, config) == stored["losses"][kind]["with_p_old" if old else "without_p_old"]

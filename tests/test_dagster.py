@@ -266,3 +266,30 @@ def test_ground_truth_baseline_round_is_step_matched(tmp_path, default_model_dir
     assert set(view.column("temperature").to_pylist()) == {1.0}
     assert PolicyRegistry(tmp_path).get(0, "shared") is not None
     assert table_path(tmp_path, 0, "evaluation").exists()
+
+
+def test_the_sensor_and_the_schedule_refuse_overlapped_rounds_naming_maxit_run():
+    """`max_staleness` > 0, in the last round's run config or the definitions' settings: neither
+    the sensor nor the schedule launches a whole round (which would overlap nothing); each says
+    to use `maxit run`. With 0 both launch as before."""
+    from assets.sensors import make_iteration_schedule, overlap_refusal
+
+    config = {"resources": {"settings": {"config": {"max_staleness": 2}}}}
+    assert "maxit run --max-staleness 2" in overlap_refusal(config)
+    assert overlap_refusal({"resources": {"settings": {"config": {"max_staleness": 0}}}}, 1) is None  # the run's own 0 wins
+    assert overlap_refusal({}) is None
+    with dg.instance_for_test() as instance:
+        instance.report_runless_asset_event(dg.AssetMaterialization(dg.AssetKey("evaluation"), partition="0"))
+        for k, launched in ((1, False), (0, True)):
+            settings = RunSettings(max_staleness=k)
+            sensor = make_next_round_sensor(max_rounds=3, settings=settings)
+            ctx = dg.build_sensor_context(instance=instance, definitions=dg.Definitions(sensors=[sensor]))
+            (out,) = list(sensor(ctx))
+            assert isinstance(out, dg.SensorResult) == launched, out
+            if not launched:
+                assert isinstance(out, dg.SkipReason) and "maxit run --max-staleness 1" in out.skip_message
+            schedule = make_iteration_schedule(max_rounds=3, settings=settings)
+            out = schedule(dg.build_schedule_context(instance=instance))
+            assert isinstance(out, dg.RunRequest) == launched, out
+            if not launched:
+                assert "maxit run --max-staleness 1" in out.skip_message

@@ -185,3 +185,338 @@ def test_kill_9_twice_in_overlapped_rounds_then_resume(tmp_path, default_model_d
     assert not list(store.glob("round=*/.*.tmp-*"))
     registered = sorted(p.parent.name for p in (store / "checkpoints" / "registry").glob("round=*/*.json"))
     assert registered == ["round=-1", "round=0", "round=1"]
+
+
+# -- every process of a run dies with it (`pipeline.store.lifeline`) ------------------------------
+
+
+def _marked(mark: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose environment carries `mark`."""
+    import os
+    from pathlib import Path
+
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            if mark.encode() not in (d / "environ").read_bytes():
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if cmd:  # a zombie has none
+            out.append((int(d.name), cmd))
+    return out
+
+
+def _kill_marked(mark: str) -> None:
+    import os
+    import signal
+
+    for pid, _ in _marked(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_until(condition, seconds: float) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_a_grandchild_holding_the_lifeline_dies_with_the_run_process_alone(tmp_path):
+    """A stand-in run (a Python process that names itself the run) starts a child that starts a
+    grandchild; each holds the lifeline. kill -9 of the run alone (not its group) ends both
+    within seconds, and so does kill -9 of the middle one alone for the grandchild."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import uuid
+
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    grandchild = "from pipeline.store.lifeline import hold_lifeline; hold_lifeline('rank'); import time; time.sleep(120)"
+    child = ("import subprocess, sys, time; from pipeline.store.lifeline import hold_lifeline; hold_lifeline('lane'); "
+             f"subprocess.Popen([sys.executable, '-c', {grandchild!r}]); time.sleep(120)")
+    for victim in ("run", "lane"):
+        store = tmp_path / victim
+        run = ("import os, subprocess, sys, time; from pipeline.store.lifeline import run_lifeline\n"
+               f"with run_lifeline({str(store)!r}):\n    subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(120)")
+        mark = f"MAXIT_TEST_MARK={uuid.uuid4().hex}"
+        env = {**os.environ, "PYTHONPATH": str(root), mark.split("=")[0]: mark.split("=")[1]}
+        proc = subprocess.Popen([sys.executable, "-c", run], env=env, cwd=root, start_new_session=True)
+        try:
+            assert _wait_until(lambda: len(_marked(mark)) == 3 and len(list((store / ".maxit-trainers").glob("*.json"))) == 2, 60), _marked(mark)
+            if victim == "run":
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                assert _wait_until(lambda: not _marked(mark), 5), f"left after kill -9 of the run alone: {_marked(mark)}"
+            else:
+                lane = next(pid for pid, cmd in _marked(mark) if "hold_lifeline('lane')" in cmd)
+                os.kill(lane, signal.SIGKILL)
+                assert _wait_until(lambda: [pid for pid, _ in _marked(mark)] == [proc.pid], 5), _marked(mark)
+        finally:
+            _kill_marked(mark)
+            os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+            proc.wait()
+
+
+def test_a_run_stops_what_an_earlier_run_of_its_store_left_running(tmp_path):
+    """`stop_orphans`: a recorded process whose run is gone is killed and named; one whose run
+    lives is left alone; the records of ended processes are removed."""
+    import json
+    import os
+    import socket
+    import subprocess
+
+    from pipeline.store.lifeline import TRAINERS_DIR, process_start, stop_orphans
+
+    folder = tmp_path / TRAINERS_DIR
+    folder.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan, kept = subprocess.Popen(["sleep", "120"]), subprocess.Popen(["sleep", "120"])
+    try:
+        def record(pid, run_pid, run_start):
+            (folder / f"{pid}.json").write_text(json.dumps({
+                "pid": pid, "start": process_start(pid), "host": socket.gethostname(), "role": "trainer rank 1",
+                "run_pid": run_pid, "run_start": run_start, "run_id": "r1", "command": "python -m pipeline.learn.trainer", "since": "then"}))
+
+        record(orphan.pid, gone.pid, None)  # its run is gone
+        record(kept.pid, os.getpid(), process_start(os.getpid()))  # its run (this process) lives
+        record(gone.pid, gone.pid, None)  # ended
+        said = []
+        assert stop_orphans(tmp_path, said.append) == [orphan.pid]
+        assert orphan.wait(timeout=5) == -9
+        assert kept.poll() is None
+        assert len(said) == 1 and f"pid {orphan.pid}" in said[0] and "trainer rank 1" in said[0] and "earlier run" in said[0]
+        assert sorted(p.name for p in folder.glob("*.json")) == [f"{kept.pid}.json"]
+    finally:
+        for p in (orphan, kept):
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow  # a round trained by two processes, then the resumed run: minutes on two cores
+@pytest.mark.timeout(1800)
+def test_kill_9_of_the_run_alone_while_two_processes_train_leaves_no_process(tmp_path, default_model_dir):
+    import os
+    import signal
+    import subprocess
+    import uuid
+
+    from pipeline.store import table_path
+
+    store = tmp_path / "store"
+    mark = f"MAXIT_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"), "MAXIT_TEST_MARK": mark.split("=")[1]}
+    cmd = [*_run_cmd(store, default_model_dir, 2), "--train-processes", "2"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        # round 0 trains in two torchrun ranks (round 1 samples meanwhile)
+        ranks = lambda: [pid for pid, c in _marked(mark) if "pipeline.learn.trainer" in c and "torch.distributed.run" not in c]  # noqa: E731
+        assert _wait_until(lambda: len(ranks()) >= 2 or proc.poll() is not None, 900) and proc.poll() is None, "no round trained in two processes"
+        os.kill(proc.pid, signal.SIGKILL)  # the run's process alone, as an out-of-memory kill does
+        proc.wait()
+        assert _wait_until(lambda: not _marked(mark), 10), f"left running after kill -9 of maxit run: {_marked(mark)}"
+    finally:
+        _kill_marked(mark)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not table_path(store, 0, "evaluation").exists()
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in (-1, 0, 1):
+        assert table_path(store, r, "evaluation").exists()
+    assert not _marked(mark)
+
+
+def test_the_row_staleness_filter_counts_from_the_checkpoint_the_round_trains_from(tmp_path, monkeypatch):
+    """`--start-from best --max-row-staleness 0`: round 2 samples and trains from the best round
+    (0), so its own rows (policy_round 0, staleness 0) are kept; a threshold counted from round
+    r-1 (1) dropped them."""
+    import pipeline.run.rounds as rounds
+    from pipeline.run.context import RoundContext
+    from pipeline.run.settings import Settings
+    from pipeline.store import Tables
+
+    tables = Tables(tmp_path)
+    ctx = RoundContext(tables, Settings(workflow="tic_tac_toe", start_from="best", max_row_staleness=0).run_config())
+    for r in (-1, 0, 1):
+        folder = tmp_path / "ckpt" / str(r)
+        folder.mkdir(parents=True)
+        ctx.registry.register(r, "shared", folder)
+        value = {-1: 0.2, 0: 0.9, 1: 0.5}[r]  # round 0 is the best
+        rows = [{"round": r, "policy_id": "shared", "agent_id": "team", "split": "heldout", "metric": m, "value": value, "n": 800}
+                for m in ("success", "win_vs_scripted", "win_vs_base")]
+        tables.write(r, "evaluation", pl.DataFrame(rows).cast({"round": pl.Int32}))
+    assert ctx.trained_rounds(2) == {"shared": 0}
+    assert ctx.staleness_plan(2, ctx.start_checkpoints(2)) == ({"shared": 0}, {"shared": 0})
+
+    seen = {}
+    monkeypatch.setattr(rounds, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(rounds, "_stage", lambda ctx, r, stage, compute, table=None: compute())
+
+    def view(rows, strategies, tokenizer, config, workflow, round_, earlier=(), problems=None):
+        seen["rows"], seen["earlier"] = rows, earlier
+        return "view"
+
+    monkeypatch.setattr(rounds, "training_view", view)
+    own = pl.DataFrame({"step_id": ["a", "b"], "round": [2, 2], "policy_id": ["shared"] * 2, "policy_round": [0, 0], "sample_weight": [1.0, 1.0]},
+                       schema_overrides={"round": pl.Int32, "policy_round": pl.Int32})
+    assert rounds.stage_training_view(ctx, 2, own) == "view"
+    assert seen["rows"]["step_id"].to_list() == ["a", "b"]
+
+
+class Plan:
+    """A fake `SamplingPlan`: the records, and what was recorded in this run."""
+
+    def __init__(self, records=None):
+        self.records, self.made = dict(records or {}), {}
+
+    def recorded(self, r):
+        return self.records.get(r)
+
+    def record(self, r, source):
+        self.records[r] = self.made[r] = source
+
+
+@pytest.mark.parametrize("schedule, round2", [("exact", 0), ("bound", 1)])
+def test_the_bound_samples_with_the_freshest_checkpoint_and_exact_with_round_r_minus_1_minus_k(schedule, round2):
+    """K=1, three rounds, a trainer faster than the sampler: by the time round 2 samples, round 1
+    is trained; "bound" samples it with round 1's checkpoint, "exact" with round 0's. Each choice
+    is recorded before the round samples, and never staler than K."""
+    lanes, plan = Lanes(1, train_seconds=0.01, sample_seconds=0.6), Plan()
+    lanes.first = 0
+    seen = {}
+    real = lanes.__call__
+
+    def run(r, stages):
+        if stages == SAMPLE_STAGES:
+            seen[r] = (plan.records.get(r), sorted(lanes.trained))
+        real(r, stages)
+
+    run_overlapped(0, 3, 1, run, lambda r: None, schedule=schedule, plan=plan)
+    assert plan.made == {0: -1, 1: -1, 2: round2}
+    assert seen[2] == (round2, [0, 1])  # recorded before sampling; round 1 was trained by then
+    assert all(r - 1 - 1 <= source <= r - 1 for r, source in plan.made.items())
+
+
+def test_a_resumed_run_samples_a_recorded_round_with_its_recorded_checkpoint():
+    """Round 2 was recorded as sampled with round 0's checkpoint before the kill: the resumed
+    run (from round 1) samples it with round 0's again under "bound", where round 1's is the
+    freshest, and records nothing new for it."""
+    lanes, plan = Lanes(1, train_seconds=0.01, sample_seconds=0.6), Plan({1: -1, 2: 0})
+    lanes.first, lanes.trained = 1, {-1, 0}
+    run_overlapped(1, 4, 1, lanes, lambda r: None, schedule="bound", plan=plan)
+    assert plan.records[2] == 0 and 2 not in plan.made and 1 not in plan.made
+    assert plan.made == {3: 2}  # a round without a record: the freshest trained when it started
+
+
+def test_the_sampling_record_picks_the_checkpoint_and_is_checked(tmp_path):
+    """`RoundContext.sample_checkpoints` samples with the recorded round's checkpoints (round
+    r-1-K's where none is recorded); a broken record is an error naming its file."""
+    from pipeline.errors import DataError
+    from pipeline.learn.staleness import sampling_plan_path, write_sampling_plan
+    from pipeline.run.context import RoundContext
+    from pipeline.run.settings import Settings
+    from pipeline.store import Tables
+
+    tables = Tables(tmp_path)
+    ctx = RoundContext(tables, Settings(workflow="tic_tac_toe", max_staleness=2).run_config())
+    for r in (-1, 0, 1, 2):
+        folder = tmp_path / "ckpt" / str(r)
+        folder.mkdir(parents=True)
+        ctx.registry.register(r, "shared", folder)
+    assert ctx.sample_checkpoints(3)["shared"].name == "0"  # 3-1-2
+    write_sampling_plan(tables.root, 3, 2, "bound", 2)
+    assert ctx.sample_checkpoints(3)["shared"].name == "2"
+    assert ctx.staleness_plan(3, ctx.sample_checkpoints(3)) == ({"shared": 2}, {"shared": 0})
+    sampling_plan_path(tables.root, 3).write_text('{"sampled_with_round": 3}')
+    with pytest.raises(DataError, match=r"round=3/sampling.json: sampled_with_round must be a round in \[-1, 2\]"):
+        ctx.sample_checkpoints(3)
+
+
+@pytest.mark.slow  # two runs of three overlapped rounds: minutes on two cores
+@pytest.mark.timeout(2400)
+@pytest.mark.parametrize("schedule", ["exact", "bound"])
+def test_three_overlapped_rounds_sample_with_the_recorded_checkpoint(schedule, tmp_path, default_model_dir):
+    """K=1, three rounds: round 2 samples with a trained checkpoint. Under "exact" its rows carry
+    policy_round 0 (round r-1-K's); under "bound" the checkpoint recorded when its sampling
+    started (0 or 1, whichever was the freshest then; tests above pin which with fake lanes), and
+    its rows' staleness is counted from round 1's, the one round 2 trains from."""
+    import json
+    import os
+    import subprocess
+
+    from pipeline.learn.staleness import sampling_plan_path
+
+    store = tmp_path / "store"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    done = subprocess.run([*_run_cmd(store, default_model_dir, 3), "--staleness-schedule", schedule], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=2000)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recorded = {r: json.loads(sampling_plan_path(store, r).read_text())["sampled_with_round"] for r in range(3)}
+    steps = pl.read_parquet(str(store / "round=*" / "steps.parquet"), hive_partitioning=True)
+    plan = {r: (p, s) for r, p, s in steps.group_by("round").agg(pl.col("policy_round").unique(), pl.col("staleness").unique()).rows()}
+    assert recorded[0] == recorded[1] == -1 and plan[0] == ([-1], [0]) and plan[1] == ([-1], [1])
+    if schedule == "exact":
+        assert recorded[2] == 0
+    assert recorded[2] in (0, 1) and plan[2] == ([recorded[2]], [1 - recorded[2]])
+
+
+def test_the_sampler_and_the_trainer_are_given_their_own_devices(tmp_path, monkeypatch):
+    """`--engine-devices 0,1 --trainer-devices 2,3`: the run's process (its engines, the step
+    processes it starts) sees 0,1 while the run lasts; the trainer lane's process, and the ranks it
+    starts, 2,3; a shared device, a trainer without processes of its own and a bad list are
+    refused by flag. Checked on a CPU by the environment each process is given."""
+    import json
+    import os
+    import subprocess
+
+    import assets.launch as launch
+    from assets.config import RunSettings
+    from pipeline.config.scale import DEVICES_ENV, devices_env
+    from pipeline.run.settings import Settings
+    from pipeline.store import Tables
+
+    with pytest.raises(ConfigError, match="--engine-devices '0,1' and --trainer-devices '1,2' share device"):
+        Settings(max_staleness=1, engine_devices="0,1", trainer_devices="1,2").run_config()
+    with pytest.raises(ConfigError, match="--trainer-devices '2' gives the trainer's own processes"):
+        Settings(trainer_devices="2").run_config()
+    with pytest.raises(ConfigError, match="--trainer-devices must list distinct device indices"):
+        Settings(max_staleness=1, trainer_devices="2,2").run_config()
+    with pytest.raises(ConfigError, match="--train-processes 3 needs a device each"):
+        Settings(train_processes=3, trainer_devices="2,3").run_config()
+    assert Settings(train_processes=2, trainer_devices="2,3").run_config().scale.trainer_devices == "2,3"
+    assert devices_env(None) is None and devices_env(" 3, 1", {"A": "b"}) == {"A": "b", DEVICES_ENV: "3,1"}
+
+    monkeypatch.setenv(DEVICES_ENV, "7")
+    with launch.engine_devices("0,1"):
+        assert os.environ[DEVICES_ENV] == "0,1"
+    assert os.environ[DEVICES_ENV] == "7"
+
+    given = {}
+
+    def fake_run(argv, cwd=None, env=None, preexec_fn=None):
+        given["env"] = env
+        result = argv[argv.index("--result") + 1]
+        with open(result, "w") as fh:
+            json.dump({"error": None}, fh)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    settings = RunSettings.from_settings(Settings(max_staleness=1, engine_devices="0,1", trainer_devices="2,3"))
+    with launch.engine_devices(settings.engine_devices):
+        launch._materialize_in_process_of_its_own(Tables(tmp_path / "store"), 1, settings, "hf", ("policy",))
+        assert os.environ[DEVICES_ENV] == "0,1"
+    assert given["env"][DEVICES_ENV] == "2,3"

@@ -345,3 +345,54 @@ def test_rollout_and_sql_on_a_url_store(tmp_path, cache, default_model_dir, caps
     assert main(["sql", "SELECT count(*) AS n FROM steps", "--store", url]) == 0
     rows = st.read_table(st.table_path(url, 0, "steps")).height
     assert f"│ {rows} " in capsys.readouterr().out
+
+
+def test_a_pull_never_reverts_a_table_written_here_and_not_yet_uploaded(tmp_path):
+    """The trainer lane pulls the working copy while the sampler has rewritten a table there and
+    not uploaded it yet: the pull keeps the newer local table; a run's start (`reconcile`) takes
+    the URL's, which is the store of record."""
+    url = st.UrlStore(memory_url(), tmp_path / "copy")
+    fill(url.local, 0)
+    url.push([0])
+    path = st.table_path(url.local, 0, "steps")
+    st.write_table(pl.DataFrame({"round": [0], "x": ["newer"]}), path)  # rewritten, not yet pushed
+    other = st.UrlStore(url.url, url.local)  # another process of the same run
+    counts = other.pull()
+    assert st.read_table(path)["x"].to_list() == ["newer"]
+    assert counts["downloaded"] == 0
+    assert other.push([0]) == ["round=0/steps.parquet"]  # still seen as changed: uploaded next
+    assert st.read_table(st.table_path(url.url, 0, "steps"))["x"].to_list() == ["newer"]
+    st.write_table(pl.DataFrame({"round": [0], "x": ["unsent"]}), path)
+    assert url.pull(reconcile=True)["downloaded"] == 1
+    assert st.read_table(path)["x"].to_list() == ["newer"]
+
+
+def test_pulls_and_pushes_of_one_working_copy_keep_every_manifest_entry(tmp_path):
+    """Threads of one run pushing different tables of one working copy at once: each upload
+    stays in the manifest (its read-modify-write is under the working copy's sync lock), so a
+    later pull downloads none of them again."""
+    import threading
+
+    url = st.UrlStore(memory_url(), tmp_path / "copy")
+    real_save = st.UrlStore._save_manifest
+
+    def slow_save(self, manifest):  # widen the window between reading the manifest and writing it
+        import time
+
+        time.sleep(0.05)
+        real_save(self, manifest)
+
+    st.UrlStore._save_manifest = slow_save
+    try:
+        for r in range(4):
+            fill(url.local, r)
+        threads = [threading.Thread(target=st.UrlStore(url.url, url.local).push, args=([r],)) for r in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        st.UrlStore._save_manifest = real_save
+    manifest = json.loads((url.local / stu.SYNC_MANIFEST).read_text())
+    assert len(manifest) == 4 * 4
+    assert url.pull()["downloaded"] == 0 and url.push() == []

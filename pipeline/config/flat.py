@@ -36,7 +36,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     "problems": ("problems",), "samples": ("samples",), "strategies": ("strategies",), "temperature": ("temperature", "train.temperature"),
     "max_tokens": ("max_tokens",), "max_loop_num": ("max_loop_num",), "seed": ("seed",),
     "problem_replay": ("problem_replay",), "start_from": ("start_from",),
-    "max_staleness": ("max_staleness",), "max_row_staleness": ("max_row_staleness",), "stale_row_weight": ("stale_row_weight",),
+    "max_staleness": ("max_staleness",), "staleness_schedule": ("staleness_schedule",), "max_row_staleness": ("max_row_staleness",), "stale_row_weight": ("stale_row_weight",),
     "feedback_train_context": ("strategy_options.feedback.train_context",), "feedback_first_attempt": ("strategy_options.feedback.first_attempt",),
     # rewards and advantages
     "alpha": ("advantage.alpha",), "local_weight": ("advantage.local_weight",), "group_by": ("advantage.group_by",),
@@ -57,7 +57,7 @@ SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
     # scale-out
     "shards": ("scale.shards",), "tensor_parallel_size": ("scale.tensor_parallel_size",), "data_parallel_size": ("scale.data_parallel_size",),
     "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",), "executor": ("scale.executor",), "ray_address": ("scale.ray_address",),
-    "trainer_cores": ("scale.trainer_cores",),
+    "trainer_cores": ("scale.trainer_cores",), "engine_devices": ("scale.engine_devices",), "trainer_devices": ("scale.trainer_devices",),
     # evaluation and tracking
     "eval_problems": ("evaluation.problems",), "eval_samples": ("evaluation.samples",), "eval_max_tokens": ("evaluation.max_tokens",),
     "base_eval_cache": ("evaluation.reuse_base",), "report_to": ("tracking.report_to",),
@@ -73,7 +73,7 @@ ZERO_ADVANTAGE_ROWS = ("drop", "keep")
 
 _RUN_FIELDS = ("workflow", "task", "task_file", "prompt_file", "model_dir", "shared_policy", "engine", "problems", "samples",
                "temperature", "max_tokens", "max_loop_num", "seed", "train_on", "problem_replay", "start_from",
-               "max_staleness", "max_row_staleness", "stale_row_weight")
+               "max_staleness", "staleness_schedule", "max_row_staleness", "stale_row_weight")
 """The settings that are `RunConfig` fields of the same name."""
 
 
@@ -131,7 +131,8 @@ def run_fields(algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
         "evaluation": eval_config(values),
         "scale": ScaleConfig(**_given(values, shards="shards", tensor_parallel_size="tensor_parallel_size",
                                       data_parallel_size="data_parallel_size", train_processes="train_processes", fsdp="fsdp",
-                                      executor="executor", ray_address="ray_address")),
+                                      executor="executor", ray_address="ray_address", trainer_cores="trainer_cores",
+                                      engine_devices="engine_devices", trainer_devices="trainer_devices")),
         "tracking": TrackingConfig(**({"report_to": tuple(values["report_to"])} if "report_to" in values else {})),
     }
 

@@ -98,11 +98,18 @@ class RunConfig:
     things worse is not built on. Selecting on the held-out split makes its later figures optimistic."""
 
     max_staleness: int = 0
-    """How many rounds a round's rollouts may run ahead of training: round r samples with the
-    checkpoint of round r-1-K (the base model before round 0), so its rollouts overlap round
-    r-1's training (`assets.launch`); its rows then have staleness K at training time, corrected
-    by the loss's ratio p_train/q (and `train.loss.correction`). 0 = synchronous rounds: round r
-    samples with the checkpoint it trains from."""
+    """How many rounds a round's rollouts may run ahead of training (K): round r's rollouts
+    overlap round r-1's training (`assets.launch`) and sample with a checkpoint at most K rounds
+    older than the one its rows train (round r-1's), as `staleness_schedule` picks it; the rows'
+    staleness is corrected by the loss's ratio p_train/q (and `train.loss.correction`). 0 =
+    synchronous rounds: round r samples with the checkpoint it trains from."""
+    staleness_schedule: Literal["bound", "exact"] = "bound"
+    """With `max_staleness` K > 0, the checkpoint round r samples with: "bound", the freshest
+    registered when its sampling starts (never older than round r-1-K's: the sampler waits for
+    that one), so a trainer that keeps up gives fresher rows; "exact", round r-1-K's whatever is
+    registered since, so the rows depend on K alone, not on how fast either lane ran (for
+    reproducibility studies). Either way the choice is recorded per round and a resumed run
+    repeats it (`assets.overlap`)."""
     max_row_staleness: int | None = None
     """Version threshold: a trained row sampled more than this many rounds before the checkpoint it
     trains has its sample weight multiplied by `stale_row_weight` (0 drops it); it acts on every row
@@ -211,6 +218,8 @@ class RunConfig:
         k, rows, weight = self.max_staleness, self.max_row_staleness, self.stale_row_weight
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ConfigError(f"RunConfig.max_staleness must be an integer >= 0, got {k!r}")
+        if self.staleness_schedule not in ("bound", "exact"):
+            raise ConfigError(f"RunConfig.staleness_schedule must be 'bound' or 'exact', got {self.staleness_schedule!r}")
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
             raise ConfigError(f"RunConfig.max_row_staleness must be an integer >= 0 or None, got {rows!r}")
         if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
@@ -219,6 +228,12 @@ class RunConfig:
             raise ConfigError(
                 f"RunConfig.scale.trainer_cores {self.scale.trainer_cores!r} pins the trainer of overlapped rounds: it needs "
                 "RunConfig.max_staleness > 0"
+            )
+        if self.scale.trainer_devices is not None and not k and self.scale.train_processes == 1:
+            raise ConfigError(
+                f"RunConfig.scale.trainer_devices {self.scale.trainer_devices!r} gives the trainer's own processes their devices: it "
+                "needs RunConfig.max_staleness > 0 (the trainer lane) or ScaleConfig.train_processes > 1 (torchrun's ranks); "
+                "in-process training uses the run's devices (ScaleConfig.engine_devices)"
             )
         if k and self.start_from == "best":
             raise ConfigError(

@@ -10,7 +10,10 @@ from typing import Literal
 
 from pipeline.errors import ConfigError
 
-__all__ = ["ScaleConfig", "TrackingConfig", "TRACKERS", "parse_cores"]
+__all__ = ["ScaleConfig", "TrackingConfig", "TRACKERS", "parse_cores", "parse_devices", "DEVICES_ENV", "devices_env"]
+
+DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+"""The variable by which a process is given its accelerators (`engine_devices`, `trainer_devices`)."""
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
 """The experiment trackers a run can log its rounds to (`pipeline.run.tracking`)."""
@@ -45,9 +48,29 @@ class ScaleConfig:
     is pinned to, e.g. "1" or "2-3,6" (the sampler and its engines get the others); None: both
     share every core."""
 
+    engine_devices: str | None = None
+    """The accelerators (CUDA device indices, e.g. "0,1") the run's own process and so its
+    engines see (`CUDA_VISIBLE_DEVICES`, set before the first engine starts); None: every device."""
+    trainer_devices: str | None = None
+    """The accelerators the trainer's processes see (`CUDA_VISIBLE_DEVICES` of the trainer lane of
+    overlapped rounds, or of torchrun's ranks with `train_processes` > 1; rank i takes the i-th);
+    disjoint from `engine_devices`. None: the trainer sees what the run's process sees."""
+
     def __post_init__(self) -> None:
         if self.trainer_cores is not None:
             parse_cores(self.trainer_cores, "ScaleConfig.trainer_cores")
+        engines = None if self.engine_devices is None else parse_devices(self.engine_devices, "ScaleConfig.engine_devices")
+        trainer = None if self.trainer_devices is None else parse_devices(self.trainer_devices, "ScaleConfig.trainer_devices")
+        if engines is not None and trainer is not None and set(engines) & set(trainer):
+            raise ConfigError(
+                f"ScaleConfig.engine_devices {self.engine_devices!r} and ScaleConfig.trainer_devices {self.trainer_devices!r} share "
+                f"device(s) {sorted(set(engines) & set(trainer))}: give each its own"
+            )
+        if trainer is not None and isinstance(self.train_processes, int) and self.train_processes > len(trainer):
+            raise ConfigError(
+                f"ScaleConfig.train_processes {self.train_processes} needs a device each, but ScaleConfig.trainer_devices "
+                f"{self.trainer_devices!r} names {len(trainer)}"
+            )
         for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -81,6 +104,28 @@ def parse_cores(text: str, name: str) -> list[int]:
     except ValueError:
         raise ConfigError(f"{name} must list CPU cores like '1' or '2-3,6', got {text!r}") from None
     return sorted(cores)
+
+
+def parse_devices(text: str, name: str) -> list[int]:
+    """"0,1" -> [0, 1] (device indices in the order given, each once); anything else a
+    ConfigError naming `name`."""
+    out: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) in out:
+            raise ConfigError(f"{name} must list distinct device indices like '0' or '2,3', got {text!r}")
+        out.append(int(part))
+    return out
+
+
+def devices_env(devices: str | None, base=None) -> dict[str, str] | None:
+    """The environment of a process given `devices` ("2,3"): `base` (default: this process's)
+    with `DEVICES_ENV` set to them; None when `devices` is None (the process inherits)."""
+    import os
+
+    if devices is None:
+        return None
+    return {**(os.environ if base is None else base), DEVICES_ENV: ",".join(str(d) for d in parse_devices(devices, "devices"))}
 
 
 @dataclass(frozen=True)

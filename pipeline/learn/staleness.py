@@ -14,27 +14,77 @@ may span): `max_row_staleness` K and `stale_row_weight` w, rows over K weighted 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Mapping
+
 import polars as pl
 
-__all__ = ["row_staleness", "apply_version_threshold"]
+from pipeline.errors import DataError
+
+__all__ = ["row_staleness", "apply_version_threshold", "SAMPLING_PLAN", "sampling_plan_path", "read_sampling_plan", "write_sampling_plan"]
+
+SAMPLING_PLAN = "sampling.json"
+"""`<store>/round=<r>/sampling.json`: the round whose checkpoints round r of an overlapped run
+samples with, recorded before its sampling starts, so a resumed run samples it with the same."""
 
 
-def row_staleness(trained_round: int) -> pl.Expr:
-    """Each row's staleness when trained from round `trained_round`'s checkpoint:
-    `trained_round - policy_round`, with `round - 1` where `policy_round` is null or absent."""
-    return (pl.lit(trained_round) - pl.col("policy_round").fill_null(pl.col("round") - 1)).cast(pl.Int32)
+def sampling_plan_path(root: str | Path, round_: int) -> Path:
+    """The file recording which checkpoint round `round_` samples with (`SAMPLING_PLAN`)."""
+    return Path(root) / f"round={int(round_)}" / SAMPLING_PLAN
 
 
-def apply_version_threshold(rows, trained_round: int, max_row_staleness: int | None, weight: float) -> pl.DataFrame:
+def read_sampling_plan(root: str | Path, round_: int) -> int | None:
+    """The round whose checkpoints round `round_` samples with, as recorded; None when not
+    recorded. A file that is not such a record is a DataError naming it."""
+    path = sampling_plan_path(root, round_)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: not a readable sampling record ({err}); remove it to choose again") from None
+    source = record.get("sampled_with_round") if isinstance(record, dict) else None
+    if isinstance(source, bool) or not isinstance(source, int) or not -1 <= source < int(round_):
+        raise DataError(f"{path}: sampled_with_round must be a round in [-1, {int(round_) - 1}], got {source!r}; remove it to choose again")
+    return source
+
+
+def write_sampling_plan(root: str | Path, round_: int, source: int, schedule: str, max_staleness: int) -> Path:
+    """Record that round `round_` samples with round `source`'s checkpoints (atomically)."""
+    from pipeline.store import atomic_write_text
+
+    path = sampling_plan_path(root, round_)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"round": int(round_), "sampled_with_round": int(source), "staleness_schedule": schedule, "max_staleness": int(max_staleness)}
+    atomic_write_text(path, json.dumps(record, sort_keys=True) + "\n")
+    return path
+
+
+def row_staleness(trained_round: int | Mapping[str, int]) -> pl.Expr:
+    """Each row's staleness when trained from round `trained_round`'s checkpoint (one round for
+    every policy, or policy_id -> round: each policy trains its own, e.g. with `--start-from
+    best`): `trained_round - policy_round`, with `round - 1` where `policy_round` is null or
+    absent; null for a policy the mapping lacks."""
+    if isinstance(trained_round, Mapping):
+        trained = pl.col("policy_id").replace_strict(dict(trained_round), default=None, return_dtype=pl.Int32)
+    else:
+        trained = pl.lit(trained_round)
+    return (trained - pl.col("policy_round").fill_null(pl.col("round") - 1)).cast(pl.Int32)
+
+
+def apply_version_threshold(rows, trained_round: int | Mapping[str, int], max_row_staleness: int | None, weight: float) -> pl.DataFrame:
     """`rows` (an `advantages` table, Arrow or Polars) with the rows staler than
-    `max_row_staleness` at `trained_round` weighted by `weight` (`sample_weight` times it), or
-    dropped when `weight` is 0; unchanged when `max_row_staleness` is None."""
+    `max_row_staleness` at `trained_round` (one round, or policy_id -> the round of the
+    checkpoint that policy trains from) weighted by `weight` (`sample_weight` times it), or
+    dropped when `weight` is 0; unchanged when `max_row_staleness` is None. A row of a policy
+    the mapping lacks trains no checkpoint here and is left as it is."""
     frame = rows if isinstance(rows, pl.DataFrame) else pl.from_arrow(rows)
     if max_row_staleness is None:
         return frame
     if "policy_round" not in frame.columns:
         frame = frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("policy_round"))
-    stale = row_staleness(trained_round) > max_row_staleness
+    stale = (row_staleness(trained_round) > max_row_staleness).fill_null(False)
     if weight == 0:
         return frame.filter(~stale)
     return frame.with_columns(pl.when(stale).then(pl.col("sample_weight") * weight).otherwise(pl.col("sample_weight")).alias("sample_weight"))

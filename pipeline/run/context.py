@@ -11,6 +11,7 @@ import polars as pl
 from pipeline.config import DEFAULT_MIX, RunConfig
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError, DataError
+from pipeline.learn.staleness import read_sampling_plan
 from pipeline.store import BASE_ROUND, Tables
 from pipeline.store.registry import PolicyRegistry
 from pipeline.strategies import make_strategy
@@ -152,14 +153,16 @@ class RoundContext:
 
     def sample_checkpoints(self, round_: int) -> dict[str, Path]:
         """policy_id -> the checkpoint round `round_` samples with: its start checkpoints in
-        synchronous rounds; with `max_staleness` K > 0 the checkpoints of round r-1-K exactly (the
-        starting model's before round K+1), whatever has been registered since, so that a round's
-        rows do not depend on how fast the trainer ran. The driver starts the round's rollouts
-        once they are registered (`assets.launch`); before that, this is an error naming them."""
+        synchronous rounds; with `max_staleness` K > 0 those of the round recorded for it when its
+        sampling started (`read_sampling_plan`: the overlapped driver records the freshest
+        registered, or round r-1-K's with the "exact" schedule), and round r-1-K's where nothing
+        is recorded (the starting model's before round K+1). A recorded round's checkpoint that
+        is not registered is an error naming it."""
         k = self.config.max_staleness
         if k == 0:
             return self.start_checkpoints(round_)
-        source = max(BASE_ROUND, round_ - 1 - k)
+        recorded = read_sampling_plan(self.tables.root, round_)
+        source = max(BASE_ROUND, round_ - 1 - k) if recorded is None else recorded
         if source == BASE_ROUND:
             return self.start_checkpoints(0)
         out = {}
@@ -173,26 +176,32 @@ class RoundContext:
             out[pid] = Path(rec.path)
         return out
 
+    def trained_rounds(self, round_: int) -> dict[str, int]:
+        """policy_id -> the round of the checkpoint round `round_` trains from: round r-1's with
+        `max_staleness` > 0 (registered by the time round r trains, maybe not yet when its rows
+        are made), else the round of its start checkpoint (`start_checkpoints`: the latest before
+        it, or with `start_from="best"` the best evaluated round's)."""
+        if self.config.max_staleness:
+            return {pid: max(BASE_ROUND, round_ - 1) for pid in self.policy_ids}
+        out = {}
+        for pid, path in self.start_checkpoints(round_).items():
+            trained = self.registry.round_of(pid, path)
+            out[pid] = BASE_ROUND if trained is None else trained
+        return out
+
     def staleness_plan(self, round_: int, checkpoints: Mapping[str, Path]) -> tuple[dict[str, int], dict[str, int]]:
         """(policy_id -> the round of the checkpoint in `checkpoints` that samples it, policy_id ->
-        how many rounds it is older than the checkpoint round `round_` trains): the `policy_round`
-        and `staleness` of the round's rows. A checkpoint the registry does not hold has neither.
-        The trained checkpoint is the latest registered before the round in synchronous rounds, and
-        round r-1's with `max_staleness` > 0 (it is registered before round r trains)."""
+        how many rounds it is older than the checkpoint round `round_` trains, `trained_rounds`):
+        the `policy_round` and `staleness` of the round's rows. A checkpoint the registry does
+        not hold has neither."""
         sampled, staleness = {}, {}
+        trained = self.trained_rounds(round_)
         for pid, path in checkpoints.items():
             policy_round = self.registry.round_of(pid, path)
             if policy_round is None:
                 continue
             sampled[pid] = policy_round
-            if self.config.max_staleness:
-                trained = max(BASE_ROUND, round_ - 1)
-            else:
-                rec = self.registry.latest_record(pid, round_)
-                trained = rec.round if rec is not None else BASE_ROUND
-                if self.config.start_from == "best":
-                    trained = sampled[pid]  # "best" trains from the checkpoint it samples with
-            staleness[pid] = max(0, trained - sampled[pid])
+            staleness[pid] = max(0, trained.get(pid, policy_round) - policy_round)
         return sampled, staleness
 
     def trained_checkpoints(self, round_: int) -> dict[str, Path]:

@@ -35,6 +35,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline.config import RunConfig
+from pipeline.config.scale import devices_env
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError
 from pipeline.learn.advantages import compute_advantages
@@ -336,7 +337,8 @@ def stage_training_view(ctx: RoundContext, round_: int, advantages):
         problems = tables.read(round_, "problems") if c.train_on == "ground_truth" else None
         rows = advantages
         if c.max_row_staleness is not None:  # the version threshold, on the round's rows and the replayed ones
-            trained = round_ - 1  # the round trains round r-1's checkpoint (round 0: the starting model, -1)
+            # measured from the checkpoint each policy trains from, as the rows' `staleness` is
+            trained = ctx.trained_rounds(round_)
             rows = apply_version_threshold(rows, trained, c.max_row_staleness, c.stale_row_weight)
             earlier = [apply_version_threshold(e, trained, c.max_row_staleness, c.stale_row_weight) for e in earlier]
         return training_view(rows, ctx.strategy_objects(), tokenizer, c, ctx.workflow(), round_, earlier=earlier, problems=problems)
@@ -383,9 +385,10 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
             train = ctx.config.train.for_round(round_)  # the round's learning rate (--lr-round-decay)
             if in_process:
                 res = train_policy(view, pid, parent, out, train, round_=round_)
-            else:
+            else:  # torchrun's ranks on the trainer's devices (`--trainer-devices`), rank i on the i-th
                 res = train_in_subprocess(
                     view_file, pid, parent, out, train, round_=round_, processes=scale.train_processes, fsdp=scale.fsdp,
+                    env=devices_env(scale.trainer_devices),
                 )
             ctx.registry.register(round_, pid, res.checkpoint, parent=parent, data_hash=res.data_hash, metrics=registry_metrics(res))
             results[pid] = res

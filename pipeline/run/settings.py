@@ -120,8 +120,14 @@ class Settings:
     )
     max_staleness: int = _s(
         _default(RunConfig, "max_staleness"),
-        "rounds the rollouts may run ahead of training: round r samples with round r-1-K's checkpoint while round r-1 trains "
-        "(0 = synchronous rounds)", group="sampling",
+        "rounds the rollouts may run ahead of training: round r samples while round r-1 trains, with a checkpoint at most K rounds "
+        "older than round r-1's (--staleness-schedule); 0 = synchronous rounds", group="sampling",
+    )
+    staleness_schedule: str = _s(
+        _default(RunConfig, "staleness_schedule"),
+        "with --max-staleness K: bound, the freshest checkpoint registered when the round's sampling starts (at most K rounds old); "
+        "exact, round r-1-K's always (rows that do not depend on the lanes' speed). The choice is recorded per round; a resume repeats it",
+        group="sampling", choices=_choices(RunConfig, "staleness_schedule"),
     )
     max_row_staleness: int | None = _s(
         _default(RunConfig, "max_row_staleness"),
@@ -320,6 +326,14 @@ class Settings:
     )
     tensor_parallel_size: int = _s(_default(ScaleConfig, "tensor_parallel_size"), "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out")
     data_parallel_size: int = _s(_default(ScaleConfig, "data_parallel_size"), "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out")
+    engine_devices: str | None = _s(
+        None, "the accelerators (CUDA device indices, e.g. 0,1) the run's process and its engines see (CUDA_VISIBLE_DEVICES); "
+        "None = every device", group="scale-out",
+    )
+    trainer_devices: str | None = _s(
+        None, "the accelerators the trainer's own processes see (the trainer lane of --max-staleness, or torchrun's ranks of "
+        "--train-processes; rank i takes the i-th); disjoint from --engine-devices", group="scale-out",
+    )
     train_processes: int = _s(
         _default(ScaleConfig, "train_processes"), "processes that train each policy (1: in the step's own process; more: a torch.distributed process group started by torchrun, "
         "gloo on a CPU, NCCL with one GPU per process on CUDA; the update equals one process's, rank 0 writes the checkpoint)", group="scale-out"

@@ -10,6 +10,8 @@ store's local working copy in step with it."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import re
@@ -22,7 +24,7 @@ from pipeline.store.atomic import atomic_dir, atomic_write, atomic_write_bytes, 
 from pipeline.store.lease import verify as verify_lease
 from pipeline.store.paths import LOCAL_PROTOCOLS, cache_root, check_writable, filesystem, is_url, protocols
 
-__all__ = ["write_bytes", "upload_dir", "local_copy", "fetch_dir", "canonical_url", "working_copy", "check_store_url", "UrlStore", "SYNC_MANIFEST", "url_of_working_copy"]
+__all__ = ["write_bytes", "upload_dir", "local_copy", "fetch_dir", "canonical_url", "working_copy", "check_store_url", "UrlStore", "SYNC_MANIFEST", "SYNC_LOCK", "url_of_working_copy"]
 
 
 def write_bytes(url: str, body: bytes) -> str:
@@ -129,6 +131,12 @@ def fetch_dir(url: str, target: str | Path, marker: str | None = "maxit_checkpoi
 SYNC_MANIFEST = ".maxit-sync.json"
 """In a working copy: what was last uploaded or downloaded, per file (local size and mtime, the
 object's fingerprint), so unchanged tables are neither uploaded nor downloaded again."""
+SYNC_LOCK = ".maxit-sync.lock"
+"""In a working copy: held (flock, exclusive) by each `UrlStore.pull`, `push` and `remove` for
+its whole read-compare-write of the manifest. The processes and threads of one run (the sampler's
+threads, the trainer lane's process, step processes) pull and push the same working copy; without
+it one's manifest write dropped another's entries, and a pull could then take a table written
+here and not yet uploaded for an old one."""
 
 def canonical_url(url: str) -> str:
     """`url` with its scheme, one form per store (no trailing slash, `file://` paths absolute)."""
@@ -195,12 +203,15 @@ def _fingerprint(info: Mapping) -> str:
 
 def _synced(rel: str) -> bool:
     """Whether a path relative to the store is one of the files `UrlStore` mirrors: the round
-    tables (`round=<r>/<table>.parquet`, and a shard's tables below `round=<r>/shards/`) and the
-    experiment record; not temporary files, checkpoints (the registry's) or logs."""
+    tables (`round=<r>/<table>.parquet`, and a shard's tables below `round=<r>/shards/`), an
+    overlapped round's sampling record (`round=<r>/sampling.json`) and the experiment record; not
+    temporary files, checkpoints (the registry's) or logs."""
     parts = rel.split("/")
     if any(p.startswith(".") for p in parts):
         return False
     if rel == "experiment.json":
+        return True
+    if len(parts) == 2 and parts[0].startswith("round=") and parts[1] == "sampling.json":  # an overlapped round's sampling record
         return True
     return parts[0].startswith("round=") and parts[-1].endswith(".parquet")
 
@@ -229,6 +240,17 @@ class UrlStore:
         return f"UrlStore({self.url!r}, local={str(self.local)!r})"
 
     # -- the manifest ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _sync_lock(self):
+        """The working copy's sync lock (`SYNC_LOCK`), exclusive, for one pull, push or remove."""
+        self.local.mkdir(parents=True, exist_ok=True)
+        with open(self.local / SYNC_LOCK, "a+b") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
     def _manifest(self) -> dict:
         try:
             return json.loads((self.local / SYNC_MANIFEST).read_text())
@@ -260,10 +282,17 @@ class UrlStore:
 
     # -- down -------------------------------------------------------------------------------
     def pull(self, reconcile: bool = False) -> dict[str, int]:
-        """Download to the working copy every mirrored object it lacks or holds another version
-        of. With `reconcile`, also delete the working copy's round tables the URL does not hold
-        (left by a run that stopped before uploading them): afterwards the working copy's tables
-        are the URL's. Returns counts ("downloaded", "deleted", "kept")."""
+        """Download to the working copy every mirrored object it lacks or whose object changed
+        since it was last synced. A table written here since it was last synced (being made, or
+        not yet uploaded) is newer than the URL's and is kept. With `reconcile` (a run's start,
+        under the store's writer lock) the URL is the store of record: every table that differs
+        from its object is downloaded, and the working copy's round tables the URL does not hold
+        (left by a run that stopped before uploading them) are deleted: afterwards the working
+        copy's tables are the URL's. Returns counts ("downloaded", "deleted", "kept")."""
+        with self._sync_lock():
+            return self._pull(reconcile)
+
+    def _pull(self, reconcile: bool) -> dict[str, int]:
         remote = self._remote_files()
         manifest = self._manifest()
         counts = {"downloaded": 0, "deleted": 0, "kept": 0}
@@ -271,8 +300,12 @@ class UrlStore:
             local = self.local / rel
             fp = _fingerprint(info)
             entry = manifest.get(rel)
-            if entry and entry.get("remote") == fp and entry.get("local") == self._stat(local):
+            stat = self._stat(local)
+            if entry and entry.get("remote") == fp and entry.get("local") == stat:
                 counts["kept"] += 1
+                continue
+            if not reconcile and stat is not None and (entry is None or entry.get("local") != stat):
+                counts["kept"] += 1  # written here since its last sync: newer than the URL's
                 continue
             source = f"{self.base}/{rel}"
 
@@ -305,6 +338,10 @@ class UrlStore:
         to the store). Each is one object in one upload; `evaluation.parquet`, a round's
         completion marker, goes after every other table (round -1's before round r's), so a
         round the URL holds as complete has every table. Returns the uploaded paths."""
+        with self._sync_lock():
+            return self._push(rounds, files)
+
+    def _push(self, rounds: list[int] | None, files) -> list[str]:
         manifest = self._manifest()
         candidates = [self.local / f for f in files]
         if self.local.is_dir():
@@ -339,6 +376,10 @@ class UrlStore:
     def remove(self, rel: str) -> None:
         """Delete a folder or file of the store, at the URL and in the working copy (a round's
         shard files once they are merged)."""
+        with self._sync_lock():
+            self._remove(rel)
+
+    def _remove(self, rel: str) -> None:
         target = f"{self.base}/{rel.strip('/')}"
         if self.fs.exists(target):
             self.fs.rm(target, recursive=True)

@@ -29,6 +29,7 @@ import collections.abc
 import json
 import math
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from pipeline.config.train import TrainConfig
 from pipeline.errors import ConfigError, MaxitError, SchemaError, one_line
 from pipeline.learn.trainer.ranks import close_ranks, is_main
 from pipeline.learn.trainer.train import TrainResult, train_from_files
+from pipeline.store.lifeline import preexec, record_child
 from pipeline.store import atomic_write_text, jsonable
 
 __all__ = [
@@ -162,7 +164,18 @@ def train_in_subprocess(
         config_path, result_path = Path(tmp) / "config.json", Path(tmp) / "result.json"
         config_path.write_text(config_to_json(config), encoding="utf-8")
         argv = train_command(view_path, policy_id, init_dir, out_dir, config_path, result_path, round_=round_, python=python, processes=processes, fsdp=fsdp)
-        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=None if env is None else dict(env))
+        # dies with this process (torchrun's launcher runs no maxit code to see to it itself: on
+        # SIGTERM it stops its ranks, then exits); the trainer and each rank also hold the run's
+        # lifeline (`pipeline.store.lifeline`) once they have started
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=None if env is None else dict(env),
+                                preexec_fn=preexec(sig=signal.SIGTERM if processes > 1 else signal.SIGKILL))
+        record = record_child(proc.pid, "torchrun launcher") if processes > 1 else None
+        try:
+            _, stderr = proc.communicate()
+        finally:
+            if record is not None:
+                record.unlink(missing_ok=True)
+        done = subprocess.CompletedProcess(argv, proc.returncode, None, stderr)
         if done.returncode != 0 or not result_path.is_file():
             last = _failure(done.stderr, done.returncode)
             raise MaxitError(f"training {policy_id!r} in {'a subprocess' if processes == 1 else f'{processes} processes'} failed: {last}")
