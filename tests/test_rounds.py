@@ -245,3 +245,19 @@ def test_the_role_baseline_carries_over_rounds_through_the_store(tmp_path):
     assert out["advantage"].to_list() == both.filter(pl.col("round") == 1)["advantage"].to_list()
     with pytest.raises(ConfigError, match="earlier rounds"):  # without round 0 in the store: refused
         stage_advantages(RoundContext(tmp_path / "empty", config), 1, second)
+
+
+def test_the_default_mix_drops_what_a_workflow_cannot_play_and_a_chosen_mix_is_refused():
+    from pipeline.config import DEFAULT_MIX
+    from pipeline.errors import ConfigError
+
+    class NoTree(SingleWorkflow):
+        supports_tree = False
+        supports_feedback = False
+
+    workflow = NoTree(FakeTask())
+    default = run_strategies(RunConfig(strategies=DEFAULT_MIX), workflow)
+    assert set(default) == set(DEFAULT_MIX) - {"tree", "feedback"}
+    with pytest.raises(ConfigError, match="tree"):
+        run_strategies(RunConfig(strategies=("iid", "tree")), workflow)
+    assert "tree" in run_strategies(RunConfig(strategies=DEFAULT_MIX), SingleWorkflow(FakeTask()))
