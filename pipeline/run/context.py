@@ -48,15 +48,18 @@ def best_round(evaluation: pl.DataFrame, metrics: Iterable[tuple[str, str]]) -> 
 def run_strategies(config: RunConfig, workflow) -> dict:
     """strategy id -> the strategy a run samples and trains with: the config's strategies and
     options, the feedback strategy aimed at the workflow's `feedback_agent`. With the default mix,
-    a workflow without feedback runs the other strategies; an explicit feedback strategy on it is
-    refused (`check_workflow`, naming the workflow)."""
+    a workflow without feedback (or without a tree: `supports_tree`) runs the other strategies; an
+    explicit feedback or tree strategy on it is refused (`check_workflow`, naming the workflow)."""
     options = dict(config.strategy_options)
     chosen = config.strategies
+    if chosen == DEFAULT_MIX:
+        # the default mix drops what a workflow cannot play (no verdict for feedback, no state to
+        # copy for the tree, as a program has neither); a mix the user chose is checked, and
+        # refused by name, below
+        chosen = tuple(s for s in chosen if not (s == "feedback" and not workflow.supports_feedback)
+                       and not (s == "tree" and not getattr(workflow, "supports_tree", True)))
     if "feedback" in chosen:
-        if not workflow.supports_feedback and chosen == DEFAULT_MIX:
-            chosen = tuple(s for s in chosen if s != "feedback")
-        else:
-            options["feedback"] = {**options.get("feedback", {}), "agent_id": workflow.feedback_agent}
+        options["feedback"] = {**options.get("feedback", {}), "agent_id": workflow.feedback_agent}
     out = {s: make_strategy(s, group_size=config.samples, **options.get(s, {})) for s in chosen}
     check_workflow(workflow, list(out.values()))
     return out
