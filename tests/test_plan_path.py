@@ -91,7 +91,8 @@ def test_plan_agent_sees_the_call_and_its_output_and_commits():
 def test_rewards_and_episode_end():
     p = parse_puzzle(MAZE)
     env = PlanPathEnv(p, turns=2)
-    assert env.step(TOOL, "DRRRU").reward == 1.0 and env.pos == p.start
+    for call, reward in (("RR", 0.0), ("DRRR", 0.0), ("DRRRUL", 1.0), ("nope", 0.0), ("DRRRU", 1.0)):
+        assert env.step(TOOL, call).reward == reward and env.pos == p.start  # a trial never moves the team
     assert "call DRRRU\ngoal 5" in env.observe(PLAN)[0]["content"]
     r = env.step(PLAN, "UU")  # ignoring a verified call: off the grid, no move, a turn spent
     assert r.reward == 0.0 and not r.done and env.pos == p.start
