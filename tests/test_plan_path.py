@@ -17,7 +17,7 @@ from pipeline.strategies import IID, PromptAug, Tree
 from pipeline.types import Sample
 from pipeline.workflows import load_workflow
 from pipeline.workflows.grid.game import parse_puzzle
-from pipeline.workflows.plan_path import PLAN, SOLO, TOOL, PlanPathEnv, PlanPathWorkflow, plan_text, read_path, run_path, tool_text
+from pipeline.workflows.plan_path import PLAN, TOOL, PlanPathEnv, PlanPathWorkflow, plan_text, read_path, run_path, tool_text
 from pipeline.workflows.plan_path.game import parse_plan_text
 from tests.fakes import FakeTokenizer, ROLE_MARK
 
@@ -100,9 +100,9 @@ def test_rewards_and_episode_end():
     r = env.step(PLAN, "D")
     assert r.done and r.reward == 0.0 and env.team_reward() == 0.0  # the last turn is spent
     # the single agent commits directly, one call a turn, from the tool's prompt
-    env = PlanPathEnv(p, turns=1)
-    assert env.observe(SOLO) == env.observe(TOOL)
-    r = env.step(SOLO, "DRRRU")
+    env = PlanPathEnv(p, turns=1, single=True)
+    assert env.observe(PLAN) == env.observe(TOOL)
+    r = env.step(PLAN, "DRRRU")
     assert r.reward == 1.0 and r.done and env.team_reward() == 1.0
 
 
@@ -110,14 +110,15 @@ def test_single_agent_is_one_agent_without_the_tool():
     wf = PlanPathWorkflow()
     assert wf.turn_order == (TOOL, PLAN) and wf.max_turns == 2
     solo = wf.single_agent()
-    assert len(solo.agents) == 1 and solo.turn_order == (SOLO,) and solo.agents[0].agent_id == SOLO
+    assert len(solo.agents) == 1 and solo.turn_order == (PLAN,) and solo.agents[0] == wf.agents[1]
     assert solo.max_turns == wf.max_turns and solo.problems("heldout", 5, 0) == wf.problems("heldout", 5, 0)
     assert wf.turn_order == (TOOL, PLAN) and len(wf.agents) == 2  # the team is left as it was
     env = solo.reset(solo.problems("train", 1, 0)[0], IID())
-    assert env.observe(SOLO)[0]["content"].startswith("path\n")
+    assert env.observe(PLAN)[0]["content"].startswith("path\n")
     assert {m for _, m, _ in solo.table_metrics} == {"success", "success_greedy", "reward"}
-    assert load_workflow("plan_path", team="single").turn_order == (SOLO,)
-    assert solo.answer_key(SOLO, " DR ") == "DR" and solo.answer_key(SOLO, "go") is None
+    assert load_workflow("plan_path", team="single").turn_order == (PLAN,)
+    assert load_workflow("plan_path", shared_policy=False).single_agent().policy_ids == (PLAN,)
+    assert solo.answer_key(PLAN, " DR ") == "DR" and solo.answer_key(PLAN, "go") is None
 
 
 def test_options_and_problems():

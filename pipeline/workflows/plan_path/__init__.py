@@ -17,7 +17,7 @@ it reaches the goal and where it breaks. The model cannot run a path in its head
 model writing a six-letter path tracks its position implicitly), so a verified call is
 information it cannot produce alone: a plan agent that keeps a call whose trial reached the goal
 commits a path known to be right. A single agent doing the job (`single_agent()`, `team=single`)
-sees the maze alone, the tool's prompt, and its path is committed directly, one call a turn: it
+takes the plan agent's seat without the tool: it sees the maze alone, the tool's prompt, and its path is committed directly, one call a turn: it
 never learns whether a path works before the team is moved, only where the team stands after
 the commit.
 
@@ -25,7 +25,7 @@ Rewards: tool, 1.0 when its trial reaches the goal; plan (and the single agent),
 committed path reaches the goal; team, 1.0 when the team stands on the goal.
 """
 
-from pipeline.workflows.plan_path.game import MAX_PATH, PLAN, SOLO, TOOL, PlanPathEnv, Trial, plan_text, read_path, run_path, tool_text
+from pipeline.workflows.plan_path.game import MAX_PATH, PLAN, TOOL, PlanPathEnv, Trial, plan_text, read_path, run_path, tool_text
 from pipeline.workflows.plan_path.workflow import TEAMS, PlanPathWorkflow
 
-__all__ = ["PlanPathWorkflow", "PlanPathEnv", "Trial", "TEAMS", "run_path", "read_path", "tool_text", "plan_text", "TOOL", "PLAN", "SOLO", "MAX_PATH"]
+__all__ = ["PlanPathWorkflow", "PlanPathEnv", "Trial", "TEAMS", "run_path", "read_path", "tool_text", "plan_text", "TOOL", "PLAN", "MAX_PATH"]

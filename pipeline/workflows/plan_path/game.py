@@ -25,7 +25,8 @@ What each agent sees (one user message; the embedded model's context is 256 toke
 - tool:  "path\\n" + the grid with "A" at the team's position;
 - plan:  "plan\\n" + the same grid + "\\ncall " + the call's letters ("?" for a bad call) +
   "\\n" + the trial's output line;
-- the single agent (`team=single`): the tool's prompt, and its path is committed directly.
+- the single agent (`team=single`, the plan agent's seat without the tool): the tool's prompt,
+  and its path is committed directly.
 
 Rewards: the tool's local reward is 1.0 when its trial reaches the goal, the plan agent's (and
 the single agent's) 1.0 when its committed path reaches the goal, else 0.0; the team reward is
@@ -43,7 +44,6 @@ from pipeline.workflows.grid.game import MOVES, Puzzle, render
 __all__ = [
     "TOOL",
     "PLAN",
-    "SOLO",
     "MAX_PATH",
     "Trial",
     "read_path",
@@ -56,8 +56,6 @@ __all__ = [
 
 TOOL = "tool"
 PLAN = "plan"
-SOLO = "solo"
-"""The single agent's id (`team=single`): one agent doing the job without the tool."""
 MAX_PATH = 12
 """Most letters a path may have (a 4 x 4 maze's paths are at most a dozen moves)."""
 TOOL_PREFIX = "path\n"
@@ -131,13 +129,13 @@ def parse_plan_text(content: str) -> tuple[str | None, str] | None:
 
 class PlanPathEnv(Env):
     """One episode: the team's position, the turns played, the tool's latest trial. The puzzle is
-    immutable and shared by every copy. The single agent (`SOLO`) sees the tool's prompt and
-    steps as the plan agent does: its path is committed."""
+    immutable and shared by every copy. `single`: the single agent's episode, the plan agent's
+    seat without the tool: it is shown the tool's prompt, and its path is committed."""
 
-    __slots__ = ("puzzle", "turns", "pos", "turn", "trial", "path")
+    __slots__ = ("puzzle", "turns", "single", "pos", "turn", "trial", "path")
 
-    def __init__(self, puzzle: Puzzle, turns: int) -> None:
-        self.puzzle, self.turns = puzzle, turns
+    def __init__(self, puzzle: Puzzle, turns: int, single: bool = False) -> None:
+        self.puzzle, self.turns, self.single = puzzle, turns, single
         self.pos = puzzle.start
         self.turn = 0
         """Commits so far (plan or single agent calls)."""
@@ -147,7 +145,8 @@ class PlanPathEnv(Env):
 
     def copy(self) -> "PlanPathEnv":
         out = object.__new__(PlanPathEnv)
-        out.puzzle, out.turns, out.pos, out.turn, out.trial, out.path = self.puzzle, self.turns, self.pos, self.turn, self.trial, self.path
+        out.puzzle, out.turns, out.single = self.puzzle, self.turns, self.single
+        out.pos, out.turn, out.trial, out.path = self.pos, self.turn, self.trial, self.path
         return out
 
     @property
@@ -155,7 +154,7 @@ class PlanPathEnv(Env):
         return self.pos == self.puzzle.goal
 
     def observe(self, agent_id: str) -> list[Message]:
-        if agent_id in (TOOL, SOLO):
+        if agent_id == TOOL or (agent_id == PLAN and self.single):
             return [Message(role="user", content=tool_text(self.puzzle, self.pos))]
         if agent_id == PLAN:
             return [Message(role="user", content=plan_text(self.puzzle, self.pos, self.trial))]
@@ -165,7 +164,7 @@ class PlanPathEnv(Env):
         if agent_id == TOOL:
             self.trial = run_path(self.puzzle, self.pos, text)
             return StepResult(1.0 if self.trial.reached else 0.0, done=False)
-        if agent_id not in (PLAN, SOLO):
+        if agent_id != PLAN:
             raise ValueError(f"plan_path has no agent {agent_id!r}")
         commit = run_path(self.puzzle, self.pos, text)
         self.pos = commit.end

@@ -192,15 +192,15 @@ def plan_path_sft_examples(rng: random.Random, n: int, game: PlanPathGame, confi
 
 
 def play(model, tokenizer, puzzles: Sequence, agents: Sequence[str], temperature: float = 1.0, samples: int = 1, seed: int = 0,
-         turns: int = MEASURE_TURNS, batch_size: int = 1024) -> dict[str, float]:
-    """`agents` (the team: tool, plan; or the single agent alone) on `puzzles`, `samples` episodes
+         turns: int = MEASURE_TURNS, batch_size: int = 1024, single: bool = False) -> dict[str, float]:
+    """`agents` (the team: tool, plan; or, `single`, the plan agent's seat alone without the tool) on `puzzles`, `samples` episodes
     each, one shared model sampled with transformers (plain temperature distribution; 0 =
     greedy) exactly as the workflow's environment plays them: the team success and each agent's
     mean local reward."""
     from pipeline.models.sft import encode_messages_fast, generate_texts, seeded_sampling
     from pipeline.workflows.plan_path.game import MAX_PATH, PlanPathEnv
 
-    envs = [PlanPathEnv(p, turns) for p in puzzles for _ in range(samples)]
+    envs = [PlanPathEnv(p, turns, single=single) for p in puzzles for _ in range(samples)]
     rewards = {a: [0.0, 0] for a in agents}
     with seeded_sampling(model, seed):
         live = list(envs)
@@ -321,14 +321,14 @@ def _heldout_success(model, tokenizer, game: PlanPathGame) -> dict:
     """The build's measurement: the team and the single agent on 200 held-out puzzles, at T=1 (two
     episodes each) and greedy."""
     from pipeline.workflows.grid.game import generate_puzzles
-    from pipeline.workflows.plan_path.game import PLAN, SOLO, TOOL
+    from pipeline.workflows.plan_path.game import PLAN, TOOL
 
     heldout = generate_puzzles("heldout", 200, 20_261_122, game.size, game.walls, game.min_dist, game.max_dist, game.heldout_fraction)
     return {
         "team_t1": play(model, tokenizer, heldout, (TOOL, PLAN), 1.0, samples=2, seed=1),
         "team_greedy": play(model, tokenizer, heldout, (TOOL, PLAN), 0.0, samples=1, seed=1),
-        "single_t1": play(model, tokenizer, heldout, (SOLO,), 1.0, samples=2, seed=1),
-        "single_greedy": play(model, tokenizer, heldout, (SOLO,), 0.0, samples=1, seed=1),
+        "single_t1": play(model, tokenizer, heldout, (PLAN,), 1.0, samples=2, seed=1, single=True),
+        "single_greedy": play(model, tokenizer, heldout, (PLAN,), 0.0, samples=1, seed=1, single=True),
     }
 
 

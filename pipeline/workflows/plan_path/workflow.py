@@ -25,11 +25,11 @@ from pipeline.rollout.agent import Agent
 from pipeline.rollout.workflow import Workflow
 from pipeline.types import Problem
 from pipeline.workflows.grid.game import MAX_CELLS, Puzzle, generate_puzzles, parse_puzzle
-from pipeline.workflows.plan_path.game import MAX_PATH, PLAN, SOLO, TOOL, PlanPathEnv, parse_plan_text, read_path, run_path
+from pipeline.workflows.plan_path.game import MAX_PATH, PLAN, TOOL, PlanPathEnv, parse_plan_text, read_path, run_path
 
 __all__ = ["PlanPathWorkflow", "TEAMS"]
 
-TEAMS = {"tool_plan": (TOOL, PLAN), "single": (SOLO,)}
+TEAMS = {"tool_plan": (TOOL, PLAN), "single": (PLAN,)}
 """The `team` option: the agents (in turn order) of each team the workflow plays."""
 
 
@@ -100,7 +100,7 @@ class PlanPathWorkflow(Workflow):
             raise bad(f"team must be one of {list(TEAMS)}, got {self.team!r}")
         self.agents = tuple(self.agents)
         if self.team == "single" and self.agents == _default_agents():
-            self.agents = (Agent(SOLO),)
+            self.agents = (Agent(PLAN),)
         ids = sorted(a.agent_id for a in self.agents)
         if ids != sorted(TEAMS[self.team]):
             raise bad(f"team {self.team} needs the agents {list(TEAMS[self.team])}, got {ids}")
@@ -108,7 +108,7 @@ class PlanPathWorkflow(Workflow):
             self._single_columns()
 
     def _single_columns(self) -> None:
-        self.table_metrics = (("team", "success", "success"), ("team", "success_greedy", "greedy"), (SOLO, "reward", "solo_reward"))
+        self.table_metrics = (("team", "success", "success"), ("team", "success_greedy", "greedy"), (PLAN, "reward", "single_reward"))
 
     # -- the contract -----------------------------------------------------------------------
     @property
@@ -136,7 +136,7 @@ class PlanPathWorkflow(Workflow):
         return [self._problem(p, split) for p in puzzles]
 
     def reset(self, problem: Problem, strategy) -> PlanPathEnv:
-        return PlanPathEnv(parse_puzzle(problem.question), self.max_turns)
+        return PlanPathEnv(parse_puzzle(problem.question), self.max_turns, single=self.team == "single")
 
     def max_tokens(self, agent_id: str, kind: str = "rollout") -> int | None:
         return MAX_PATH + 1  # the longest path and the end token
@@ -150,12 +150,12 @@ class PlanPathWorkflow(Workflow):
     def single_agent(self) -> "PlanPathWorkflow":
         """One agent doing the job without the tool (`team=single`): it sees the tool's prompt
         (the maze), and its path is committed and run for real, one call a turn, on the same
-        problems, turns and model. Its policy is the team's first agent's. The default
+        problems, turns and model. It takes the plan agent's seat (its id and policy: the agent
+        that commits), so the baselines play it with the plan agent's checkpoint. The default
         (`SoloWorkflow`) would play the team's protocol (trial, then commit) with one policy."""
         solo = copy.copy(self)
         solo.team = "single"
-        policy = self.agents[0].policy_id
-        solo.agents = (Agent(SOLO, policy_id=policy),)
+        solo.agents = tuple(a for a in self.agents if a.agent_id == PLAN)
         solo._single_columns()
         return solo
 
