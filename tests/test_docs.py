@@ -79,3 +79,13 @@ LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)\s#]+)(?:#[^)]*)?\)")
 def test_relative_links_resolve(doc):
     broken = [target for target in LINK.findall(doc.read_text()) if not (doc.parent / target).exists()]
     assert not broken, f"{doc.relative_to(ROOT)} links to missing files: {broken}"
+
+
+def test_run_help_names_every_built_in_workflow():
+    from pipeline.workflows import WORKFLOW_NAMES
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    run = commands.choices["run"]
+    help_text = next(a.help for a in run._actions if "--workflow" in a.option_strings)
+    missing = [name for name in (*WORKFLOW_NAMES, "program:") if name not in help_text]
+    assert not missing, f"maxit run --workflow's help does not name {missing}"

@@ -57,8 +57,11 @@ class Settings:
     # --- the team and the task ------------------------------------------------------------
     workflow: str = _s(
         _default(RunConfig, "workflow"),
-        "the team and its environment (pipeline.workflows): math (Solver + Verifier), single (the Solver alone), code "
-        "(a Coder and a Tester, sandboxed), a module:Name or file.py:Name path, or a maxit.workflows entry point",
+        "the team and its environment (pipeline.workflows): math (Solver + Verifier), math_review (a Verifier shown the "
+        "Solver's answer), single (the Solver alone), grid (a planner and a mover in a maze), plan_path (a tool agent's "
+        "path run by the environment, a plan agent that commits), code (a Coder and a Tester, sandboxed), reasoning_gym "
+        "(a reasoning-gym dataset), tic_tac_toe and bargaining (OpenSpiel games in self-play), program:FILE.py:FUNC (a "
+        "program of OpenAI API calls), a module:Name or file.py:Name path, or a maxit.workflows entry point",
         group="team and task",
         metavar="WORKFLOW",
     )

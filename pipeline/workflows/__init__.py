@@ -75,7 +75,7 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
     return None
 
 
-WORKFLOW_NAMES = ("math", "single", "grid", "code", "tic_tac_toe", "bargaining", "reasoning_gym")
+WORKFLOW_NAMES = ("math", "single", "grid", "plan_path", "code", "tic_tac_toe", "bargaining", "reasoning_gym")
 
 
 def _resolve(spec: str) -> Callable[..., Workflow]:
