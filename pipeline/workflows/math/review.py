@@ -1,0 +1,342 @@
+"""`math_review`: the math team with DrMAS's Verifier, which reads the answer it judges.
+
+The `math` team's Verifier is blind: it works the sum out again and its verdict is whether the
+two agree, a second sample of the same policy. Here the Verifier is shown the Solver's answer
+and says whether it is right:
+
+- Solver: the problem ("12+34="), its answer ("46"); after a rejection it sees its answer and
+  the Verifier's reply and answers again (`orchestra.solver_view`).
+- Verifier: the problem and the Solver's answer ("12+34=\\nProposed answer: 46\\nIs it right?",
+  `pipeline.tasks.prompts.REVIEW_PROMPTS`); it may write the sum first, then its verdict word
+  ("46 yes"). The verdict is that word; an unparsable reply is a rejection that earns nothing.
+  On a file task the task's own Verifier prompt shows the whole solution and reads its
+  "Verdict: yes|no".
+
+Rewards:
+- Solver local: its answer right (the task's reward).
+- Verifier local: 1 for a right verdict (approves a right answer, rejects a wrong one), else 0;
+  its own sum is a scratchpad and is not scored. Catching wrong answers counts as much as passing
+  right ones through the verdict balance, not the reward: the "rs" loss's view gives the kept
+  "yes" and "no" rows equal total weight (`ViewConfig.balance_verdicts`), i.e. each class
+  weighted by its inverse frequency among the right verdicts. Weighting the reward itself would
+  do nothing under "rs" (it keeps rows at or above a threshold) and would put a constant offset
+  into the policy-gradient losses' group baselines; a verdict-correctness reward is what DrMAS
+  trains.
+- Team: the final answer right (`final_attempt`).
+
+The loop as deployed (the rollouts and the evaluation play it the same way): the Solver answers,
+the Verifier judges; an approval stops, a rejection sends the Solver a retry, up to
+`max_loop_num` loops. The final answer is the FIRST answer the Verifier approved, else the
+Solver's first answer. So a retry replaces the first answer only when the Verifier approves the
+new one: a Verifier that approves right answers more often than wrong ones can only raise the
+team above its Solver's first answer, and one at chance leaves it where it was in expectation
+(with a retry as good as a first attempt, what it loses on right first answers it wins on wrong
+ones). "The last answer counts" (the `math` team's rule) lets a chance Verifier throw away right
+first answers for retries that are mostly wrong, which is how that team ends below its Solver.
+
+Evaluation (`evaluate_review`), on the held-out problems:
+- the `math` team's metrics (`evaluate_team`: Solver `accuracy`, `accuracy_greedy`, the Verifier
+  judging the Solver's sampled answers);
+- the team played as deployed (`pipeline.rollout.evaluation.evaluate_workflow`): team `success`
+  (the final answer right), `success_greedy`, and on the same episodes the Solver's
+  `first_answer_accuracy` and the team's `fixed` (first answer wrong, final right) and `broken`
+  (first right, final wrong) rates, so deployed against the Solver alone is one paired difference;
+- the Verifier on a fixed, balanced set (`balanced_review_set`: `review_set_size` held-out
+  problems, each once with its right answer and once with a near miss, fixed by
+  `review_set_seed`, the same set every round and every run): `review_balanced_accuracy`
+  (sampled), `review_balanced_accuracy_greedy`, `review_accuracy_right`, `review_accuracy_wrong`,
+  `review_parsable`. A 90% Solver leaves a few dozen wrong answers to judge; this set does not
+  move with the Solver.
+
+The starting model is the default model fine-tuned on the review format (`review_model.py`).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import ClassVar, Sequence
+
+import polars as pl
+
+from pipeline.errors import ConfigError
+from pipeline.rollout.agent import Agent
+from pipeline.rollout.contract import StepResult
+from pipeline.rollout.rewards import CORRECT_THRESHOLD
+from pipeline.tasks.answers import last_number
+from pipeline.types import Problem
+from pipeline.workflows.math.orchestra import SOLVER, VERIFIER, default_agents
+from pipeline.workflows.math.workflow import MathEnv, MathWorkflow, SingleWorkflow, _sample_texts, evaluate_team
+from schemas import EVALUATION, polars_schema, validate
+
+__all__ = ["ReviewWorkflow", "ReviewEnv", "ReviewPair", "final_attempt", "near_miss", "balanced_review_set", "evaluate_review"]
+
+
+def final_attempt(verdicts: Sequence[bool | None]) -> int:
+    """The index of the answer the team gives, from the Verifier's verdicts on the Solver's
+    attempts in order (True approved, False rejected, None unparsable or not judged): the first
+    approved attempt, else the first attempt (0)."""
+    return next((i for i, v in enumerate(verdicts) if v is True), 0)
+
+
+class ReviewEnv(MathEnv):
+    """One episode of the review loop: `MathEnv` with the verdict on every attempt kept and the
+    team reward read from the final answer (`final_attempt`)."""
+
+    def __init__(self, workflow: "ReviewWorkflow", problem: Problem, strategy) -> None:
+        super().__init__(workflow, problem, strategy)
+        self.outcomes: list = []
+        """The reward of each Solver attempt, in order."""
+        self.verdicts: list[bool | None] = []
+        """The Verifier's verdict on each judged attempt, in order."""
+
+    def copy(self) -> "ReviewEnv":
+        out = super().copy()
+        out.outcomes, out.verdicts = list(self.outcomes), list(self.verdicts)
+        return out
+
+    def step(self, agent_id: str, text: str) -> StepResult:
+        result = super().step(agent_id, text)
+        if agent_id == self.workflow.solver_id:
+            self.outcomes.append(self.last)
+        else:
+            self.verdicts.append(result.verdict)
+        return result
+
+    def team_reward(self) -> float | None:
+        if not self.outcomes:
+            return None
+        final = self.outcomes[final_attempt(self.verdicts)]
+        if not final.ok:
+            raise ValueError(final.error)
+        return final.value
+
+
+class ReviewSingleWorkflow(SingleWorkflow):
+    """The Solver alone (`single`) from the review team's starting model, so the baselines'
+    single agent starts where the team does."""
+
+    def default_model(self):
+        from pipeline.workflows.math.review_model import review_model
+
+        return review_model()
+
+
+@dataclass
+class ReviewWorkflow(MathWorkflow):
+    """DrMAS's math team with a Verifier that reads the Solver's answer (see the module doc)."""
+
+    task: object = None
+    """The task (`pipeline.tasks.Task`); default: the arithmetic task with `REVIEW_PROMPTS`."""
+    agents: tuple[Agent, ...] = field(default_factory=default_agents)
+    """One agent of role "solver" and one of role "verifier" (any ids)."""
+    max_loop_num: int = 2
+    """Solver/Verifier loops at most per episode: a first answer and one retry by default."""
+    task_file: str | None = None
+    """A JSONL/Parquet task file instead of the arithmetic task (its prompts show the Verifier
+    the whole solution and read "Verdict: yes|no")."""
+    review_set_size: int = 250
+    """Held-out problems of the Verifier's balanced set (each once right, once a near miss)."""
+    review_set_seed: int = 0
+    """Seed of the balanced set: the same set every round and every run."""
+
+    name: ClassVar[str] = "math_review"
+    table_metrics: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        (SOLVER, "accuracy", "solver_acc"),
+        (SOLVER, "first_answer_accuracy", "first_answer"),
+        ("team", "success", "deployed"),
+        ("team", "success_greedy", "deployed_greedy"),
+        (VERIFIER, "review_balanced_accuracy", "review_bal_acc"),
+        (VERIFIER, "review_balanced_accuracy_greedy", "review_bal_greedy"),
+    )
+    judged_metrics: ClassVar[tuple[tuple[str, str], ...] | None] = (("team", "success"), (VERIFIER, "review_balanced_accuracy"))
+
+    def __post_init__(self) -> None:
+        if self.task is None:
+            if self.task_file:
+                from pipeline.tasks import load_task_file
+
+                self.task = load_task_file(self.task_file)
+            else:
+                from pipeline.tasks.arithmetic import ArithmeticTask
+                from pipeline.tasks.prompts import REVIEW_PROMPTS
+
+                self.task = ArithmeticTask(prompts=REVIEW_PROMPTS)
+        prompts = getattr(self.task, "prompts", None)
+        if prompts is not None and not getattr(prompts, "verifier_sees_solution", True):
+            raise ConfigError(f"workflow {self.name!r}: the task's Verifier prompt does not show the Solver's answer ({prompts.verifier_user!r}); give it a {{solution}} placeholder")
+        for name in ("review_set_size", "review_set_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "review_set_size" else 0):
+                raise ConfigError(f"workflow {self.name!r}: {name} must be an integer >= {1 if name == 'review_set_size' else 0}, got {value!r}")
+        super().__post_init__()
+
+    def reset(self, problem: Problem, strategy) -> ReviewEnv:
+        return ReviewEnv(self, problem, strategy)
+
+    def default_model(self):
+        from pipeline.workflows.math.review_model import review_model
+
+        return review_model()
+
+    def single_agent(self) -> ReviewSingleWorkflow:
+        solver = next(a for a in self.agents if a.role == SOLVER)
+        return ReviewSingleWorkflow(task=self.task, agents=(solver,), orchestra=self.orchestra)
+
+    def evaluate(self, samplers, tokenizers, config, round_: int):
+        return evaluate_review(self, samplers, tokenizers, config, round_)
+
+    def metrics(self, steps: pl.DataFrame) -> list[tuple[str, str, float, int]]:
+        """Per played episode (`evaluate_workflow`'s hook): the Solver's first answer right, and
+        the team's answers it fixed and broke against that first answer."""
+        first = (
+            steps.filter((pl.col("agent_id") == self.solver_id) & (pl.col("turn") == 0))
+            .group_by("traj_uid").agg((pl.col("local_reward").first() >= CORRECT_THRESHOLD).fill_null(False).alias("first"))
+        )
+        final = steps.group_by("traj_uid").agg((pl.col("global_reward").first() >= CORRECT_THRESHOLD).fill_null(False).alias("final"))
+        both = first.join(final, on="traj_uid", how="inner")
+        n = both.height
+        if not n:
+            return []
+        return [
+            (self.solver_id, "first_answer_accuracy", float(both["first"].mean()), n),
+            ("team", "fixed", float((~both["first"] & both["final"]).mean()), n),
+            ("team", "broken", float((both["first"] & ~both["final"]).mean()), n),
+        ]
+
+
+# -- the Verifier's balanced set -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReviewPair:
+    """One (problem, proposed answer) pair of the balanced set."""
+
+    problem: Problem
+    """A held-out problem."""
+    answer: str
+    """The proposed answer, as the Solver would write it (a bare number)."""
+    right: bool
+    """Whether `answer` is the problem's answer."""
+    kind: str
+    """"right", or how the wrong answer was made: "carry" (one carry dropped) or "digit" (one digit off)."""
+
+
+_SUM = re.compile(r"^\s*(\d+)\s*([+-])\s*(\d+)\s*=\s*$")
+
+
+def _carry_positions(a: int, op: str, b: int) -> list[int]:
+    """The digit positions (0 = units) whose column of `a op b` carries (borrows) into the next."""
+    out, carry, i = [], 0, 0
+    while a or b:
+        x, y = a % 10, b % 10
+        column = x + y + carry if op == "+" else x - y - carry
+        carry = int(column >= 10) if op == "+" else int(column < 0)
+        if carry:
+            out.append(i)
+        a, b, i = a // 10, b // 10, i + 1
+    return out
+
+
+def _carry_dropped(a: int, op: str, b: int, rng: random.Random) -> int | None:
+    """`a op b` with one of its carries (borrows) dropped, the slip a small model makes in the
+    middle digits; None when the sum has no carry."""
+    positions = _carry_positions(a, op, b)
+    if not positions:
+        return None
+    i = rng.choice(positions)
+    answer = a + b if op == "+" else a - b
+    return answer - 10 ** (i + 1) if op == "+" else answer + 10 ** (i + 1)
+
+
+def _digit_off(answer: int, rng: random.Random) -> int:
+    """`answer` with one digit changed (a leading digit never to 0)."""
+    digits = list(str(answer))
+    i = rng.randrange(len(digits))
+    choices = [d for d in "0123456789" if d != digits[i] and not (i == 0 and d == "0" and len(digits) > 1)]
+    digits[i] = rng.choice(choices)
+    return int("".join(digits))
+
+
+def near_miss(problem: Problem, rng: random.Random, kind: str | None = None) -> int:
+    """A plausible wrong answer to `problem` (an integer answer): one carry dropped ("carry", for
+    "a+b=" / "a-b=" questions that carry), else one digit off ("digit"). `kind` None: either, at
+    random."""
+    return _near_miss(problem, rng, kind)[0]
+
+
+def _near_miss(problem: Problem, rng: random.Random, kind: str | None) -> tuple[int, str]:
+    """`near_miss` and the kind it made."""
+    answer = int(problem.answer)
+    kind = kind or rng.choice(("carry", "digit"))
+    m = _SUM.match(problem.question)
+    if kind == "carry" and m:
+        wrong = _carry_dropped(int(m.group(1)), m.group(2), int(m.group(3)), rng)
+        if wrong is not None and wrong != answer:
+            return wrong, "carry"
+    return _digit_off(answer, rng), "digit"
+
+
+def balanced_review_set(task, size: int = 250, seed: int = 0) -> list[ReviewPair]:
+    """`size` held-out problems of `task` (integer answers), each twice: with its right answer and
+    with a near miss (alternately "carry" and "digit"; a sum without a carry gets a digit off),
+    fixed by `seed`. Problems whose reference answer is not an integer are refused (one line)."""
+    problems = task.problems("heldout", size, seed=50_000 + seed)
+    rng = random.Random(f"review-set:{seed}")
+    out: list[ReviewPair] = []
+    for i, p in enumerate(problems):
+        ref = last_number(p.answer)
+        if ref is None or ref != int(ref):
+            raise ConfigError(f"balanced review set: problem {p.uid!r} has answer {p.answer!r}, not an integer")
+        wrong, made = _near_miss(p, rng, "carry" if i % 2 == 0 else "digit")
+        out.append(ReviewPair(p, str(int(ref)), True, "right"))
+        out.append(ReviewPair(p, str(wrong), False, made))
+    return out
+
+
+def review_set_metrics(task, pairs: Sequence[ReviewPair], verdicts: Sequence[bool | None]) -> dict[str, float]:
+    """The Verifier's accuracy on the right and on the wrong answers of the set (an unparsable
+    verdict is wrong), their mean (balanced accuracy) and the share of parsable verdicts."""
+    on_right = [v is True for v, pr in zip(verdicts, pairs) if pr.right]
+    on_wrong = [v is False for v, pr in zip(verdicts, pairs) if not pr.right]
+    if not on_right or not on_wrong:
+        raise ConfigError("balanced review set: needs right and wrong answers")
+    right, wrong = sum(on_right) / len(on_right), sum(on_wrong) / len(on_wrong)
+    return {"right": right, "wrong": wrong, "balanced": (right + wrong) / 2, "parsable": sum(v is not None for v in verdicts) / len(verdicts)}
+
+
+def evaluate_review(workflow: ReviewWorkflow, samplers, tokenizers, config, round_: int) -> pl.DataFrame:
+    """The `evaluation` rows of one round of `math_review` (see the module doc)."""
+    from pipeline.rollout.evaluation import evaluate_workflow
+    from pipeline.tasks.base import budget_of
+
+    task = workflow.task
+    own = evaluate_team(task, workflow.agents, samplers, tokenizers, config, round_)
+    played = evaluate_workflow(workflow, samplers, tokenizers, config, round_)
+    verifier = next(a for a in workflow.agents if a.role == VERIFIER)
+    pairs = balanced_review_set(task, workflow.review_set_size, workflow.review_set_seed)
+    msgs = [task.verifier_messages(pr.problem, pr.answer) for pr in pairs]
+    budget = budget_of(task, config.max_tokens, "eval")
+    passes = [(msgs, 1, config.temperature, budget, config.seed + 3), (msgs, 1, 0.0, budget, config.seed + 3)]
+    sampled, greedy = _sample_texts(samplers[verifier.policy_id], tokenizers[verifier.policy_id], passes)
+    rows = []
+    for suffix, texts in (("", sampled), ("_greedy", greedy)):
+        verdicts = [_verdict(task, t[0]) for t in texts]
+        m = review_set_metrics(task, pairs, verdicts)
+        names = {"balanced": "review_balanced_accuracy"} if suffix else {
+            "balanced": "review_balanced_accuracy", "right": "review_accuracy_right", "wrong": "review_accuracy_wrong", "parsable": "review_parsable"}
+        for key, metric in names.items():
+            n = len(pairs) if key in ("balanced", "parsable") else len(pairs) // 2
+            rows.append({"round": round_, "policy_id": verifier.policy_id, "agent_id": verifier.agent_id, "split": "heldout",
+                         "metric": metric + suffix, "value": float(m[key]), "n": n})
+    extra = pl.DataFrame(rows, schema=polars_schema(EVALUATION))
+    return validate(pl.concat([own, played.select(own.columns).cast(own.schema), extra.select(own.columns).cast(own.schema)]), EVALUATION)
+
+
+def _verdict(task, text: str) -> bool | None:
+    """The task's verdict on a Verifier reply; a parser that raises reads as unparsable."""
+    try:
+        v = task.parse_verdict(text)
+    except Exception:  # noqa: BLE001 - a file task's parser may raise anything
+        return None
+    return v if v in (True, False) else None
