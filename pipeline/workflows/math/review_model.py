@@ -42,17 +42,20 @@ REVIEW_BUILD_VERSION = 1
 class ReviewWarmConfig:
     """Settings of the review-format fine-tune."""
 
-    steps: int = 300
-    """Optimizer steps (a fixed count: the format is learnt within it; no probe decides)."""
-    batch_size: int = 128
-    """Examples per step (the default model's warm start's)."""
-    lr: float = 1e-3
+    steps: int = 80
+    """Optimizer steps (a fixed count, no probe: what it must teach is the format, a verdict word
+    after the sum, which rejection sampling then has rows to keep; how well the word follows
+    the comparison is what the rounds train). Small, so the build stays within minutes on a
+    shared 2-core machine."""
+    batch_size: int = 64
+    """Examples per step."""
+    lr: float = 2e-3
     """AdamW learning rate after warm-up (below the warm start's 3e-3: a fine-tune of a trained model)."""
-    warmup_steps: int = 20
+    warmup_steps: int = 10
     """Linear warm-up steps."""
     mix_review: float = 0.6
     """Share of review examples in a batch; the rest are the Solver's own answers."""
-    solver_pool: int = 4096
+    solver_pool: int = 1024
     """Train problems whose base-model answer is sampled once for the Solver examples."""
     seed: int = 0
     """Seed of the examples, the Solver pool's sampling and the data order."""
@@ -108,11 +111,11 @@ def _verdict_accuracy(model, tokenizer, task, pairs, temperature: float, seed: i
 
 
 def _solver_heldout(model, tokenizer, task) -> float:
-    """The Solver's held-out accuracy at T=1 (500 problems x 2 samples): what the fine-tune must
+    """The Solver's held-out accuracy at T=1 (250 problems x 2 samples): what the fine-tune must
     leave where it was."""
     from pipeline.workflows.math.warmstart import solver_accuracy
 
-    return solver_accuracy(model, tokenizer, task.problems("heldout", 500, seed=0), task, 1.0, 2, seed=0)
+    return solver_accuracy(model, tokenizer, task.problems("heldout", 250, seed=0), task, 1.0, 2, seed=0)
 
 
 def build_review_model(cache_dir: str | Path | None = None, config: ReviewWarmConfig | None = None, force: bool = False, log: Callable[[str], None] = print) -> Path:
@@ -158,7 +161,7 @@ def build_review_model(cache_dir: str | Path | None = None, config: ReviewWarmCo
             loss = float("nan")
             for step, loss in sft_steps(model, tok, batch, steps=config.steps, lr=config.lr,
                                         lr_lambda=lambda s: min(1.0, (s + 1) / max(1, config.warmup_steps))):
-                if step % 50 == 0:
+                if step % 20 == 0:
                     log(f"review warm start: step {step:4d}/{config.steps}  loss {loss:.3f}  {time.perf_counter() - t0:5.1f}s")
         model.eval()
         model.save_pretrained(str(folder), safe_serialization=True)
