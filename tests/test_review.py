@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import polars as pl
 import pytest
 
 from fakes import FakeSampler, FakeTask
@@ -15,7 +16,7 @@ from pipeline.strategies import IID
 from pipeline.tasks.arithmetic import ArithmeticTask
 from pipeline.tasks.prompts import ARITHMETIC_PROMPTS
 from pipeline.workflows import load_workflow
-from pipeline.workflows.math.review import ReviewWorkflow, balanced_review_set, evaluate_review, final_attempt, near_miss
+from pipeline.workflows.math.review import ReviewWorkflow, balanced_review_set, confirms, deployed_outcomes, evaluate_review, final_attempt, near_miss
 
 
 @pytest.fixture
@@ -71,6 +72,20 @@ def test_the_final_answer_is_the_first_approved_else_the_first(verdicts, final):
 
 
 @pytest.mark.parametrize(
+    "verdicts, confirmed, final",
+    [((False, True), (False, True), 1), ((False, True), (False, False), 0), ((True,), (False,), 0),
+     ((False, True, True), (False, False, True), 2), ((False, None), (False, False), 0)],
+)
+def test_a_retry_needs_a_confirmed_approval(verdicts, confirmed, final):
+    assert final_attempt(verdicts, confirmed) == final
+
+
+def test_an_approval_confirms_when_the_verifier_writes_the_answers_number():
+    assert confirms("46 yes", "46") and confirms("46 yes", "The answer is 46.") and confirms("so 1,046. Verdict: yes", "#### 1046")
+    assert not confirms("45 yes", "46") and not confirms("yes", "46") and not confirms("46 yes", "no number")
+
+
+@pytest.mark.parametrize(
     "turns, team",
     [
         ([("solver", "46"), ("verifier", "46 yes")], 1.0),
@@ -81,6 +96,9 @@ def test_the_final_answer_is_the_first_approved_else_the_first(verdicts, final):
         # a retry replaces it only when approved
         ([("solver", "47"), ("verifier", "46 no"), ("solver", "46"), ("verifier", "46 yes")], 1.0),
         ([("solver", "46"), ("verifier", "46 no"), ("solver", "45"), ("verifier", "45 yes")], 0.0),
+        # an approval whose sum is another number does not replace it
+        ([("solver", "46"), ("verifier", "46 no"), ("solver", "45"), ("verifier", "46 yes")], 1.0),
+        ([("solver", "47"), ("verifier", "46 no"), ("solver", "46"), ("verifier", "yes")], 0.0),
     ],
 )
 def test_the_team_reward_is_the_final_answers(workflow, turns, team):
@@ -88,6 +106,17 @@ def test_the_team_reward_is_the_final_answers(workflow, turns, team):
     assert results[-1].done
     assert env.team_reward() == team
     assert env.copy().team_reward() == team  # a tree branch keeps the verdicts
+    steps = pl.DataFrame(
+        [{"traj_uid": "t", "agent_id": role, "turn": i // 2, "local_reward": r.reward, "verdict": r.verdict, "completion_text": text}
+         for i, ((role, text), r) in enumerate(zip(turns, results))]
+    )
+    assert deployed_outcomes(steps, "solver", "verifier")["confirmed"].to_list() == [team == 1.0]
+
+
+def test_without_confirmation_any_approved_retry_counts():
+    plain = ReviewWorkflow(confirm=False)
+    env, _ = episode(plain, [("solver", "46"), ("verifier", "46 no"), ("solver", "45"), ("verifier", "46 yes")])
+    assert env.team_reward() == 0.0
 
 
 def test_the_balanced_set_has_200_of_each_class_fixed_by_seed():
@@ -119,13 +148,13 @@ def test_near_misses_drop_one_carry_or_change_one_digit():
 
 def test_the_evaluation_plays_the_deployed_loop_and_judges_the_balanced_set():
     sampler = FakeSampler(solver_accuracy=0.5, verifier_accuracy=0.8, garbage=0.0, hint_bonus=0.0)
-    workflow = ReviewWorkflow(task=FakeTask(), review_set_size=100)
+    workflow = ReviewWorkflow(task=FakeTask(), review_set_size=100, confirm=False)  # the fake says a bare yes/no
     cfg = EvalConfig(problems=30, samples=2, max_tokens=32)
     df = evaluate_review(workflow, {"shared": sampler}, {"shared": sampler.tokenizer}, cfg, round_=3)
     m = {(a, k): (v, n) for a, k, v, n in df.select("agent_id", "metric", "value", "n").iter_rows()}
     assert set(df["round"]) == {3}
     for key in [("solver", "accuracy"), ("solver", "first_answer_accuracy"), ("team", "success"), ("team", "fixed"), ("team", "broken"),
-                ("verifier", "review_balanced_accuracy"), ("verifier", "review_balanced_accuracy_greedy"), ("verifier", "review_accuracy_wrong")]:
+                ("team", "success_approved_rule"), ("team", "success_confirmed_rule"), ("verifier", "review_balanced_accuracy"), ("verifier", "review_balanced_accuracy_greedy"), ("verifier", "review_accuracy_wrong")]:
         assert key in m, key
     assert m[("verifier", "review_balanced_accuracy")][1] == 200
     assert 0.65 < m[("verifier", "review_balanced_accuracy")][0] < 0.95  # the fake judges right 80% of the time
@@ -133,8 +162,12 @@ def test_the_evaluation_plays_the_deployed_loop_and_judges_the_balanced_set():
     fixed, broken = m[("team", "fixed")][0], m[("team", "broken")][0]
     assert success == pytest.approx(first + fixed - broken)
     assert fixed > broken  # a Verifier better than chance can only help on balance
+    assert m[("team", "success_approved_rule")][0] == success
+    assert m[("team", "success_confirmed_rule")][0] == first  # a bare "yes" never confirms a retry
 
 
 def test_options_are_checked():
     with pytest.raises(ConfigError, match="review_set_size"):
         ReviewWorkflow(review_set_size=0)
+    with pytest.raises(ConfigError, match="confirm"):
+        ReviewWorkflow(confirm="yes")

@@ -26,13 +26,19 @@ Rewards:
 
 The loop as deployed (the rollouts and the evaluation play it the same way): the Solver answers,
 the Verifier judges; an approval stops, a rejection sends the Solver a retry, up to
-`max_loop_num` loops. The final answer is the FIRST answer the Verifier approved, else the
-Solver's first answer. So a retry replaces the first answer only when the Verifier approves the
-new one: a Verifier that approves right answers more often than wrong ones can only raise the
-team above its Solver's first answer, and one at chance leaves it where it was in expectation
-(with a retry as good as a first attempt, what it loses on right first answers it wins on wrong
-ones). "The last answer counts" (the `math` team's rule) lets a chance Verifier throw away right
-first answers for retries that are mostly wrong, which is how that team ends below its Solver.
+`max_loop_num` loops. The final answer is the Solver's first answer unless the Verifier approved
+a retry and its approval confirms it (`confirms`: its reply writes the retry's number, its own
+working agrees); then the first such retry. Why both conditions:
+- a retry replaces the first answer only when approved ("the last answer counts", the `math`
+  team's rule, lets a chance Verifier throw away right first answers for retries that are mostly
+  wrong, which is how that team ends below its Solver);
+- approval alone is not enough while the Verifier is near chance and the retries are worse than
+  first answers (they are, at the start: the Solver has never seen a rejection): each wrong retry
+  it approves breaks a first answer that may have been right. A verdict word is a coin the
+  Verifier can flip; writing the retry's exact number as its own sum is a claim a guess rarely
+  makes. So a wrong retry replaces the first answer only when the Verifier computes that same
+  wrong number, and the team can fall below its Solver only by that much
+  (`confirm=False`: approval alone).
 
 Evaluation (`evaluate_review`), on the held-out problems:
 - the `math` team's metrics (`evaluate_team`: Solver `accuracy`, `accuracy_greedy`, the Verifier
@@ -70,14 +76,53 @@ from pipeline.workflows.math.orchestra import SOLVER, VERIFIER, default_agents
 from pipeline.workflows.math.workflow import MathEnv, MathWorkflow, SingleWorkflow, _sample_texts, evaluate_team
 from schemas import EVALUATION, polars_schema, validate
 
-__all__ = ["ReviewWorkflow", "ReviewEnv", "ReviewPair", "final_attempt", "near_miss", "balanced_review_set", "evaluate_review"]
+__all__ = ["ReviewWorkflow", "ReviewEnv", "ReviewPair", "final_attempt", "confirms", "deployed_outcomes", "near_miss", "balanced_review_set", "evaluate_review"]
 
 
-def final_attempt(verdicts: Sequence[bool | None]) -> int:
+def final_attempt(verdicts: Sequence[bool | None], confirmed: Sequence[bool] | None = None) -> int:
     """The index of the answer the team gives, from the Verifier's verdicts on the Solver's
     attempts in order (True approved, False rejected, None unparsable or not judged): the first
-    approved attempt, else the first attempt (0)."""
-    return next((i for i, v in enumerate(verdicts) if v is True), 0)
+    attempt when it was approved, else the first retry approved, else the first attempt (0).
+    With `confirmed` (per attempt, `confirms`), a retry counts as approved only when confirmed."""
+    if not verdicts or verdicts[0] is True:
+        return 0
+    for i in range(1, len(verdicts)):
+        if verdicts[i] is True and (confirmed is None or confirmed[i]):
+            return i
+    return 0
+
+
+def confirms(verifier_text: str, solver_text: str) -> bool:
+    """Whether the Verifier's reply writes the judged answer's number (the Solver's "#### x",
+    else its last number): its own working agrees with the answer it approves, so the approval
+    is not a guess of the verdict word alone."""
+    from pipeline.tasks.answers import numbers_equal
+
+    proposed = last_number(solver_text)
+    if proposed is None:
+        return False
+    written = [float(x.replace(",", "")) for x in re.findall(r"-?\d[\d,]*(?:\.\d+)?", verifier_text)]
+    return any(numbers_equal(x, proposed) for x in written)
+
+
+def deployed_outcomes(steps: pl.DataFrame, solver_id: str, verifier_id: str) -> pl.DataFrame:
+    """Per episode of `steps` rows (a round's rollouts or an evaluation's), whether the Solver's
+    first answer is right and whether the final answer is right under each rule: `approved` (a
+    retry replaces the first answer when approved) and `confirmed` (only when the approval
+    `confirms` the retry). Columns traj_uid, first, approved, confirmed."""
+    rows = steps.select("traj_uid", "agent_id", "turn", "local_reward", "verdict", "completion_text").sort("traj_uid", "turn")
+    out = []
+    for (uid,), ep in rows.group_by(["traj_uid"], maintain_order=True):
+        solver = {t: (r, x) for a, t, r, _, x in ep.select("agent_id", "turn", "local_reward", "verdict", "completion_text").iter_rows() if a == solver_id}
+        judged = {t: (v, x) for a, t, _, v, x in ep.select("agent_id", "turn", "local_reward", "verdict", "completion_text").iter_rows() if a == verifier_id}
+        if 0 not in solver:
+            continue
+        turns = sorted(solver)
+        right = [solver[t][0] is not None and solver[t][0] >= CORRECT_THRESHOLD for t in turns]
+        verdicts = [judged[t][0] if t in judged else None for t in turns]
+        conf = [t in judged and confirms(judged[t][1], solver[t][1]) for t in turns]
+        out.append({"traj_uid": uid, "first": right[0], "approved": right[final_attempt(verdicts)], "confirmed": right[final_attempt(verdicts, conf)]})
+    return pl.DataFrame(out, schema={"traj_uid": pl.String, "first": pl.Boolean, "approved": pl.Boolean, "confirmed": pl.Boolean})
 
 
 class ReviewEnv(MathEnv):
@@ -90,10 +135,12 @@ class ReviewEnv(MathEnv):
         """The reward of each Solver attempt, in order."""
         self.verdicts: list[bool | None] = []
         """The Verifier's verdict on each judged attempt, in order."""
+        self.confirmed: list[bool] = []
+        """Whether each verdict `confirms` the attempt it judged."""
 
     def copy(self) -> "ReviewEnv":
         out = super().copy()
-        out.outcomes, out.verdicts = list(self.outcomes), list(self.verdicts)
+        out.outcomes, out.verdicts, out.confirmed = list(self.outcomes), list(self.verdicts), list(self.confirmed)
         return out
 
     def step(self, agent_id: str, text: str) -> StepResult:
@@ -102,12 +149,13 @@ class ReviewEnv(MathEnv):
             self.outcomes.append(self.last)
         else:
             self.verdicts.append(result.verdict)
+            self.confirmed.append(confirms(text, self.attempts[-1]))
         return result
 
     def team_reward(self) -> float | None:
         if not self.outcomes:
             return None
-        final = self.outcomes[final_attempt(self.verdicts)]
+        final = self.outcomes[final_attempt(self.verdicts, self.confirmed if self.workflow.confirm else None)]
         if not final.ok:
             raise ValueError(final.error)
         return final.value
@@ -140,6 +188,13 @@ class ReviewWorkflow(MathWorkflow):
     """Held-out problems of the Verifier's balanced set (each once right, once a near miss)."""
     review_set_seed: int = 0
     """Seed of the balanced set: the same set every round and every run."""
+    confirm: bool = True
+    """A retry replaces the first answer only when the Verifier's approval `confirms` it (its
+    reply writes the retry's number), not on the verdict word alone. A Verifier near chance
+    approves wrong retries, and retries after a rejection start out worse than first answers;
+    on the rollouts of the first round of a run (seed 0, 512 episodes) the plain rule put the
+    team 4 points below its first answers and the confirmed one within a point of them
+    (docs/results/math-review.md). False: any approval counts."""
 
     name: ClassVar[str] = "math_review"
     table_metrics: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -166,6 +221,8 @@ class ReviewWorkflow(MathWorkflow):
         prompts = getattr(self.task, "prompts", None)
         if prompts is not None and not getattr(prompts, "verifier_sees_solution", True):
             raise ConfigError(f"workflow {self.name!r}: the task's Verifier prompt does not show the Solver's answer ({prompts.verifier_user!r}); give it a {{solution}} placeholder")
+        if not isinstance(self.confirm, bool):
+            raise ConfigError(f"workflow {self.name!r}: confirm must be true or false, got {self.confirm!r}")
         for name in ("review_set_size", "review_set_seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "review_set_size" else 0):
@@ -188,8 +245,10 @@ class ReviewWorkflow(MathWorkflow):
         return evaluate_review(self, samplers, tokenizers, config, round_)
 
     def metrics(self, steps: pl.DataFrame) -> list[tuple[str, str, float, int]]:
-        """Per played episode (`evaluate_workflow`'s hook): the Solver's first answer right, and
-        the team's answers it fixed and broke against that first answer."""
+        """Per played episode (`evaluate_workflow`'s hook): the Solver's first answer right, the
+        team's answers it fixed and broke against that first answer, and the team's success under
+        either final-answer rule (`success_approved_rule`, `success_confirmed_rule`: the same
+        episodes, whichever rule `confirm` plays)."""
         first = (
             steps.filter((pl.col("agent_id") == self.solver_id) & (pl.col("turn") == 0))
             .group_by("traj_uid").agg((pl.col("local_reward").first() >= CORRECT_THRESHOLD).fill_null(False).alias("first"))
@@ -199,7 +258,9 @@ class ReviewWorkflow(MathWorkflow):
         n = both.height
         if not n:
             return []
-        return [
+        rules = deployed_outcomes(steps, self.solver_id, self.verifier_id)
+        by_rule = [("team", f"success_{rule}_rule", float(rules[rule].mean()), rules.height) for rule in ("approved", "confirmed")] if rules.height else []
+        return by_rule + [
             (self.solver_id, "first_answer_accuracy", float(both["first"].mean()), n),
             ("team", "fixed", float((~both["first"] & both["final"]).mean()), n),
             ("team", "broken", float((both["first"] & ~both["final"]).mean()), n),
