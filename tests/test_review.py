@@ -41,6 +41,13 @@ def test_the_name_resolves_and_the_verifier_prompt_shows_the_solvers_answer(work
     assert "Proposed answer: 58" in shown and "47" not in shown  # the attempt being judged, not the first
 
 
+def test_after_a_rejection_the_solver_is_told_its_answer_was_wrong(workflow):
+    env, _ = episode(workflow, [("solver", "47"), ("verifier", "46 no")])
+    retry = env.observe(workflow.solver_id)
+    assert [m["content"] for m in retry[-2:]] == ["47", "That is wrong. Try again."]
+    assert "46 no" not in " ".join(m["content"] for m in retry)  # words it was warm-started on, not a message it never saw
+
+
 def test_a_blind_verifier_prompt_is_refused():
     with pytest.raises(ConfigError, match="does not show the Solver's answer"):
         ReviewWorkflow(task=ArithmeticTask(prompts=ARITHMETIC_PROMPTS))

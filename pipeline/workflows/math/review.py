@@ -5,7 +5,8 @@ two agree, a second sample of the same policy. Here the Verifier is shown the So
 and says whether it is right:
 
 - Solver: the problem ("12+34="), its answer ("46"); after a rejection it sees its answer and
-  the Verifier's reply and answers again (`orchestra.solver_view`).
+  "That is wrong. Try again." (`REVIEW_REJECTION`; a file task's own rejection message quotes the
+  Verifier) and answers again (`orchestra.solver_view`).
 - Verifier: the problem and the Solver's answer ("12+34=\\nProposed answer: 46\\nIs it right?",
   `pipeline.tasks.prompts.REVIEW_PROMPTS`); it may write the sum first, then its verdict word
   ("46 yes"). The verdict is that word; an unparsable reply is a rejection that earns nothing.
@@ -71,6 +72,7 @@ from pipeline.rollout.agent import Agent
 from pipeline.rollout.contract import StepResult
 from pipeline.rollout.rewards import CORRECT_THRESHOLD
 from pipeline.tasks.answers import last_number
+from pipeline.tasks.prompts import REVIEW_PROMPTS
 from pipeline.types import Problem
 from pipeline.workflows.math.orchestra import SOLVER, VERIFIER, default_agents
 from pipeline.workflows.math.workflow import MathEnv, MathWorkflow, SingleWorkflow, _sample_texts, evaluate_team
@@ -215,7 +217,6 @@ class ReviewWorkflow(MathWorkflow):
                 self.task = load_task_file(self.task_file)
             else:
                 from pipeline.tasks.arithmetic import ArithmeticTask
-                from pipeline.tasks.prompts import REVIEW_PROMPTS
 
                 self.task = ArithmeticTask(prompts=REVIEW_PROMPTS)
         prompts = getattr(self.task, "prompts", None)
@@ -227,6 +228,10 @@ class ReviewWorkflow(MathWorkflow):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "review_set_size" else 0):
                 raise ConfigError(f"workflow {self.name!r}: {name} must be an integer >= {1 if name == 'review_set_size' else 0}, got {value!r}")
+        if self.orchestra is None and prompts is REVIEW_PROMPTS:
+            from pipeline.workflows.math.orchestra import MathOrchestra
+
+            self.orchestra = MathOrchestra(self.task, rejection_template=REVIEW_REJECTION, quotes_verifier=False)
         super().__post_init__()
 
     def reset(self, problem: Problem, strategy) -> ReviewEnv:
@@ -281,6 +286,14 @@ class ReviewPair:
     """Whether `answer` is the problem's answer."""
     kind: str
     """"right", or how the wrong answer was made: "carry" (one carry dropped) or "digit" (one digit off)."""
+
+
+REVIEW_REJECTION = "That is wrong. Try again."
+"""What the arithmetic Solver is told after a rejection: the words of the warm start's feedback
+turn. After the orchestra's own message, which quotes the Verifier ("The verifier rejected your
+answer: 130 no\nTry again."), the review model's Solver wrote nothing on 99% of its retries; after
+these words it writes an answer, right on 12% of retries after a wrong first answer
+(docs/results/math-review.md). A file task keeps its own rejection message."""
 
 
 _SUM = re.compile(r"^\s*(\d+)\s*([+-])\s*(\d+)\s*=\s*$")
