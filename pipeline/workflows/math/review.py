@@ -192,11 +192,9 @@ class ReviewWorkflow(MathWorkflow):
     """Seed of the balanced set: the same set every round and every run."""
     confirm: bool = True
     """A retry replaces the first answer only when the Verifier's approval `confirms` it (its
-    reply writes the retry's number), not on the verdict word alone. A Verifier near chance
-    approves wrong retries, and retries after a rejection start out worse than first answers;
-    on the rollouts of the first round of a run (seed 0, 512 episodes) the plain rule put the
-    team 4 points below its first answers and the confirmed one within a point of them
-    (docs/results/math-review.md). False: any approval counts."""
+    reply writes the retry's number), not on the verdict word alone: a Verifier near chance
+    approves wrong retries, and retries start out worse than first answers, so approval alone
+    puts the team below its Solver (docs/results/math-review.md). False: any approval counts."""
 
     name: ClassVar[str] = "math_review"
     table_metrics: ClassVar[tuple[tuple[str, str, str], ...]] = (
@@ -290,10 +288,10 @@ class ReviewPair:
 
 REVIEW_REJECTION = "That is wrong. Try again."
 """What the arithmetic Solver is told after a rejection: the words of the warm start's feedback
-turn. After the orchestra's own message, which quotes the Verifier ("The verifier rejected your
-answer: 130 no\nTry again."), the review model's Solver wrote nothing on 99% of its retries; after
-these words it writes an answer, right on 12% of retries after a wrong first answer
-(docs/results/math-review.md). A file task keeps its own rejection message."""
+turn, which it answers. After the orchestra's own message, which quotes the Verifier ("The
+verifier rejected your answer: 130 no\nTry again."), a message it has never seen, the review
+model's Solver writes nothing, and an empty retry is never right, so rejection sampling has no
+retry to keep (docs/results/math-review.md). A file task keeps its own rejection message."""
 
 
 _SUM = re.compile(r"^\s*(\d+)\s*([+-])\s*(\d+)\s*=\s*$")
