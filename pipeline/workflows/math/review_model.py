@@ -13,8 +13,10 @@ Examples (made in code from TRAIN-split problems only; held-out problems are nev
   "<right sum> no": half right proposals, half near misses (`near_miss`: one carry dropped, one
   digit off), so "yes" and "no" are equally common and neither wins by frequency;
 - Solver:  user "<q>" -> the base model's OWN sampled answer at T=1 (right or wrong), drawn once
-  before training: the fine-tune holds the Solver where the default model left it instead of
-  teaching it the sums, so the team's Solver starts where the `math` team's does.
+  before training, meant to hold the Solver where the default model left it rather than teach it
+  the sums. It does not hold it: a zero-mean gradient in expectation, but Adam at this learning
+  rate turns its noise into full-size steps, and the Solver comes out well below the default
+  model's (docs/results/math-review.md). A known defect of this build, not yet mended.
 
 `python -m pipeline.workflows.math.review_model`: build (or reuse) it and print its record.
 """
