@@ -75,7 +75,7 @@ class ReviewWarmConfig:
 def review_examples(task, rng: random.Random, n: int) -> list[tuple[list[Message], str]]:
     """`n` review examples ((messages, target)) on train-split problems of the arithmetic `task`
     (its prompts must show the proposal: `REVIEW_PROMPTS`), half right proposals, half near misses."""
-    from pipeline.workflows.math.review import near_miss
+    from pipeline.workflows.math.review_set import near_miss
 
     out: list[tuple[list[Message], str]] = []
     while len(out) < n:
@@ -102,14 +102,14 @@ def _solver_pool(model, tokenizer, task, config: ReviewWarmConfig) -> list[tuple
 
 
 def _verdict_accuracy(model, tokenizer, task, pairs, temperature: float, seed: int) -> dict[str, float]:
-    """The model's verdicts on the balanced set's `pairs` (`review.review_set_metrics`)."""
+    """The model's verdicts on the balanced set's `pairs` (`review_set.review_set_metrics`)."""
     from pipeline.models.sft import FastEncoder, generate_texts, seeded_sampling
-    from pipeline.workflows.math.review import _verdict, review_set_metrics
+    from pipeline.workflows.math.review_set import review_set_metrics, verdict_of
 
     prompts = [pr for pr, _ in FastEncoder(tokenizer).encode([(task.verifier_messages(p.problem, p.answer), "") for p in pairs])]
     with seeded_sampling(model, seed):
         texts = generate_texts(model, tokenizer, prompts, temperature, 12, 512)
-    return review_set_metrics(task, pairs, [_verdict(task, t) for t in texts])
+    return review_set_metrics(task, pairs, [verdict_of(task, t) for t in texts])
 
 
 def _solver_heldout(model, tokenizer, task) -> float:
@@ -129,7 +129,7 @@ def build_review_model(cache_dir: str | Path | None = None, config: ReviewWarmCo
     from pipeline.tasks.arithmetic import ArithmeticTask
     from pipeline.tasks.prompts import REVIEW_PROMPTS
     from pipeline.workflows.math.model import default_model
-    from pipeline.workflows.math.review import balanced_review_set
+    from pipeline.workflows.math.review_set import balanced_review_set
 
     config = config or ReviewWarmConfig()
     base = default_model(cache_dir)
