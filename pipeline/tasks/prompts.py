@@ -11,12 +11,15 @@ Worked examples (`examples`, (question, solution) pairs) are shown to the Solver
 turns: the user template filled with the example's question, then the example's solution as the
 assistant's reply, before the problem's own user turn (few-shot in the chat's own turns).
 
-Two templates ship:
+Three templates ship:
 - `ARITHMETIC_PROMPTS`, the arithmetic task's: the bare question for the Solver, and
   "<question>\\nCheck it: work it out again." for the Verifier, who is not shown the proposal
   (a blind Verifier) and replies with the sum as it works it out ("168"); its verdict is whether
   that sum equals the proposal (verdict style "compare": see docs/results/verifier.md). The
   embedded default model is warm-started on exactly these texts.
+- `REVIEW_PROMPTS`, the `math_review` team's: the arithmetic Solver's prompt, and a Verifier
+  shown the proposal ("<question>\\nProposed answer: <a>\\nIs it right?") that writes the sum,
+  then its verdict word ("168 no", verdict style "first_word": the first word, digits aside).
 - `CHAIN_OF_THOUGHT_PROMPTS`, the file tasks' (GSM8K-style word problems): the Solver is asked
   to solve the problem in a few short steps and end with "#### <number>", after three short
   worked examples (`COT_EXAMPLES`, written for maxit, not taken from any data set) shown as
@@ -51,6 +54,7 @@ from .answers import parse_compared_verdict, parse_marked_verdict, parse_verdict
 __all__ = [
     "PromptTemplate",
     "ARITHMETIC_PROMPTS",
+    "REVIEW_PROMPTS",
     "CHAIN_OF_THOUGHT_PROMPTS",
     "GSM8K_ANSWER_FORMAT",
     "COT_EXAMPLES",
@@ -192,6 +196,13 @@ changes the default model, which the build's cache key follows). The Verifier wo
 again, blind (it is not shown the proposal, so it cannot copy it), and its verdict is whether its
 answer equals the proposal ("compare"). docs/results/verifier.md: shown the proposal, the same
 model copied it and stayed at chance on one machine of the CI kind."""
+
+REVIEW_PROMPTS = PromptTemplate(verifier_user="{question}\nProposed answer: {solution}\nIs it right?", verdict="first_word")
+"""The arithmetic task's prompts for the `math_review` team (DrMAS's Verifier): the Solver's are
+`ARITHMETIC_PROMPTS`' (the default model's), the Verifier is shown the proposal and replies with
+the sum as it works it out, then its verdict word ("168 no"); the verdict is that word (the first
+word of the reply, digits aside), not a comparison the task makes for it
+(`pipeline.workflows.math.review`)."""
 
 GSM8K_ANSWER_FORMAT = 'Write the final answer as a number on the last line, in the form "#### <number>".'
 """GSM8K's answer convention: the final answer after "#### "."""

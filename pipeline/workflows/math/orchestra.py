@@ -123,12 +123,17 @@ class MathOrchestra:
     """User message the Solver gets after a rejection; `{verifier_text}` is the Verifier's output."""
     roles: tuple[str, ...] = (SOLVER, VERIFIER)
     """The order in which the roles act within one loop (fixed for this orchestra)."""
+    quotes_verifier: bool = True
+    """Whether the rejection quotes the Verifier's reply (`rejection_template` must then hold
+    `{verifier_text}`). False: the Solver is told only that its answer was rejected, in words it
+    was warm-started on (`math_review`, whose Solver answers nothing after a message it has never
+    seen)."""
 
     def __post_init__(self) -> None:
         for name in ("solver_messages", "verifier_messages", "feedback_message", "reward", "parse_verdict"):
             if not callable(getattr(self.task, name, None)):
                 raise ConfigError(f"MathOrchestra.task must implement the Task protocol; it has no method {name!r}")
-        if "{verifier_text}" not in self.rejection_template:
+        if self.quotes_verifier and "{verifier_text}" not in self.rejection_template:
             raise ConfigError("MathOrchestra.rejection_template must contain '{verifier_text}'")
         if tuple(self.roles) != (SOLVER, VERIFIER):
             raise ConfigError(f"MathOrchestra.roles must be ('solver', 'verifier'), got {self.roles!r}")

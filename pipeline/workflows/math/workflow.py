@@ -93,7 +93,7 @@ class MathEnv(Env):
         self.loops = 0
 
     def copy(self) -> "MathEnv":
-        out = object.__new__(MathEnv)
+        out = object.__new__(type(self))  # a subclass's copy extends this one
         out.workflow, out.problem, out.strategy, out.scores, out.opening = self.workflow, self.problem, self.strategy, self.scores, self.opening
         out.attempts, out.replies, out.last, out.loops = list(self.attempts), list(self.replies), self.last, self.loops
         return out
