@@ -47,8 +47,9 @@ class RunConfig:
 
     # --- Parameters that control the team and the task ----------------------------------------
     workflow: str = "math"
-    """The team and its environment (`pipeline.workflows.load_workflow`): "math", "single",
-    "grid", "module:Name" or a `maxit.workflows` entry point."""
+    """The team and its environment (`pipeline.workflows.load_workflow`): a built-in name
+    (`pipeline.workflows.WORKFLOW_NAMES`: "math", "math_review", "single", "grid", "plan_path",
+    ...), "program:FILE.py:FUNC", "module:Name" or a `maxit.workflows` entry point."""
     workflow_options: Mapping[str, object] = field(default_factory=dict)
     """Keyword options of the workflow's constructor (those it takes)."""
     task: str = "arithmetic"

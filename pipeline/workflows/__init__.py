@@ -5,7 +5,11 @@
 Built in:
 - `math` (default): DrMAS's Solver and Verifier on a task with a checkable answer;
 - `single`: the Solver alone on the same task (a team of one: GRPO's setting);
+- `math_review`: the math team with DrMAS's Verifier, shown the Solver's answer and rewarded for a
+  right verdict (`pipeline.workflows.math.review`);
 - `grid`: a stateful path-finding game played by a planner and a mover over several turns;
+- `plan_path`: AT-GRPO's Plan-Path shape: a tool agent's path run as a trial by the environment, a
+  plan agent that reads the call and its output and commits the moves (`pipeline.workflows.plan_path`);
 - `code`: a Coder writes a Python function, a Tester writes unit tests for it (AT-GRPO's code task);
 - `reasoning_gym`: any reasoning-gym dataset, scored by its own scorer, played by a Solver, a
   Solver/Verifier pair or a tool agent and a plan agent (the `envs` extra);
@@ -75,7 +79,7 @@ def _builtin(name: str) -> Callable[..., Workflow] | None:
     return None
 
 
-WORKFLOW_NAMES = ("math", "single", "grid", "plan_path", "code", "tic_tac_toe", "bargaining", "reasoning_gym")
+WORKFLOW_NAMES = ("math", "single", "math_review", "grid", "plan_path", "code", "tic_tac_toe", "bargaining", "reasoning_gym")
 
 
 def _resolve(spec: str) -> Callable[..., Workflow]:
