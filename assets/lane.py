@@ -39,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--result", required=True)
     args = ap.parse_args(argv)
     from assets.config import RunSettings
-    from assets.launch import materialize_round, instance_at
+    from assets.instance import instance_at
+    from assets.launch import materialize_round
     from pipeline.store import Tables
 
     error = None

@@ -74,6 +74,8 @@ def test_the_check_finds_a_path_outside(tmp_path):
 
 MATH_MODULES = {
     "scripts/verifier_probe.py",  # a study of the math Verifier
+    "scripts/review_study.py",  # a study of math_review's Verifier
+    "scripts/review_retry_probe.py",  # math_review's retry message, probed
     "scripts/long_runs.py",  # a study of the math job's long runs
     "benchmarks/peer_trl.py",  # the math task's Solver alone against TRL's GRPOTrainer
 }

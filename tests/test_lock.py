@@ -20,8 +20,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets import launch
-from assets.launch import dagster_home, instance_at
+from assets import instance as store_instance
+from assets.instance import dagster_home, instance_at
 from assets.resources import PolicyRegistryResource, StoreResource
 from pipeline.store.lock import LOCK_FILE, TOKEN_ENV, StoreLocked, acquire, command_line, holder, token_in_env, writer_lock
 
@@ -436,5 +436,5 @@ def test_an_instance_half_created_by_a_killed_run_is_created_again(tmp_path):
         conn.commit()
     (kept / "schedules").mkdir()
     (kept / "schedules/schedules.db").write_text("not a database")
-    launch._drop_half_created(kept)
+    store_instance._drop_half_created(kept)
     assert (kept / "history/runs/index.db").exists() and not (kept / "schedules/schedules.db").exists()

@@ -434,12 +434,6 @@ class Settings:
     def train_config(self) -> TrainConfig:
         return self._build(lambda values: flat.train_config(values, flat.loss_config(values)))
 
-    def lora_settings(self) -> LoraSettings | None:
-        return self.train_config().lora
-
-    def eval_config(self) -> EvalConfig:
-        return self._build(flat.eval_config)
-
     def strategy_options(self) -> dict[str, dict[str, Any]]:
         return self._build(flat.strategy_options)
 
