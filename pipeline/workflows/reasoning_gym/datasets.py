@@ -41,12 +41,17 @@ from pipeline.tasks.prompts import ARITHMETIC_PROMPTS
 from pipeline.types import Problem
 
 __all__ = [
-    "EXTRA", "import_reasoning_gym", "dataset_names", "dataset_options", "generator_options", "extract_answer",
+    "EXTRA", "SPLIT_RULE", "import_reasoning_gym", "dataset_names", "dataset_options", "generator_options", "extract_answer",
     "answers_agree", "ReasoningGymTask",
 ]
 
 EXTRA = "envs"
 """The pyproject extra that installs reasoning-gym."""
+
+SPLIT_RULE = "canonical-question; reward full marks or nothing"
+"""The names of the split rule and the reward (`ReasoningGymTask.split_of`, `.reward`). Change it
+with either: a model warm-started on the train split and stopped by the reward
+(`pipeline.workflows.reasoning_gym.model`) should hash it into its cache key."""
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 
