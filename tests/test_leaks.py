@@ -9,6 +9,7 @@ bit masks), not against the code's own canonical form."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 import re
@@ -39,6 +40,12 @@ def test_the_held_out_side_holds_400_distinct_sums_and_no_drawn_problem_mirrors_
     held = [g for g in groups if task.split_of(g[0], "+", g[1]) == "heldout"]
     assert len(held) >= 400
     heldout = task.problems("heldout", 400, 0)  # an evaluation of 400 distinct sums exists
+    from pipeline.config import EvalConfig
+    from pipeline.workflows.math.model import evaluate_solver
+
+    # what the default model's build and the evaluation ask of the held-out split fits in it
+    for n in (inspect.signature(evaluate_solver).parameters["n"].default, EvalConfig().problems):
+        assert len(task.problems("heldout", n, 1)) == n
     sums = {tuple(sorted(map(int, p.question.rstrip("=").split("+")))) for p in heldout}
     assert len(sums) == 400  # distinct up to order: never both a+b and b+a among them
     train = {tuple(sorted(map(int, p.question.rstrip("=").split("+")))) for s in range(3) for p in task.problems("train", 2000, s)}
