@@ -124,6 +124,13 @@ def test_reasoning_gym_sums_and_their_mirrors_share_a_split_and_400_are_held_out
     assert len(sums) == 400
     train = {tuple(sorted(int(x) for x in p.question.removeprefix("Calculate ").rstrip(".").split(" + "))) for p in task.problems("train", 1500, 0)}
     assert not sums & train
+    # the embedded model starts from the math model, warm-started on the arithmetic train split:
+    # none of these sums is one of its train problems (the generator also writes sums outside the
+    # arithmetic task's operands, e.g. 100 + 3, which that warm start never saw)
+    arithmetic = ArithmeticTask()
+    c = arithmetic.config
+    shared = [(a, b) for a, b in sums if c.min_operand <= a <= c.max_operand and c.min_operand <= b <= c.max_operand]
+    assert len(shared) > 200 and all(arithmetic.split_of(a, "+", b) == "heldout" for a, b in shared)
 
 
 # -- tic-tac-toe --------------------------------------------------------------------------------

@@ -14,7 +14,10 @@ item's split is therefore a hash of its question's canonical form
 (`pipeline.tasks.base.canonical_question`: the one arithmetic expression it holds, its sums' terms
 and its products' factors sorted, else the normalised text), and a split's problems have distinct
 canonical forms: train and held-out never share a question, nor "Calculate 12 + 57." and
-"Calculate 57 + 12.", whatever the seeds asked for.
+"Calculate 57 + 12.", whatever the seeds asked for. A question whose canonical form is a problem
+of the arithmetic task ("12+57": two operands in its default range, its operator) takes that
+task's split instead: the embedded reasoning-gym model starts from the math default model, whose
+warm start trained on the arithmetic train split, so a sum held out here must be held out there.
 
 Rewards: reasoning-gym's scorers give partial credit (basic_arithmetic's gives "1410" 0.75 when
 the reference is "141", and "141.0" 0.6); a reward that high would count as a right answer (the
@@ -48,7 +51,7 @@ __all__ = [
 EXTRA = "envs"
 """The pyproject extra that installs reasoning-gym."""
 
-SPLIT_RULE = "canonical-question; reward full marks or nothing"
+SPLIT_RULE = "canonical-question, arithmetic problems by the arithmetic split; reward full marks or nothing"
 """The names of the split rule and the reward (`ReasoningGymTask.split_of`, `.reward`). Change it
 with either: a model warm-started on the train split and stopped by the reward
 (`pipeline.workflows.reasoning_gym.model`) should hash it into its cache key."""
@@ -160,8 +163,11 @@ class ReasoningGymTask(MathTask):
 
     # -- problems ---------------------------------------------------------------------------
     def split_of(self, question: str) -> str:
-        """ "train" or "heldout": a hash of the question's canonical form (`canonical_question`)."""
-        return split_of(canonical_question(question), self.heldout_fraction, salt=f"reasoning_gym:{self.dataset}:")
+        """ "train" or "heldout": the arithmetic task's split where the question is one of its
+        problems (module docstring), else a hash of the question's canonical form
+        (`canonical_question`) at `heldout_fraction`."""
+        form = canonical_question(question)
+        return _arithmetic_split(form) or split_of(form, self.heldout_fraction, salt=f"reasoning_gym:{self.dataset}:")
 
     def problem_of(self, entry: Mapping[str, Any]) -> Problem:
         """The problem of one dataset entry: its question, and the rest of the entry as JSON."""
@@ -275,6 +281,23 @@ def _generate(ds, i: int) -> dict | None:
         signal.signal(signal.SIGALRM, previous)
         if outer:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - t0), 1e-3))
+
+
+_ARITHMETIC_FORM = re.compile(r"expr:(\d+)([+-])(\d+)")
+
+
+def _arithmetic_split(form: str) -> str | None:
+    """The default arithmetic task's split of a canonical form that is one of its problems, else None."""
+    from pipeline.tasks.arithmetic import ArithmeticTask
+
+    m = _ARITHMETIC_FORM.fullmatch(form)
+    if m is None:
+        return None
+    task = ArithmeticTask()
+    a, op, b, c = int(m[1]), m[2], int(m[3]), task.config
+    if op not in c.ops or not (c.min_operand <= a <= c.max_operand and c.min_operand <= b <= c.max_operand):
+        return None
+    return task.split_of(a, op, b)
 
 
 def _digest(text: str) -> str:
