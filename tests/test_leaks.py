@@ -199,3 +199,27 @@ def test_the_tic_tac_toe_warm_start_never_trains_at_a_held_out_start_or_its_mirr
     boards = {"".join(c[0] for c in m[0]["content"].split("\n")[1].removeprefix("cells: ").split()) for m, _ in examples}
     assert sum(b.count("x") + b.count("o") == 4 for b in boards) > 100  # it does train at that depth
     assert not boards & held
+
+
+# -- the canonical form -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("one", "other", "same"), [
+    ("57+12", "12+57", True), ("(12)+57", "57 + 12", True), ("5-3+2", "2+5-3", True), ("-3+5+2", "5+2-3", True),
+    ("4*3", "3*4", True), ("(1+2)*3", "3*(2+1)", True), ("2×3", "3*2", True),
+    ("5-3", "3-5", False), ("6/2", "2/6", False), ("2^3", "3^2", False), ("(1+2)*3", "1+2*3", False), ("12+57", "12+58", False),
+])
+def test_the_canonical_form_merges_one_problem_written_two_ways_and_nothing_else(one, other, same):
+    from pipeline.tasks.base import canonical_expression
+
+    assert canonical_expression(one) is not None and (canonical_expression(one) == canonical_expression(other)) is same
+
+
+def test_a_question_without_one_readable_expression_falls_back_to_its_text():
+    from pipeline.tasks.base import canonical_question
+
+    assert canonical_question("Calculate 12 + 57.") == canonical_question("What is 57+12?") == "expr:12+57"
+    assert canonical_question("How many legs do 3 cats have?") == canonical_question("how many  legs do 3 cats have") == "text:how many legs do 3 cats have"
+    assert canonical_question("Add 1 + 2, then 3 + 4.").startswith("text:")  # two expressions: the text decides
+    deep = "Calculate " + "+".join(["1"] * 5000) + "."  # too deep for Python's parser: no crash
+    assert canonical_question(deep).startswith("text:")

@@ -111,14 +111,11 @@ def canonical_expression(text: str) -> str | None:
     a split: a trained a+b never has its mirror b+a held out."""
     try:
         tree = ast.parse(text.translate(_SYMBOLS).strip(), mode="eval").body
-    except (SyntaxError, ValueError):
-        return None
-    if not isinstance(tree, (ast.BinOp, ast.UnaryOp)):
-        return None  # a bare number is not an expression
-    try:
+        if not isinstance(tree, (ast.BinOp, ast.UnaryOp)):
+            return None  # a bare number is not an expression
         return _canon(tree)
-    except _NotArithmetic:
-        return None
+    except (SyntaxError, ValueError, RecursionError, MemoryError, _NotArithmetic):
+        return None  # not an expression, or one too deep to read: the question's text decides
 
 
 class _NotArithmetic(Exception):
