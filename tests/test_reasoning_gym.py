@@ -1,5 +1,5 @@
 """The reasoning-gym workflow: three datasets through it (problems, splits that never share a
-question, the dataset's own scorer as the reward, re-scoring the stored rows), each team played by
+question nor a mirrored one, the dataset's own scorer as the reward (full marks or nothing), re-scoring the stored rows), each team played by
 a scripted sampler, the tool_plan sandbox on hostile programs, bad datasets and options as one
 line, the import guard, offline generation, and `maxit run` end to end on a tiny model."""
 
@@ -48,9 +48,10 @@ def test_problems_splits_and_the_datasets_own_scorer(name):
         ref = entry["answer"]
         assert task.reward(p, ref) == ds.score_answer(ref, entry) == 1.0
         assert task.reward(p, f"<answer>{ref}</answer>") == 1.0
-        for wrong in ("", "no idea", ref + "0", "7"):
-            assert task.reward(p, wrong) == ds.score_answer(extract_answer(wrong), entry)
-    assert any(task.reward(p, "7") < 1.0 for p in train)
+        for wrong in ("", "no idea", ref + "0", "7"):  # full marks or nothing: partial credit is a wrong answer
+            assert task.reward(p, wrong) == (1.0 if ds.score_answer(extract_answer(wrong), entry) >= 1.0 else 0.0)
+            assert task.score(p, wrong) == ds.score_answer(extract_answer(wrong), entry)
+    assert any(task.reward(p, "7") == 0.0 for p in train)
 
 
 def test_splits_never_share_a_question_whatever_the_seeds():

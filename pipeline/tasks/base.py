@@ -10,7 +10,9 @@ are kept out of group statistics downstream.
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import re
 from abc import ABC, abstractmethod
 from typing import Callable, Hashable, Protocol, TypeVar, runtime_checkable
 
@@ -31,6 +33,8 @@ __all__ = [
     "parse_verdict",
     "verifier_prompt",
     "split_of",
+    "canonical_expression",
+    "canonical_question",
     "draw_distinct",
     "WRONG_FEEDBACK",
     "RIGHT_FEEDBACK",
@@ -90,6 +94,94 @@ def split_of(key: str, heldout_fraction: float, salt: str = "") -> str:
     """"heldout" or "train", decided by a hash of `key` alone, so one problem can never be in both."""
     h = int.from_bytes(hashlib.blake2b(f"{salt}{key}".encode(), digest_size=8).digest(), "big")
     return "heldout" if (h / 2**64) < heldout_fraction else "train"
+
+
+_EXPRESSION_RUN = re.compile(r"[-−(]*\s*\d[\d\s.+\-−*/×÷^()]*")
+"""A run of characters that may hold an arithmetic expression (digits, operators, parentheses)."""
+_SYMBOLS = str.maketrans({"×": "*", "÷": "/", "−": "-", "^": "**"})
+_NON_COMMUTATIVE = {ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**"}
+
+
+def canonical_expression(text: str) -> str | None:
+    """The canonical form of an arithmetic expression (`text` is one expression and nothing
+    else), or None when it is not one: the terms of a chain of + and - as a sorted multiset of
+    signed terms, the factors of a chain of * sorted, each term and factor canonical in turn, so
+    "57+12", "12+57" and "(12)+57" are one form and "a-b+c" is "a+c-b"; "/", "//", "%" and "**"
+    keep their order. It is the key by which problems that are one problem written two ways share
+    a split: a trained a+b never has its mirror b+a held out."""
+    try:
+        tree = ast.parse(text.translate(_SYMBOLS).strip(), mode="eval").body
+        if not isinstance(tree, (ast.BinOp, ast.UnaryOp)):
+            return None  # a bare number is not an expression
+        return _canon(tree)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, _NotArithmetic):
+        return None  # not an expression, or one too deep to read: the question's text decides
+
+
+class _NotArithmetic(Exception):
+    pass
+
+
+def _canon(node: ast.AST) -> str:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return repr(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):
+        return _canon(node.operand)
+    if isinstance(node, (ast.BinOp, ast.UnaryOp)) and isinstance(node.op, (ast.Add, ast.Sub, ast.USub)):
+        terms: list[tuple[int, str]] = []
+        _signed_terms(node, 1, terms)
+        ordered = sorted(t for s, t in terms if s > 0) + sorted(t for s, t in terms if s < 0)
+        signs = ["+"] * sum(s > 0 for s, _ in terms) + ["-"] * sum(s < 0 for s, _ in terms)
+        body = "".join(sign + term for sign, term in zip(signs, ordered))
+        return body[1:] if body.startswith("+") else body
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        factors: list[str] = []
+        _factors(node, factors)
+        return "*".join(sorted(_wrapped(f) for f in factors))
+    if isinstance(node, ast.BinOp) and type(node.op) in _NON_COMMUTATIVE:
+        return f"{_wrapped(_canon(node.left))}{_NON_COMMUTATIVE[type(node.op)]}{_wrapped(_canon(node.right))}"
+    raise _NotArithmetic
+
+
+def _signed_terms(node: ast.AST, sign: int, out: list[tuple[int, str]]) -> None:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+        _signed_terms(node.left, sign, out)
+        _signed_terms(node.right, sign if isinstance(node.op, ast.Add) else -sign, out)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        _signed_terms(node.operand, -sign if isinstance(node.op, ast.USub) else sign, out)
+    else:
+        out.append((sign, _wrapped(_canon(node))))
+
+
+def _factors(node: ast.AST, out: list[str]) -> None:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        _factors(node.left, out)
+        _factors(node.right, out)
+    else:
+        out.append(_canon(node))
+
+
+def _wrapped(form: str) -> str:
+    """`form` in parentheses unless it is one number (so "(a+b)*c" keeps its meaning)."""
+    return form if re.fullmatch(r"\d+(\.\d*)?(e[-+]?\d+)?", form) else f"({form})"
+
+
+def canonical_question(question: str) -> str:
+    """The key a question's split is decided by: "expr:" and the canonical form of the one
+    arithmetic expression it holds (`canonical_expression`; the wording around it is not part of
+    the problem, so "Calculate 12 + 57." and "What is 57 + 12?" are one), else "text:" and the
+    question lower-cased with its spacing and surrounding punctuation normalised."""
+    found = set()
+    for run in _EXPRESSION_RUN.findall(question):
+        run = run.strip().rstrip(".=").strip()
+        for candidate in (run, run.rstrip(")"), run.lstrip("(")):
+            form = canonical_expression(candidate)
+            if form is not None:
+                found.add(form)
+                break
+    if len(found) == 1:
+        return "expr:" + found.pop()
+    return "text:" + " ".join(question.lower().split()).strip(" .?!:;=")
 
 
 T = TypeVar("T")

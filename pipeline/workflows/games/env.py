@@ -40,7 +40,8 @@ from pipeline.tasks.base import split_of
 from pipeline.types import Message
 from pipeline.workflows.games.spiel import Table, best_moves, solved_value
 
-__all__ = ["GameSpec", "GameEnv", "SPECS", "REWARDS", "TEAMS", "PLAYERS", "OPPONENTS", "read_action", "draw_histories", "positions", "replay", "prompt_text", "ttt_forced"]
+__all__ = ["GameSpec", "GameEnv", "SPECS", "REWARDS", "TEAMS", "PLAYERS", "OPPONENTS", "read_action", "draw_histories", "positions", "position_splits",
+           "position_class", "continuations", "replay", "prompt_text", "ttt_forced"]
 
 PLAYERS = ("player_0", "player_1")
 """The agents: one per seat (OpenSpiel's players 0 and 1)."""
@@ -82,6 +83,10 @@ class GameSpec:
     cells, each its content and its number, the action that plays there ("cells: x0 .1 o2 ..."),
     in place of OpenSpiel's grid: every cell says where it is, so a model reads the board without
     counting characters, and the free cells (".1") are the legal moves."""
+    square_board: int = 0
+    """Side of the square board when the game is the same under its rotations and reflections
+    (tic-tac-toe: 3), so a position and its mirror images are one problem and share a split
+    (`position_class`); 0 where it is not."""
 
 
 TEAMS = {"tic_tac_toe": ("legal", "outcome"), "bargaining": ("joint", "outcome")}
@@ -97,7 +102,8 @@ REWARDS = {"tic_tac_toe": ("best", "value"), "bargaining": ("outcome",)}
 optimal move, the grid's rule: the default "rs" loss trains exactly these), else 0.0."""
 
 SPECS = {
-    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="best", scale=1.0, team="legal", outcome="result", opening=4, max_turns=5, board_cells=True),
+    "tic_tac_toe": GameSpec("tic_tac_toe", ("x", "o"), reward="best", scale=1.0, team="legal", outcome="result", opening=4, max_turns=5, board_cells=True,
+                            square_board=3),
     "bargaining": GameSpec("bargaining", ("p0", "p1"), reward="outcome", scale=10.0, team="joint", outcome="utility", opening=0, max_turns=5),
 }
 
@@ -167,11 +173,92 @@ def _child(state, action: int):
     return child
 
 
+def _square_symmetries(side: int) -> tuple[tuple[int, ...], ...]:
+    """The 8 rotations and reflections of a `side` x `side` board, each as the cell every cell goes to."""
+    rotate = lambda i: (i % side) * side + (side - 1 - i // side)  # noqa: E731
+    reflect = lambda i: (i // side) * side + (side - 1 - i % side)  # noqa: E731
+    out, cells = [], list(range(side * side))
+    for _ in range(4):
+        out += [tuple(cells), tuple(reflect(i) for i in cells)]
+        cells = [rotate(i) for i in cells]
+    return tuple(out)
+
+
+def position_class(spec: GameSpec, key: str) -> str:
+    """The problem a position key (`positions`) is: on a square board (`GameSpec.square_board`),
+    the least of its rotations and reflections, so a position and its mirror images are one;
+    elsewhere the key itself."""
+    side = spec.square_board
+    cells = key.replace("\n", "")
+    if not side or len(cells) != side * side:
+        return key
+    images = []
+    for moved in _square_symmetries(side):
+        board = [""] * len(cells)
+        for i, c in enumerate(cells):
+            board[moved[i]] = c
+        images.append("".join(board))
+    return min(images)
+
+
+def continuations(spec: GameSpec, history: str, plies: int) -> set[str]:
+    """The keys of the unfinished positions reached from `history` in 1 .. `plies` more plies."""
+    state, found = replay(spec, history, seed="").state, set()
+    frontier = [state]
+    for _ in range(plies):
+        frontier = [c for s in frontier for a in s.legal_actions() if not (c := _child(s, a)).is_terminal()]
+        found |= {str(c) for c in frontier}
+    return found
+
+
+@lru_cache(maxsize=None)
+def position_splits(spec: GameSpec, opening: int, heldout_fraction: float) -> dict[str, str]:
+    """The split of every problem position (`positions`): position key -> "train" | "heldout";
+    a position in neither split is left out.
+
+    The rule, so that nothing trained on is a held-out problem or leads to one:
+    - held-out problems are positions of the deepest opening level (`opening` plies; every
+      problem a held-out game starts at), whose class (`position_class`: the position up to the
+      board's mirror images) a hash puts on the held-out side;
+    - the other classes of that level are train problems: one level's positions never reach each
+      other, so a training game, which only ever moves forward, never passes a held-out start;
+    - a shallower position is a train problem only when none of its continuations within the
+      opening is held out (a game from it could reach a held-out start), else it is in neither
+      split. (In tic-tac-toe nearly every shallower position leads to some held-out start.)
+    No held-out start is therefore reachable from a train start, and none is a position before
+    one. A held-out game's later positions may be met in training: two openings share their
+    continuations, so no split of starts can keep them apart."""
+    found = positions(spec, opening)
+    if not found:
+        return {}
+    depth = {key: _plies(spec, history) for key, history in found}
+    deepest = max(depth.values())
+    out = {key: split_of(position_class(spec, key), heldout_fraction, salt=f"{spec.name}:") for key, d in depth.items() if d == deepest}
+    held = {key for key, split in out.items() if split == "heldout"}
+    for key, history in found:
+        if depth[key] < deepest and not continuations(spec, history, deepest - depth[key]) & held:
+            out[key] = "train"
+    return out
+
+
+def _plies(spec: GameSpec, history: str) -> int:
+    """Players' moves in `history` (the deal's chance outcomes not counted)."""
+    from pipeline.workflows.games.spiel import load_game
+
+    state, plies = load_game(spec.name).new_initial_state(), 0
+    for a in [int(x) for x in history.split(",") if x]:
+        plies += not state.is_chance_node()
+        state.apply_action(a)
+    return plies
+
+
 def draw_histories(spec: GameSpec, split: str, n: int, seed: int, opening: int, heldout_fraction: float) -> list[str]:
     """`n` problem histories of `split` at distinct positions (`positions`), in an order drawn from
-    `seed`. A position's split is a hash of its key, so train and held-out never share one; asking
-    for more than the split holds is a `ConfigError` saying how many it holds."""
-    pool = [h for key, h in positions(spec, opening) if split_of(key, heldout_fraction, salt=f"{spec.name}:") == split]
+    `seed`. A position's split is `position_splits`' (train and held-out never share one, nor
+    does a train position lead to a held-out one); asking for more than the split holds is a
+    `ConfigError` saying how many it holds."""
+    splits = position_splits(spec, opening, heldout_fraction)
+    pool = [h for key, h in positions(spec, opening) if splits.get(key) == split]
     if n > len(pool):
         raise ConfigError(f"{spec.name}: {split} has {len(pool)} positions with openings of up to {opening} plies, {n} asked for (ask for fewer: --problems for train, --eval-problems for heldout; or change opening or heldout_fraction)")
     random.Random(f"{spec.name}:{split}:{seed}").shuffle(pool)

@@ -7,8 +7,9 @@ tokens and the larger initial weights the model learns the game's tactics from i
 as fast as an MLP given the cells (docs/results/games.md); with neither it learned them about ten
 times slower.
 
-Warm start: SFT at positions of random games (positions of the train split only: a position's
-split is the same hash the workflow's problems use), every target one cell digit. The first
+Warm start: SFT at positions of random games, never at a held-out problem's position nor at one of
+its mirror images (`pipeline.workflows.games.env.position_splits` at the workflow's default opening
+and `heldout_fraction`: the split the workflow's problems use), every target one cell digit. The first
 `clean_steps` train on the mover's best moves (a move whose minimax result is the best the mover
 can get, `pipeline.workflows.games.spiel.solved_value`); after them a share `noise` of the
 targets is a random legal cell (most of them by default), so at T=1 the model plays mostly legal,
@@ -35,7 +36,7 @@ __all__ = ["TTTWarmStartConfig", "ttt_sft_examples", "ttt_model", "build_ttt_mod
 CELL_TOKENS = tuple(f"{c}{i}" for c in "xo." for i in range(9))
 """One token per cell and content, as the prompt's `cells:` line writes them (`GameSpec.board_cells`)."""
 
-TTT_BUILD_VERSION = 2
+TTT_BUILD_VERSION = 3
 """Bump when the build code changes what it produces, so old cached models are not reused."""
 
 
@@ -55,7 +56,8 @@ class TTTWarmStartConfig:
     noise: float = 0.9
     """Share of the targets after `clean_steps` that are a random legal cell instead of a best move."""
     heldout_fraction: float = 0.3
-    """The workflow's default: SFT positions are all of its train split."""
+    """The workflow's default: no SFT position is a held-out problem of the workflow's split at
+    this fraction and the game's default opening."""
     seed: int = 0
     threads: int | None = 1
     """torch threads of the build (not part of its key; see the grid model's)."""
@@ -68,12 +70,12 @@ class TTTWarmStartConfig:
 
 
 def ttt_sft_examples(rng: random.Random, n: int, config: TTTWarmStartConfig) -> list[tuple[list[Message], str]]:
-    """`n` (messages, target cell) pairs at train-split positions of random games."""
-    from pipeline.tasks.base import split_of
-    from pipeline.workflows.games.env import SPECS, prompt_text
+    """`n` (messages, target cell) pairs at positions of random games that are not held-out problems."""
+    from pipeline.workflows.games.env import SPECS, position_splits, prompt_text
     from pipeline.workflows.games.spiel import Table, best_moves
 
     spec = SPECS["tic_tac_toe"]
+    splits = position_splits(spec, spec.opening, config.heldout_fraction)
     out: list[tuple[list[Message], str]] = []
     while len(out) < n:
         table = Table(spec.name, 0)
@@ -81,7 +83,7 @@ def ttt_sft_examples(rng: random.Random, n: int, config: TTTWarmStartConfig) -> 
             if table.done:
                 break
             table.step(rng.choice(table.legal()))
-        if table.done or split_of(str(table.state), config.heldout_fraction, salt=f"{spec.name}:") != "train":
+        if table.done or splits.get(str(table.state)) == "heldout":
             continue
         target = rng.choice(table.legal()) if rng.random() < config.noise else rng.choice(best_moves(table))
         out.append(([Message(role="user", content=prompt_text(spec, table, table.agent_selection))], str(target)))

@@ -2,8 +2,10 @@
 agents (`player_0`, `player_1`), on one shared policy or each on its own (`--shared-policy`), and
 both players' calls are rows of the `steps` table.
 
-- `tic_tac_toe` (two-player zero-sum): a problem is a position after an opening of 0, 2 or 4
-  random plies (x to move); its embedded model is `pipeline.workflows.games.model`.
+- `tic_tac_toe` (two-player zero-sum): a problem is a position after an opening of 4 random plies
+  (x to move); a held-out position is never a train position, nor a mirror image of one, nor
+  reachable from one (`pipeline.workflows.games.env.position_splits`, which also says why the
+  shallower openings drop out); its embedded model is `pipeline.workflows.games.model`.
 - `bargaining` (negotiation, general-sum; OpenSpiel's Deal-or-No-Deal): a problem is a dealt
   instance (the pool and each player's private values); players alternate offers until one
   answers "Agree" or the offers run out. It has no embedded model: run it with `--model`.
@@ -138,7 +140,7 @@ class TicTacToeWorkflow(GameWorkflow):
     spec: ClassVar[GameSpec] = SPECS["tic_tac_toe"]
     name: ClassVar[str] = "tic_tac_toe"
     run_defaults: ClassVar[dict[str, object]] = {"problems": 256, "samples": 8}
-    """Four times the library's samples a round (256 positions of the 562 the train split holds,
+    """Four times the library's samples a round (256 positions of the 496 the train split holds,
     groups of 8): at the library's 128 x 4 five rounds of self-play learn the game's tactics about
     two thirds as far (docs/results/games.md)."""
 

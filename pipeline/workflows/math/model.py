@@ -29,7 +29,8 @@ BUILD_VERSION = 1
 
 def tokenizer_corpus(seed: int = 0, n: int = 2000) -> list[str]:
     """Texts of every format of the default task (questions with answers, hints, Verifier
-    prompts, feedback turns), from which the BPE learns its merges."""
+    prompts, feedback turns) on train-split problems, from which the BPE learns its merges (a
+    held-out answer is not seen even as a merge)."""
     from pipeline.strategies import HINT_PREFIX
     from pipeline.tasks.arithmetic import ArithmeticTask, make_hint
     from pipeline.tasks.base import RIGHT_FEEDBACK, WRONG_FEEDBACK
@@ -37,8 +38,12 @@ def tokenizer_corpus(seed: int = 0, n: int = 2000) -> list[str]:
     task = ArithmeticTask()
     rng = random.Random(f"tokenizer-corpus:{seed}")
     out: list[str] = []
-    for _ in range(n):
+    problems = 0
+    while problems < n:
         a, op, b = task.sample_operands(rng)
+        if task.split_of(a, op, b) != "train":
+            continue
+        problems += 1
         p = task.make_problem(a, op, b)
         out.append(p.question + p.answer)
         out.append(task.verifier_messages(p, p.answer)[0]["content"])
@@ -55,13 +60,16 @@ def build_tokenizer(config: ModelConfig = ModelConfig()):
 
 def _build_settings(model_config: ModelConfig, warm_config: WarmStartConfig) -> dict:
     """What the default model's cache key hashes (`pipeline.models.build.settings_key`)."""
+    from pipeline.tasks.arithmetic import SPLIT_RULE, ArithmeticConfig
     from pipeline.tasks.prompts import ARITHMETIC_PROMPTS
 
     # the texts the warm start renders are part of what the model is trained on: a change to them
     # is a new model (other template fields, e.g. how a verdict is read, are not)
     trained = ("user", "system", "verifier_user", "verifier_system", "wrong_feedback", "right_feedback")
     prompts = {name: getattr(ARITHMETIC_PROMPTS, name) for name in trained}
-    settings = {"version": BUILD_VERSION, "model": model_config.key(), "warm_start": asdict(warm_config), "prompts": prompts}
+    # the warm start and the tokenizer see only the task's train split: a new split is a new model
+    split = {"rule": SPLIT_RULE, "heldout_fraction": ArithmeticConfig().heldout_fraction}
+    settings = {"version": BUILD_VERSION, "model": model_config.key(), "warm_start": asdict(warm_config), "prompts": prompts, "split": split}
     settings["warm_start"].pop("threads", None)  # does not change the result
     return settings
 
@@ -70,9 +78,10 @@ def _build_key(model_config: ModelConfig, warm_config: WarmStartConfig) -> str:
     return settings_key(_build_settings(model_config, warm_config))
 
 
-def evaluate_solver(model_dir: str | Path, n: int = 500, samples: int = 4, seed: int = 0) -> dict[str, float]:
+def evaluate_solver(model_dir: str | Path, n: int = 400, samples: int = 4, seed: int = 0) -> dict[str, float]:
     """Held-out accuracy of a model's Solver on the default task: T=1 without and with the hint
-    (`samples` each of `n` problems; standard error ~1 point at the defaults) and greedy."""
+    (`samples` each of `n` problems; standard error ~1 point at the defaults) and greedy. 400:
+    the held-out split holds 459 distinct sums (a+b and b+a are one)."""
     from pipeline.tasks.arithmetic import ArithmeticTask
 
     task = ArithmeticTask()

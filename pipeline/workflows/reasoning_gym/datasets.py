@@ -4,14 +4,25 @@
 - `dataset_names()`, `dataset_options(name)`: what exists (the factory's registry, the fields of
   a dataset's config class); `generator_options(name, options)` checks and converts options
   given as `--workflow-options` values (a list option may be given as "a,b,c").
-- `ReasoningGymTask`: a `MathTask` whose problems are the dataset's items and whose reward is the
-  dataset's own `score_answer(answer, entry)`.
+- `ReasoningGymTask`: a `MathTask` whose problems are the dataset's items and whose reward is
+  1.0 when the dataset's own `score_answer(answer, entry)` is full marks or the answer is the
+  reference itself, else 0.0.
 
 Splits: item i of a dataset is generated with `Random(seed + i)`, so datasets of nearby seeds are
 shifted copies of each other, and small generator spaces repeat questions under any seeds. An
-item's split is therefore a hash of its question text (`pipeline.tasks.base.split_of`), and a
-split's problems are distinct questions: train and held-out never share a question, whatever
-the seeds asked for.
+item's split is therefore a hash of its question's canonical form
+(`pipeline.tasks.base.canonical_question`: the one arithmetic expression it holds, its sums' terms
+and its products' factors sorted, else the normalised text), and a split's problems have distinct
+canonical forms: train and held-out never share a question, nor "Calculate 12 + 57." and
+"Calculate 57 + 12.", whatever the seeds asked for. A question whose canonical form is a problem
+of the arithmetic task ("12+57": two operands in its default range, its operator) takes that
+task's split instead: the embedded reasoning-gym model starts from the math default model, whose
+warm start trained on the arithmetic train split, so a sum held out here must be held out there.
+
+Rewards: reasoning-gym's scorers give partial credit (basic_arithmetic's gives "1410" 0.75 when
+the reference is "141", and "141.0" 0.6); a reward that high would count as a right answer (the
+correctness rule is reward >= 0.5, `pipeline.rollout.rewards.is_correct`) and flatter every
+success rate, so the reward is binary: a partly right answer is a wrong one.
 
 Rewards from the stored rows: a problem's `answer` holds the dataset's entry minus its question,
 as JSON (`{"answer": ..., "metadata": ...}`), so the `problems` table alone rebuilds the entry
@@ -28,17 +39,22 @@ from typing import Any, Mapping
 
 from pipeline.errors import ConfigError, DataError
 from pipeline.tasks.answers import numbers_equal, parse_number
-from pipeline.tasks.base import MathTask, draw_distinct, split_of
+from pipeline.tasks.base import MathTask, canonical_question, draw_distinct, split_of
 from pipeline.tasks.prompts import ARITHMETIC_PROMPTS
 from pipeline.types import Problem
 
 __all__ = [
-    "EXTRA", "import_reasoning_gym", "dataset_names", "dataset_options", "generator_options", "extract_answer",
+    "EXTRA", "SPLIT_RULE", "import_reasoning_gym", "dataset_names", "dataset_options", "generator_options", "extract_answer",
     "answers_agree", "ReasoningGymTask",
 ]
 
 EXTRA = "envs"
 """The pyproject extra that installs reasoning-gym."""
+
+SPLIT_RULE = "canonical-question, arithmetic problems by the arithmetic split; reward full marks or nothing"
+"""The names of the split rule and the reward (`ReasoningGymTask.split_of`, `.reward`). Change it
+with either: a model warm-started on the train split and stopped by the reward
+(`pipeline.workflows.reasoning_gym.model`) should hash it into its cache key."""
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 
@@ -147,7 +163,11 @@ class ReasoningGymTask(MathTask):
 
     # -- problems ---------------------------------------------------------------------------
     def split_of(self, question: str) -> str:
-        return split_of(question, self.heldout_fraction, salt=f"reasoning_gym:{self.dataset}:")
+        """ "train" or "heldout": the arithmetic task's split where the question is one of its
+        problems (module docstring), else a hash of the question's canonical form
+        (`canonical_question`) at `heldout_fraction`."""
+        form = canonical_question(question)
+        return _arithmetic_split(form) or split_of(form, self.heldout_fraction, salt=f"reasoning_gym:{self.dataset}:")
 
     def problem_of(self, entry: Mapping[str, Any]) -> Problem:
         """The problem of one dataset entry: its question, and the rest of the entry as JSON."""
@@ -176,7 +196,7 @@ class ReasoningGymTask(MathTask):
                     return
 
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
-        """`n` distinct questions of `split` (`stream`)."""
+        """`n` questions of `split` with distinct canonical forms (`stream`)."""
         if split not in ("train", "heldout"):
             raise ConfigError(f"split must be 'train' or 'heldout', got {split!r}")
         if n < 0:
@@ -185,7 +205,7 @@ class ReasoningGymTask(MathTask):
 
         def draw() -> tuple:
             p = next(items, None)
-            return None if p is None else (p.question, p)
+            return None if p is None else (canonical_question(p.question), p)
 
         return draw_distinct(n, draw, lambda p: True,
                              f"workflow 'reasoning_gym': dataset {self.dataset!r} with options {self.options} has too few distinct {split} questions for {n}", 20)
@@ -205,9 +225,18 @@ class ReasoningGymTask(MathTask):
         """The dataset's reference answer of `problem`."""
         return str(self.entry(problem)["answer"])
 
-    def reward(self, problem: Problem, completion_text: str) -> float | None:
-        """The dataset's own score of the completion's answer (`extract_answer`), 0.0 .. 1.0."""
+    def score(self, problem: Problem, completion_text: str) -> float:
+        """The dataset's own score of the completion's answer (`extract_answer`), 0.0 .. 1.0,
+        partial credit included."""
         return float(self._scorer.score_answer(answer=extract_answer(completion_text), entry=self.entry(problem)))
+
+    def reward(self, problem: Problem, completion_text: str) -> float | None:
+        """1.0 when the completion's answer is the dataset's reference (`extract_answer`, exact
+        text) or the dataset scores it full marks, else 0.0: partial credit is a wrong answer."""
+        entry, answer = self.entry(problem), extract_answer(completion_text)
+        if answer and answer == str(entry["answer"]).strip():
+            return 1.0
+        return 1.0 if float(self._scorer.score_answer(answer=answer, entry=entry)) >= 1.0 else 0.0
 
     def parse_verdict(self, text: str, solution: str | None = None) -> bool | None:
         """The blind Verifier approves when its own answer agrees with the Solver's; None when
@@ -252,6 +281,23 @@ def _generate(ds, i: int) -> dict | None:
         signal.signal(signal.SIGALRM, previous)
         if outer:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - t0), 1e-3))
+
+
+_ARITHMETIC_FORM = re.compile(r"expr:(\d+)([+-])(\d+)")
+
+
+def _arithmetic_split(form: str) -> str | None:
+    """The default arithmetic task's split of a canonical form that is one of its problems, else None."""
+    from pipeline.tasks.arithmetic import ArithmeticTask
+
+    m = _ARITHMETIC_FORM.fullmatch(form)
+    if m is None:
+        return None
+    task = ArithmeticTask()
+    a, op, b, c = int(m[1]), m[2], int(m[3]), task.config
+    if op not in c.ops or not (c.min_operand <= a <= c.max_operand and c.min_operand <= b <= c.max_operand):
+        return None
+    return task.split_of(a, op, b)
 
 
 def _digest(text: str) -> str:
