@@ -118,10 +118,10 @@ def _record(store: Path) -> dict:
 
 
 def read_baselines(store: str | Path) -> pl.DataFrame | None:
-    """The store's `baselines` tables (round -1's and any trained round's, in round order), or None
-    when it has no round -1 table."""
+    """The store's `baselines` tables (round -1's and any trained round's, in round order; an arm's
+    sibling store has its played round's alone), or None when it has none."""
     tables = st.Tables(store)
-    if not tables.exists(BASE_ROUND, TABLE):
+    if not tables.has_any(TABLE):
         return None
     return tables.scan(TABLE).collect().sort("round", maintain_order=True)
 
