@@ -572,11 +572,15 @@ def verdict_lines(store: str | Path, name: str | None = None) -> list[str]:
     played on the team's held-out problems and draws) the trained team pays, does not pay, or
     makes no difference (within two standard errors), by how much; a line saying how to train the
     arms when it has none."""
+    from pipeline.run.baselines import ARMS, arm_store
+
     name = name or str(store)
     team, arms = arm_results(store)
+    unplayed = [arm for arm in ARMS if complete_rounds(arm_store(store, arm)) and not any(a.arm.startswith(arm) for a in arms)]
+    later = [f"arm {arm} is trained but not played yet (maxit baselines --store {name} --arm {arm}: its rounds are kept)" for arm in unplayed]
     if not arms:
         return [f"verdict of store {name}: no trained arm to judge the team against yet: maxit baselines --store {name} --arm single --arm protocol "
-                "--arm separate (the team's shared policy; --arm shared for a team of separate policies)"]
+                "--arm separate (the team's shared policy; --arm shared for a team of separate policies)", *later]
     lines = [f"verdict of store {name} (success of the trained team and of each trained arm at the team's training rows, played on the team's "
              "held-out problems and draws; within 2 standard errors is no difference):"]
     words: dict[str, list[str]] = {"pays": [], "does not pay": [], "no difference": []}
@@ -589,6 +593,7 @@ def verdict_lines(store: str | Path, name: str | None = None) -> list[str]:
         word, figures = _judge(mine, arm)
         words[word].append(arm.label)
         lines.append(f"- against {arm.label}: {'the team ' + word if word != 'no difference' else 'no difference'}: {figures}; round {arm.round}")
+    lines += [f"- {line}" for line in later]
     lines.append("in short: " + "; ".join(f"{'the team ' + w if w != 'no difference' else w} against {', '.join(who)}" for w, who in words.items() if who))
     return lines
 
