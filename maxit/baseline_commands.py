@@ -1,6 +1,6 @@
 """`maxit baselines`: a store's budget-matched baselines (`pipeline.run.baselines`), computed once
 into its `baselines` table and printed beside the team with the verdict; with `--arm ARM`
-(repeatable: single, protocol, separate, shared; `--trained-single` is `--arm single`), the run of
+(repeatable: single, protocol, separate, shared, wide; `--trained-single` is `--arm single`), the run of
 that arm at the team's training rows into the sibling store `<store>-ARM`, then the arm played
 from its last round's checkpoints on the team's held-out problems and draws. Several `--store`s
 (a team's seeds) add the verdict over them, against the seed spread.
@@ -33,7 +33,8 @@ def add_baselines_parser(sub) -> None:
         help="also run this arm, with the team's settings, as many rounds as the team completed, each trained on as many rows as the "
         "team's round (a seeded subset of its training view), into STORE-ARM (resumed like maxit run), then play it from its last "
         "round on the team's held-out problems and draws: single (one agent doing the job; also played at the team's calls), "
-        "protocol (the team's protocol played by one agent on one policy), separate / shared (the team on the other policy layout); "
+        "protocol (the team's protocol played by one agent on one policy), separate / shared (the team on the other policy layout), "
+        "wide (the single agent on an embedded model of the team's parameters: grid's model_scale); "
         "repeatable; maxit report shows each beside the team",
     )
     p.add_argument("--trained-single", action="store_true", help="the same as --arm single")

@@ -273,3 +273,40 @@ def test_the_verdict_over_seeds_is_no_difference_inside_the_seed_spread(monkeypa
     assert lines[2].startswith("- against the protocol: no difference: the team 81.0 (80.0..82.0) against 80.7 (79.0..83.0)")
     seeds["B"] = ({4: result("team", 0.82)}, [result("single", 0.72)])  # an arm one store lacks is named, not averaged over fewer
     assert report.verdict_across(["A", "B", "C"])[2] == "- against the protocol: no verdict: store B has no played arm row"
+
+
+def test_the_wide_arm_is_the_single_agent_on_a_model_of_the_teams_parameters(tmp_path, fake_tokenizer, monkeypatch):
+    import pipeline.workflows.grid.model as grid_model
+    from pipeline.models.build import ModelConfig, count_parameters, untrained_model
+    from pipeline.run.baselines import arm_settings, compute_baselines
+    from pipeline.run.context import build_workflow
+
+    store = tb.team_store(tmp_path, workflow="grid", calls=True, problems=64)
+    compute_baselines(store, engines=tb.FakePool(tb.GridOracle(0.6)))
+    tb.trained(store, {0: 40})
+    with pytest.raises(ConfigError, match=f"the team starts from --model {tmp_path / 'model'}, not a model its workflow builds in code: it has no wide arm"):
+        arm_settings(store, "wide")
+    record = json.loads((store / "experiment.json").read_text())
+    record["settings"]["model_dir"] = None  # the team on the workflow's own embedded model
+    (store / "experiment.json").write_text(json.dumps(record))
+    settings, rows = arm_settings(store, "wide")
+    single, _ = arm_settings(store, "single")
+    assert settings.workflow_options == (single.workflow_options[0], "arm=wide", *single.workflow_options[2:], "model_scale=2")
+    assert settings.problems == single.problems and rows == {0: 40}  # sampled as the single agent is, cut to the team's rows
+    wide = build_workflow(settings.run_config())
+    assert isinstance(wide, SoloWorkflow) and wide.turn_order == (PLANNER,) and wide.echo == (MOVER,)  # the single agent, committing moves
+    built = []
+    monkeypatch.setattr(grid_model, "build_grid_model", lambda cache_dir, game, warm, model_config=None: built.append(model_config) or Path("m"))
+    wide.default_model()
+    assert built[0].num_layers == 2 * ModelConfig.num_layers
+    # about the parameters of two policies of the default model
+    tok = grid_model.build_grid_tokenizer()
+    sizes = [count_parameters(untrained_model(c, tok, tmp_path / f"m{i}")[1]) for i, c in enumerate((ModelConfig(), built[0]))]
+    assert 1.9 < sizes[1] / sizes[0] < 2.05, sizes
+    math_store = tb.team_store(tmp_path / "m")
+    tb.trained(math_store, {0: 30})
+    record = json.loads((math_store / "experiment.json").read_text())
+    record["settings"]["model_dir"] = None
+    (math_store / "experiment.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="workflow 'math' does not scale its embedded model"):
+        arm_settings(math_store, "wide")

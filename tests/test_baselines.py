@@ -434,7 +434,7 @@ def test_bad_input_is_one_line(tmp_path):
         (["--store", str(store)], f"maxit baselines: error: store {store}: no evaluation table (run `maxit run --store {store}` first)"),
         (["--store", str(tmp_path / "nowhere")], f"maxit baselines: error: store {tmp_path / 'nowhere'}: not a store"),
         (["--store", str(store), "--single-problems", "5"], "maxit baselines: error: --single-problems is the trained arms': give it with --arm (or --trained-single)"),
-        (["--store", str(store), "--arm", "twin"], "maxit baselines: error: --arm must be one of single, protocol, separate, shared, got 'twin'"),
+        (["--store", str(store), "--arm", "twin"], "maxit baselines: error: --arm must be one of single, protocol, separate, shared, wide, got 'twin'"),
         (["--store", str(store), "--store", str(store)], f"maxit baselines: error: --store: {store} is given twice"),
         (["--store", str(store), "--trained-single", "--single-problems", "0"], "maxit baselines: error: --single-problems must be >= 1, got 0"),
     ):

@@ -14,6 +14,9 @@ The arms (`ARMS`), each trained with the team's recorded settings, as many round
   calls, every seat one agent, so it isolates what the protocol does from what the team does;
 - `separate` / `shared` (`<store>-separate`, `<store>-shared`): the team itself on the other policy
   layout (a policy per agent, or one shared by all), the team's problems per round;
+- `wide` (`<store>-wide`): the single agent on an embedded model of about the parameters of the
+  team with a policy per agent (the agents' count times the model's), where the workflow builds
+  its model in code and says how to scale it (a `model_scale` option: grid); problems as `single`'s.
 
 What an arm trains is matched on rows: each round's training view is cut to the rows the team
 trained that round (`train_rows`: the `rows` its policies were registered with, summed over them),
@@ -49,6 +52,7 @@ ARMS: dict[str, str] = {
     "protocol": "the team's protocol played by one trained agent",
     "separate": "the team, a trained policy per agent",
     "shared": "the team, one trained shared policy",
+    "wide": "the trained single agent with the team's parameters",
 }
 """The trained arms (`maxit baselines --arm NAME`), each run into `<store>-NAME`: what `maxit
 report` calls them."""
@@ -68,16 +72,17 @@ def single_store(store: str | Path) -> Path:
 
 
 def arm_workflow(of: str = "math", arm: str = "single", **options):
-    """Arm `arm` (single | protocol) of the workflow `of` built with `options`: its single agent
-    (`Workflow.single_agent`) or its protocol played by one agent (`ProtocolWorkflow`). What `maxit run
+    """Arm `arm` (single | protocol | wide) of the workflow `of` built with `options`: its single
+    agent (`Workflow.single_agent`; wide: the same, its options holding the model's `model_scale`)
+    or its protocol played by one agent (`ProtocolWorkflow`). What `maxit run
     --workflow pipeline.run.baselines:arm_workflow --workflow-options of=NAME arm=ARM ...` trains.
     The math workflows take their task by name here (`task`, `task_file`, `prompt_file`), as
     `maxit run` builds it."""
     from pipeline.rollout.workflow import ProtocolWorkflow
     from pipeline.workflows import load_workflow
 
-    if arm not in ("single", "protocol"):
-        raise ConfigError(f"arm_workflow: arm must be single or protocol, got {arm!r}")
+    if arm not in ("single", "protocol", "wide"):
+        raise ConfigError(f"arm_workflow: arm must be single, protocol or wide, got {arm!r}")
     if of in ("math", "single"):
         from pipeline.tasks import build_task
 
@@ -231,7 +236,7 @@ def compute_arm_baselines(store: str | Path, arm: str, *, engines=None, force: b
             rows = arm_rows(
                 workflow, arm, workflow.problems("heldout", ev.problems, ev.seed), _sampler_of(ctx, r, (workflow,)),
                 k=float(team_table["team_calls"][0]), source=str(team_table["calls_source"][0]), samples=ev.samples, temperature=ev.temperature,
-                max_tokens=_budget(ev), seed=ev.seed, round_=r, at_calls=arm == "single",
+                max_tokens=_budget(ev), seed=ev.seed, round_=r, at_calls=arm in ("single", "wide"),
             )
             tables.write(r, TABLE, validate(pl.DataFrame(rows, schema=polars_schema(BASELINES)), BASELINES))
         finally:
@@ -291,7 +296,7 @@ def arm_settings(store: str | Path, arm: str, problems: int | None = None):
     record = _record(store)
     settings = stored_settings(record)
     team = build_workflow(settings.run_config())
-    one_agent = arm in ("single", "protocol")
+    one_agent = arm in ("single", "protocol", "wide")
     if one_agent and team.scored_as_a_team() is not team:  # its rows carry one team reward per side
         raise ConfigError(
             f"store {store}: workflow {settings.workflow!r} gives each seat its own result (one team reward per side, e.g. "
@@ -302,15 +307,21 @@ def arm_settings(store: str | Path, arm: str, problems: int | None = None):
         layout = "a policy per agent" if arm == "separate" else "one shared policy"
         raise ConfigError(f"store {store}: the team already trains {layout}: it is arm {arm!r} itself; its other layout is arm "
                           f"{'shared' if arm == 'separate' else 'separate'!r}")
-    if arm in ("separate", "shared") and len(team.agents) < 2:
-        raise ConfigError(f"store {store}: workflow {settings.workflow!r} has one agent: it has no other policy layout to train")
+    if arm in ("separate", "shared", "wide") and len(team.agents) < 2:
+        raise ConfigError(f"store {store}: workflow {settings.workflow!r} has one agent: it has no other policy layout, nor more parameters, to train")
+    if arm == "wide":
+        if settings.model_dir is not None:
+            raise ConfigError(f"store {store}: the team starts from --model {settings.model_dir}, not a model its workflow builds in code: it has no wide arm")
+        if not hasattr(team, "model_scale") or any(o.startswith("model_scale=") for o in settings.workflow_options):
+            raise ConfigError(f"store {store}: workflow {settings.workflow!r} does not scale its embedded model (no model_scale option, or one already "
+                              "given): it has no wide arm")
     done, rows = complete_rounds(store), train_rows(store)
     if not done:
         raise DataError(f"store {store}: no completed round: the {ARMS[arm]} is trained at the team's rows of its rounds")
     missing = [r for r in done if r not in rows]
     if missing:
         raise DataError(f"store {store}: round(s) {missing} have no training rows in the policy registry: the {ARMS[arm]}'s rows cannot be matched")
-    if arm == "single" and problems is None:
+    if arm in ("single", "wide") and problems is None:
         table = read_baselines(store)
         if table is None:
             raise DataError(f"store {store}: no baselines table: compute it first (maxit baselines --store {store})")
@@ -324,7 +335,7 @@ def arm_settings(store: str | Path, arm: str, problems: int | None = None):
     elif arm == "single" and settings.workflow in ("math", "single"):
         changed = replace(settings, workflow="single", max_loop_num=None, problems=problems)
     else:
-        options = [f"of={settings.workflow}", f"arm={arm}", *settings.workflow_options]
+        options = [f"of={settings.workflow}", f"arm={arm}", *settings.workflow_options, *([f"model_scale={len(team.agents)}"] if arm == "wide" else [])]
         if settings.workflow in ("math", "single"):  # its task by name, as maxit run builds it (a task file is a setting of its own)
             options += [f"task={settings.task}"] + ([f"prompt_file={settings.prompt_file}"] if settings.prompt_file else [])
         changed = replace(settings, workflow="pipeline.run.baselines:arm_workflow", workflow_options=tuple(options), problems=problems)

@@ -491,6 +491,9 @@ PLAYED_ARMS = {
     "protocol": "the team's protocol played by one trained agent",
     "separate": "the team, a trained policy per agent",
     "shared": "the team, one trained shared policy",
+    "wide": "the trained single agent with the team's parameters, 1 call",
+    "wide_best_of_k": "the trained single agent with the team's parameters, best-of-{m} vote at the team's calls",
+    "wide_self_refine": "the trained single agent with the team's parameters, self-refine x{m} at the team's calls",
 }
 """What the verdict calls each played row of a trained arm's `baselines` table."""
 
