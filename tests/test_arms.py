@@ -207,7 +207,7 @@ def test_an_arm_trains_exactly_the_teams_rows_of_each_round(tmp_path, fake_token
     assert "round 0: trained 37 of its 100 rows (the team's round 0: 37 rows)" in out
 
 
-def test_trained_arms_are_played_on_the_teams_problems_and_draws_and_judged(tmp_path, fake_tokenizer, monkeypatch):
+def test_trained_arms_are_played_on_the_teams_problems_and_draws_and_judged(tmp_path, fake_tokenizer, monkeypatch, capsys):
     from maxit.baseline_commands import _run_arm
     from pipeline.run.baselines import arm_settings, arm_store, compute_arm_baselines, compute_baselines
     from pipeline.run.report import arm_results, baselines_markdown
@@ -236,6 +236,17 @@ def test_trained_arms_are_played_on_the_teams_problems_and_draws_and_judged(tmp_
     again = tb.FakePool(tb.GridOracle(0.6))
     compute_arm_baselines(store, "protocol", engines=again)
     assert again.gets == 0
+    # the study script: the arms' rows per round and the verdict over the stores given (one here: no seed spread to judge by)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("teams_study", Path(__file__).resolve().parents[1] / "scripts" / "teams_study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    study.main([str(store)])
+    out = capsys.readouterr().out
+    assert "| round | team's training rows | the trained single agent's | the team's protocol played by one trained agent's |" in out
+    assert "| 0 | 37 (37..37) | 37 (37..37) | 37 (37..37) |" in out
+    assert "- against the team's protocol played by one trained agent: no verdict over seeds (one store): the team " in out
 
 
 def result(arm: str, success: float, n: int = 400, round_: int = 4):
