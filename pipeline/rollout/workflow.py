@@ -38,8 +38,9 @@ workflow (`check_workflow`).
 
 The budget-matched baselines (`pipeline.rollout.baselines`) ask a workflow four more things, each
 with a default: the workflow they score (`scored_as_a_team`: itself, or a competitive game's variant
-with one team reward per episode), its single agent (`single_agent`: by default `SoloWorkflow`, the first agent of the
-turn order alone taking every seat), whether and how its answers compare (`answer_key`; by default
+with one team reward per episode), its single agent (`single_agent`: ONE agent doing the job; by
+default `SoloWorkflow`, the first agent of the turn order alone taking every seat, which is the
+team's protocol by one agent, `ProtocolWorkflow`, the arm of its own), whether and how its answers compare (`answer_key`; by default
 they do not, and there is no majority vote) and what an agent sees when it answers again
 (`refine_messages`).
 """
