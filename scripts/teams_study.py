@@ -3,11 +3,14 @@
     .venv/bin/python scripts/teams_study.py STORE [STORE ...]
 
 Each STORE is a team's store (one seed) on which `maxit baselines --store STORE` and
-`maxit baselines --store STORE --trained-single` ran. Prints, as markdown, one row per arm of
-`maxit report`'s baselines block (`pipeline.run.report.baselines_summary`) with its success in
-percent over the stores, mean and (min..max), and the calls per held-out problem; then the
-training rows of the team and of its trained single agent per round, summed over the policies,
-mean and (min..max) over the stores. An arm a store lacks is an error naming the store.
+`maxit baselines --store STORE --arm ARM ...` ran (`--trained-single` is `--arm single`). Prints,
+as markdown, one row per arm of `maxit report`'s baselines block
+(`pipeline.run.report.baselines_summary`) with its success in percent over the stores, mean and
+(min..max), and the calls per held-out problem; then the training rows of the team and of each
+trained arm per round, summed over the policies, mean and (min..max) over the stores; then the
+verdict over the stores (`pipeline.run.report.verdict_across`: against which arm the team pays,
+by how much, "no difference" inside the seed spread). An arm a store lacks is an error naming the
+store.
 """
 
 from __future__ import annotations
@@ -54,17 +57,21 @@ def arms(stores: list[Path]) -> list[tuple[str, list[float], list[float | None]]
 
 
 def rows_by_round(stores: list[Path]) -> list[str]:
-    """Markdown lines: per round, the team's training rows and its trained single agent's."""
-    from pipeline.run.baselines import single_store, train_rows
+    """Markdown lines: per round, the team's training rows and each trained arm's (the arms some
+    store has)."""
+    from pipeline.run.baselines import ARMS, arm_store, train_rows
 
     team = [train_rows(s) for s in stores]
-    single = [train_rows(single_store(s)) for s in stores]
+    arms = {arm: [train_rows(arm_store(s, arm)) for s in stores] for arm in ARMS}
+    arms = {arm: per for arm, per in arms.items() if any(per)}
     rounds = sorted(set.intersection(*(set(t) for t in team)))
-    lines = ["| round | team's training rows | trained single agent's |", "|---:|---:|---:|"]
+    lines = ["| round | team's training rows | " + " | ".join(f"{ARMS[a]}'s" for a in arms) + " |", "|---:|---:|" + "---:|" * len(arms)]
     for r in rounds:
-        mine = [s.get(r) for s in single]
-        cell = _spread([float(v) for v in mine], 1.0, 0) if None not in mine else "-"
-        lines.append(f"| {r} | {_spread([float(t[r]) for t in team], 1.0, 0)} | {cell} |")
+        cells = []
+        for per in arms.values():
+            mine = [s.get(r) for s in per]
+            cells.append(_spread([float(v) for v in mine], 1.0, 0) if None not in mine else "-")
+        lines.append(f"| {r} | {_spread([float(t[r]) for t in team], 1.0, 0)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -79,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {_spread(success)} | {sum(known) / len(known):.2f} |" if known else f"| {name} | {_spread(success)} |  |")
     print()
     print("\n".join(rows_by_round(args.stores)))
+    from pipeline.run.report import verdict_across
+
+    print()
+    print("\n".join(verdict_across(args.stores)))
     return 0
 
 

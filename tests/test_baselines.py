@@ -309,7 +309,7 @@ def test_store_baselines_for_grid_count_the_evaluations_calls(tmp_path, fake_tok
     assert table["calls_source"][0].startswith("evaluation: agents' `calls`")
     assert by[("best_of_k", "success")]["value"] is not None and by[("self_refine", "success")]["value"] is not None
     settings, rounds = trained_single_settings(store)
-    assert settings.workflow == "pipeline.run.baselines:single_workflow" and settings.workflow_options[0] == "team=grid" and rounds == {0: 40}
+    assert settings.workflow == "pipeline.run.baselines:arm_workflow" and settings.workflow_options[:2] == ("of=grid", "arm=single") and rounds == {0: 40}
     from pipeline.run.context import build_workflow
 
     single = build_workflow(settings.run_config())
@@ -433,7 +433,9 @@ def test_bad_input_is_one_line(tmp_path):
     for argv, message in (
         (["--store", str(store)], f"maxit baselines: error: store {store}: no evaluation table (run `maxit run --store {store}` first)"),
         (["--store", str(tmp_path / "nowhere")], f"maxit baselines: error: store {tmp_path / 'nowhere'}: not a store"),
-        (["--store", str(store), "--single-problems", "5"], "maxit baselines: error: --single-problems is the trained single agent's: give it with --trained-single"),
+        (["--store", str(store), "--single-problems", "5"], "maxit baselines: error: --single-problems is the trained arms': give it with --arm (or --trained-single)"),
+        (["--store", str(store), "--arm", "twin"], "maxit baselines: error: --arm must be one of single, protocol, separate, shared, wide, got 'twin'"),
+        (["--store", str(store), "--store", str(store)], f"maxit baselines: error: --store: {store} is given twice"),
         (["--store", str(store), "--trained-single", "--single-problems", "0"], "maxit baselines: error: --single-problems must be >= 1, got 0"),
     ):
         proc = subprocess.run([MAXIT, "baselines", *argv], capture_output=True, text=True, timeout=300)

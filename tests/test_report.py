@@ -362,7 +362,11 @@ def test_the_baselines_are_shown_beside_the_team(stores, tmp_path):
     # the trained single agent's run, a sibling store, beside the team
     single = baselines_table(recorded(make_store(tmp_path / "exp-a-single", 2, 0.35), workflow="single"))
     assert single.name == f"{store.name}-single"
-    assert markdown_round_table(store).splitlines()[-1].startswith(f"| trained single agent, round 1 |  | 40.0 |  | evaluation `solver_acc` (solver accuracy)")
+    beside = markdown_round_table(store).splitlines()
+    assert beside[-4].startswith(f"| trained single agent, round 1 |  | 40.0 |  | evaluation `solver_acc` (solver accuracy)")
+    # trained before its arm was played: the verdict says how to play it, and judges nothing
+    assert beside[-2].startswith(f"verdict of store {store}: no trained arm to judge the team against yet")
+    assert beside[-1] == f"arm single is trained but not played yet (maxit baselines --store {store} --arm single: its rounds are kept)"
     page = build_report([store], tmp_path / "b.html").read_text()
     assert "<h2>Budget-matched baselines</h2>" in page and "single agent, untrained, self-refine x3</td><td>3.00</td><td>33.0%</td>" in page
     # a baseline that does not apply is a row with its note, for any workflow; a store without the table shows none

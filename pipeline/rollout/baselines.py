@@ -14,10 +14,22 @@ seed, played in lockstep so each step is one batched engine call):
   problems and rules as the baselines: what they are measured against at the start);
 - `single`: the single agent, one call per turn;
 - `best_of_k`: at each of its calls, `m` samples and the majority answer (`Workflow.answer_key`)
-  is the one played: the most frequent key, ties broken by the key sampled first; when no sample
-  has a key, the first sample. Only where answers compare (`compares_answers`);
+  is the one played: the most frequent key, ties broken by the samples' likelihood (the most
+  likely sample of the tied keys, by the sum of its sampling logprobs, and that sample is played;
+  the first sampled among equals); when no sample has a key, the first sample. Only where answers
+  compare (`compares_answers`);
 - `self_refine`: at each of its calls, `m` calls in a row, each after the first seeing its
   previous attempt (`Workflow.refine_messages`); the last attempt is the one played.
+
+The trained arms (`arm_rows`, `pipeline.run.baselines`): a team's arm trained at its rows in a
+sibling store (the single agent, the team's protocol played by one agent, the team on the other
+policy layout, a single agent of the team's parameters) is played the same way from its last
+round's checkpoints: on the team's held-out problems, samples and seeds, so every arm and the
+team meet the same problems with the same draws; the trained single agent also at the team's
+calls (`best_of_k`, `self_refine`).
+
+Each agent plays from its own policy's checkpoint (`sampler_of`): a team with separate policies
+is played with each seat's own weights.
 
 Each baseline's `success` is the fraction of episodes whose team reward is right (the one
 correctness rule, reward >= 0.5), `team_reward` its mean, `calls` the model calls it spent per
@@ -41,19 +53,32 @@ from pipeline.rollout.rewards import CORRECT_THRESHOLD
 from pipeline.strategies import IID
 from pipeline.types import GenerateCall, Problem, Sampler, generate_calls
 
-__all__ = ["BASELINES", "Played", "majority", "team_calls", "calls_per_call", "play", "baseline_rows"]
+__all__ = ["BASELINES", "Played", "majority", "team_calls", "calls_per_call", "play", "baseline_rows", "arm_rows"]
 
 BASELINES = ("team", "single", "best_of_k", "self_refine")
 
 
-def majority(keys: Sequence[str | None]) -> int:
-    """The index of the sample whose answer the vote picks: the most frequent non-None key, ties
-    broken by the key sampled first; index 0 when no sample has a key."""
+def majority(keys: Sequence[str | None], likelihoods: Sequence[float] | None = None) -> int:
+    """The index of the sample whose answer the vote picks: the most frequent non-None key; a tie
+    goes to the most likely sample of the tied keys (`likelihoods`: each sample's sum of sampling
+    logprobs; a NaN counts as least likely), the first sampled among equals, or without
+    `likelihoods` the first sampled; index 0 when no sample has a key."""
     counts = Counter(k for k in keys if k is not None)
     if not counts:
         return 0
     top = max(counts.values())
-    return next(i for i, k in enumerate(keys) if k is not None and counts[k] == top)
+    tied = [i for i, k in enumerate(keys) if k is not None and counts[k] == top]
+    if likelihoods is None or len({keys[i] for i in tied}) == 1:
+        return tied[0]
+    if len(likelihoods) != len(keys):
+        raise ValueError(f"majority: {len(keys)} keys but {len(likelihoods)} likelihoods")
+
+    def score(i: int) -> float:
+        v = float(likelihoods[i])
+        return v if v == v else -math.inf
+
+    best = max(score(i) for i in tied)
+    return next(i for i in tied if score(i) == best)
 
 
 def team_calls(evaluation: pl.DataFrame, steps: pl.DataFrame | None = None) -> tuple[float, str]:
@@ -98,10 +123,12 @@ class Played:
 
 
 def play(workflow, problems: Sequence[Problem], sampler: Sampler, tokenizer, *, samples: int, temperature: float, max_tokens: int,
-         seed: int, mode: str = "plain", m: int = 1) -> Played:
+         seed: int, mode: str = "plain", m: int = 1, sampler_of: Callable[[str], tuple[Sampler, object]] | None = None) -> Played:
     """`samples` episodes of `workflow` per problem, in lockstep: at every (turn, agent) the live
     episodes' prompts go to the engine as one call. `mode` "plain" makes one model call per agent
-    call, "vote" `m` samples and the majority answer, "refine" `m` calls in a row, the last played."""
+    call, "vote" `m` samples and the majority answer, "refine" `m` calls in a row, the last played.
+    Every agent samples from `sampler` with `tokenizer`, or with `sampler_of` from its own
+    (`sampler_of(agent_id)` -> (engine, tokenizer): a team of separate policies)."""
     envs = [workflow.reset(p, IID(group_size=1)) for p in problems for _ in range(samples)]
     live, failed = list(range(len(envs))), set()
     calls = [0] * len(envs)
@@ -114,7 +141,8 @@ def play(workflow, problems: Sequence[Problem], sampler: Sampler, tokenizer, *, 
                     seen[i] = list(envs[i].observe(agent))
                 except Exception:  # noqa: BLE001 - environment code may raise anything
                     failed.add(i)
-            texts = _texts(workflow, agent, seen, sampler, tokenizer, temperature, max_tokens, seed + 7919 * step, mode, m)
+            engine, tok = sampler_of(agent) if sampler_of is not None else (sampler, tokenizer)
+            texts = _texts(workflow, agent, seen, engine, tok, temperature, max_tokens, seed + 7919 * step, mode, m)
             step += 1
             for i, text in texts.items():
                 calls[i] += m if mode != "plain" else 1
@@ -148,7 +176,7 @@ def _texts(workflow, agent: str, seen: dict, sampler: Sampler, tokenizer, temper
     seeds = [(seed * 1009 + i) % (2**31 - 1) for i in order]  # an episode's draws do not depend on which others are live
     if mode == "vote":
         out = generate_calls(sampler, [GenerateCall(prompts, m, temperature, max_tokens, seeds)])[0]
-        return {i: per[majority([_key(workflow, agent, s.text) for s in per])].text for i, per in zip(order, out)}
+        return {i: per[majority([_key(workflow, agent, s.text) for s in per], [sum(s.logprobs) for s in per])].text for i, per in zip(order, out)}
     texts = {i: per[0].text for i, per in zip(order, _one(sampler, prompts, temperature, max_tokens, seeds))}
     for r in range(1, m if mode == "refine" else 1):
         again = {i: workflow.refine_messages(agent, seen[i], texts[i]) for i in order}
@@ -187,9 +215,8 @@ def baseline_rows(team, single, problems: Sequence[Problem], sampler_of: Callabl
                          "n": played.episodes if played else 0, "calls_per_call": m, "team_calls": k, "calls_source": source, "note": note})
 
     def run(workflow, mode: str, m: int) -> Played:
-        first = workflow.turn_order[0]
-        sampler, tokenizer = sampler_of(first)
-        return play(workflow, problems, sampler, tokenizer, samples=samples, temperature=temperature, max_tokens=max_tokens(workflow), seed=seed, mode=mode, m=m)
+        return play(workflow, problems, None, None, samples=samples, temperature=temperature, max_tokens=max_tokens(workflow), seed=seed, mode=mode, m=m,
+                    sampler_of=sampler_of)
 
     add("team", "*", run(team, "plain", 1), 1, None)
     if team_only:
@@ -211,4 +238,41 @@ def baseline_rows(team, single, problems: Sequence[Problem], sampler_of: Callabl
         add("self_refine", agent, None, m, f"workflow {single.name!r} has no self-refine loop (Workflow.refine_messages is None)")
     else:
         add("self_refine", agent, run(single, "refine", m), m, None)
+    return rows
+
+
+def arm_rows(workflow, arm: str, problems: Sequence[Problem], sampler_of: Callable[[str], tuple[Sampler, object]], *, k: float, source: str,
+             samples: int, temperature: float, max_tokens: Callable[[object], int], seed: int, round_: int, at_calls: bool = False) -> list[dict]:
+    """The `baselines` rows of a trained arm (`arm`, e.g. "protocol") at round `round_`: `workflow`
+    played once per call (the row `arm`), and with `at_calls` (a single agent) also at the team's
+    `k` calls per problem: `arm`_best_of_k (where answers compare) and `arm`_self_refine (where it
+    has a loop), each else a row with a note. The same problems, samples, temperature and seed
+    as the team's rows, so the draws are the same."""
+    rows: list[dict] = []
+    agent = workflow.turn_order[0]
+
+    def add(baseline: str, played: Played | None, m: int, note: str | None) -> None:
+        values = {"success": None, "team_reward": None, "calls": None} if played is None else {
+            "success": played.success, "team_reward": played.team_reward, "calls": played.calls}
+        for metric, value in values.items():
+            rows.append({"round": round_, "baseline": baseline, "agent_id": agent if at_calls else "*", "metric": metric, "value": value,
+                         "n": played.episodes if played else 0, "calls_per_call": m, "team_calls": k, "calls_source": source, "note": note})
+
+    def run(mode: str, m: int) -> Played:
+        return play(workflow, problems, None, None, samples=samples, temperature=temperature, max_tokens=max_tokens(workflow), seed=seed, mode=mode, m=m,
+                    sampler_of=sampler_of)
+
+    alone = run("plain", 1)
+    add(arm, alone, 1, None)
+    if not at_calls:
+        return rows
+    m = calls_per_call(k, alone.calls)
+    if workflow.compares_answers:
+        add(f"{arm}_best_of_k", run("vote", m), m, None)
+    else:
+        add(f"{arm}_best_of_k", None, m, f"answers of workflow {workflow.name!r} do not compare (Workflow.compares_answers is False): no majority vote")
+    if workflow.refine_messages(agent, [], "") is None:
+        add(f"{arm}_self_refine", None, m, f"workflow {workflow.name!r} has no self-refine loop (Workflow.refine_messages is None)")
+    else:
+        add(f"{arm}_self_refine", run("refine", m), m, None)
     return rows

@@ -38,8 +38,9 @@ workflow (`check_workflow`).
 
 The budget-matched baselines (`pipeline.rollout.baselines`) ask a workflow four more things, each
 with a default: the workflow they score (`scored_as_a_team`: itself, or a competitive game's variant
-with one team reward per episode), its single agent (`single_agent`: by default `SoloWorkflow`, the first agent of the
-turn order alone taking every seat), whether and how its answers compare (`answer_key`; by default
+with one team reward per episode), its single agent (`single_agent`: ONE agent doing the job; by
+default `SoloWorkflow`, the first agent of the turn order alone taking every seat, which is the
+team's protocol by one agent, `ProtocolWorkflow`, the arm of its own), whether and how its answers compare (`answer_key`; by default
 they do not, and there is no majority vote) and what an agent sees when it answers again
 (`refine_messages`).
 """
@@ -57,7 +58,7 @@ from pipeline.rollout.contract import Env, StepResult, check_messages, check_wor
 
 # Env, StepResult and the checks live in .contract, below the rollout engine (which imports them);
 # they are re-exported here, where the contract is described.
-__all__ = ["StepResult", "Env", "Workflow", "SoloWorkflow", "SoloEnv", "REFINE_PROMPT", "check_workflow", "check_messages", "finite_reward", "with_policies"]
+__all__ = ["StepResult", "Env", "Workflow", "SoloWorkflow", "ProtocolWorkflow", "SoloEnv", "REFINE_PROMPT", "check_workflow", "check_messages", "finite_reward", "with_policies"]
 
 REFINE_PROMPT = "Check your answer above and answer again."
 """What the self-refine baseline says after an agent's previous attempt (`Workflow.refine_messages`)."""
@@ -154,11 +155,15 @@ class Workflow:
         return self
 
     def single_agent(self) -> "Workflow | None":
-        """The team's single-agent variant: a team of one agent that does the team's job alone,
-        which the baselines play at the team's number of model calls. Default: the first agent of
-        `turn_order` alone, playing every seat of every turn (`SoloWorkflow`: the environment sees
-        the team's schedule, each call made by that one agent). None: the workflow has no single
-        agent (the baselines' rows then say so)."""
+        """The team's single-agent variant: ONE agent doing the team's job alone (not the team's
+        protocol played by one agent: that is `ProtocolWorkflow`, a baseline arm of its own),
+        which the baselines play at one call and at the team's number of model calls. A workflow
+        whose job one agent can do in one of its seats says how (math: the Solver alone; grid:
+        one agent committing a move each turn; tool_plan: one agent answering). Default, for a
+        workflow that does not say: the first agent of `turn_order` alone, playing every seat of
+        every turn (`SoloWorkflow`: the environment sees the team's schedule, each call made by
+        that one agent), which is the protocol. None: the workflow has no single agent (the
+        baselines' rows then say so)."""
         return SoloWorkflow(self)
 
     def answer_key(self, agent_id: str, text: str) -> str | None:
@@ -279,3 +284,18 @@ class SoloWorkflow(Workflow):
 
     def refine_messages(self, agent_id: str, messages: list, attempt: str) -> list | None:
         return self.team.refine_messages(self.seats[0], messages, attempt)
+
+
+class ProtocolWorkflow(SoloWorkflow):
+    """The team's protocol played by ONE agent (the baseline arm that isolates the protocol from
+    the team): the first agent of the team's `turn_order` takes every seat of every turn, one call
+    per seat, so the environment, its tools and their outputs, the turns and the calls are the
+    team's; only the agents are one (one agent id, one policy, trained on all of the protocol's
+    rows). What differs from the team beyond that, by the contract's shape: each call's budget is
+    the largest of the seats' (`max_tokens` is asked per agent, not per seat), the hint of
+    `prompt_aug` is shown at every seat (the team shows it to its `hinted_agents`), and the
+    feedback strategy does not run (it is aimed at one of the team's agents)."""
+
+    def __init__(self, team: Workflow) -> None:
+        super().__init__(team)
+        self.name = f"{team.name or type(team).__name__}-protocol"

@@ -259,9 +259,13 @@ def _settings_table(labels: Sequence[str], stores: Sequence[Path]) -> str:
 
 
 def _baselines_tables(labels: Sequence[str], stores: Sequence[Path]) -> str:
-    """Each store's team beside its budget-matched baselines (`baselines_summary`), or a line saying
-    how to compute them."""
-    from pipeline.run.report import baselines_summary
+    """Each store's team beside its budget-matched baselines and trained arms (`baselines_summary`)
+    and its verdict (`verdict_lines`), or a line saying how to compute them; with several stores
+    that have baselines, the verdict over them (`verdict_across`: a team's seeds)."""
+    from pipeline.run.report import baselines_summary, verdict_across, verdict_lines
+
+    def lines_html(lines: Sequence[str]) -> str:
+        return "<p>" + "<br>".join(html.escape(line) for line in lines) + "</p>"
 
     parts = []
     for label, store in zip(labels, stores):
@@ -281,6 +285,10 @@ def _baselines_tables(labels: Sequence[str], stores: Sequence[Path]) -> str:
         )
         head = "<tr><th></th><th>calls/problem</th><th>success</th><th>team_reward</th><th>note</th></tr>"
         parts.append(f"<h3>{html.escape(label)}: the team and its baselines</h3><p>{html.escape(where)}</p><table>{head}{rows}</table>")
+        parts.append(lines_html(verdict_lines(store, label)))
+    judged = [(label, store) for label, store in zip(labels, stores) if baselines_summary(store) is not None]
+    if len(judged) > 1:
+        parts.append(f"<h3>The verdict over the stores</h3>{lines_html(verdict_across([s for _, s in judged], [lb for lb, _ in judged]))}")
     return f"<section id='baselines'><h2>Budget-matched baselines</h2>{''.join(parts)}</section>"
 
 

@@ -341,6 +341,9 @@ def _heldout_success(model, tokenizer, game: GridGame) -> dict:
     }
 
 
-def grid_model(cache_dir: str | Path | None = None, game: GridGame = GridGame(), seed: int = 0) -> Path:
-    """The warm-started grid model dir for `game`: built on the first call, reused afterwards."""
-    return build_grid_model(cache_dir, game, GridWarmStartConfig(seed=seed))
+def grid_model(cache_dir: str | Path | None = None, game: GridGame = GridGame(), seed: int = 0, scale: int = 1) -> Path:
+    """The warm-started grid model dir for `game`: built on the first call, reused afterwards.
+    `scale` > 1: the model `scale` times as deep (about `scale` times the parameters; the wide arm
+    of a team of `scale` policies), a build of its own."""
+    config = ModelConfig(seed=seed, num_layers=ModelConfig.num_layers * scale) if scale != 1 else None
+    return build_grid_model(cache_dir, game, GridWarmStartConfig(seed=seed), model_config=config)

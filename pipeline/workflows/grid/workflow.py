@@ -19,9 +19,13 @@ Embedded model (`default_model`): `pipeline.workflows.grid.model`, a tiny Llama 
 tokenizer warm-started on the game in code, one build per game options; what the team learns in
 five default rounds is in docs/results/grid.md.
 
-Budget-matched baselines (`pipeline.rollout.baselines`): the single agent plays both roles, one
-call per turn (the planner's prompt, its letter committed as the move); answers compare by the
-move letter.
+Budget-matched baselines and arms (`pipeline.rollout.baselines`, `pipeline.run.baselines`): the
+single agent is ONE agent committing a move each turn: the planner's prompt (the grid and its
+position, all a move needs), its letter committed as the move, one call per turn (`single_agent`);
+answers compare by the move letter. The team's protocol played by one agent (the planner's id in
+both seats, two calls a turn) is the `protocol` arm. `model_scale=N` makes the embedded model N
+times as deep (about N times the parameters, its own build): the `wide` arm's single agent, with
+the parameters of the team of a policy per agent.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class GridWorkflow(Workflow):
     max_dist: int = 6
     slack: int = 2
     heldout_fraction: float = 0.2
+    model_scale: int = 1
     agents: tuple[Agent, ...] = field(default_factory=_default_agents)
 
     name: ClassVar[str] = "grid"
@@ -108,8 +113,10 @@ class GridWorkflow(Workflow):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"workflow 'grid': {name} must be an integer >= {low}, got {v!r}")
 
-        for name, low in (("size", 2), ("walls", 0), ("min_dist", 1), ("max_dist", 1), ("slack", 0)):
+        for name, low in (("size", 2), ("walls", 0), ("min_dist", 1), ("max_dist", 1), ("slack", 0), ("model_scale", 1)):
             whole(name, low)
+        if self.model_scale > 8:
+            raise ConfigError(f"workflow 'grid': model_scale must be at most 8 (a model of {4 * self.model_scale} layers), got {self.model_scale}")
         if self.max_loop_num is not None:
             whole("max_loop_num", 1)
         if self.size * self.size > MAX_CELLS:
@@ -182,15 +189,15 @@ class GridWorkflow(Workflow):
         from pipeline.workflows.grid.model import GridGame, grid_model
 
         if self.task_file is not None:  # puzzles of any shape: the model of the default game
-            return grid_model()
-        return grid_model(game=GridGame(self.size, self.walls, self.min_dist, self.max_dist, self.heldout_fraction, self.slack))
+            return grid_model(scale=self.model_scale)
+        return grid_model(game=GridGame(self.size, self.walls, self.min_dist, self.max_dist, self.heldout_fraction, self.slack), scale=self.model_scale)
 
     # -- the budget-matched baselines: one agent playing both roles, its moves compared
     compares_answers: ClassVar[bool] = True
 
     def single_agent(self) -> SoloWorkflow:
-        """One agent playing both roles: the planner's call, its letter committed as the move
-        (the mover steps the same text without a call of its own), one call per turn."""
+        """One agent committing a move each turn: the planner's call, its letter committed as the
+        move (the mover steps the same text without a call of its own), one call per turn."""
         return SoloWorkflow(self, PLANNER, seats=(PLANNER,), echo=(MOVER,))
 
     def answer_key(self, agent_id: str, text: str) -> str | None:

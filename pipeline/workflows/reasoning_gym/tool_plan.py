@@ -10,6 +10,11 @@
   characters; or why it failed) and answers. Local reward = team reward = the dataset's score of
   its answer.
 
+Its single agent (`single_agent`, the budget-matched baselines' arm) is one agent answering the
+question directly: the plan agent's policy on the dataset's own answering prompt (the reasoning-gym
+`single` team), no program and no sandbox. The team's protocol played by one agent (the tool agent
+taking both seats, the program still run) is the `protocol` arm (`ProtocolWorkflow`).
+
 Program results are cached per (problem, code) and shared by the episodes of a problem and the
 tree's copies (a run is a pure function of the code). A sandbox that cannot run a program at
 all gives the tool's row a null reward naming why, and the plan agent sees that nothing ran.
@@ -141,6 +146,15 @@ class ToolPlanWorkflow(AnsweringTeam, Workflow):
 
     def max_tokens(self, agent_id: str, kind: str = "rollout") -> int | None:
         return self.tool_tokens if agent_id == TOOL else self.task.default_max_tokens
+
+    def single_agent(self):
+        """One agent answering the question directly (the module's docstring): the dataset's
+        answering prompt (`SingleSolver`) on the plan agent's policy, under the plan agent's id."""
+        from pipeline.workflows.math.workflow import SOLVER
+        from pipeline.workflows.reasoning_gym.workflow import SingleSolver
+
+        planner = next(a for a in self.agents if a.agent_id == PLANNER)
+        return SingleSolver(task=self.task, agents=(Agent(PLANNER, SOLVER, planner.policy_id),))
 
     def run_program(self, problem: Problem, text: str) -> ProgramRun:
         """The tool's program run in the sandbox (cached per problem and code)."""
