@@ -53,7 +53,8 @@ def cmd_baselines(args) -> int:
     from pipeline.errors import ConfigError
     from pipeline.run.baselines import ARMS, arm_settings, arm_store, compute_arm_baselines, compute_baselines, team_of
     from pipeline.run.experiments import LOG_FILE
-    from pipeline.run.report import baselines_markdown, verdict_across
+    from pipeline.run.report import baselines_markdown
+    from pipeline.run.verdict import verdict_across
 
     arms = list(dict.fromkeys([*args.arm, *(["single"] if args.trained_single else [])]))
     for arm in arms:
@@ -92,7 +93,8 @@ def _run_arm(store, sibling, arm: str, settings, team_rows: dict[int, int]) -> N
     writer lock, experiment record, log and Dagster instance), round r trained on `team_rows[r]`
     rows; a line per round on the console."""
     from assets.config import RunSettings
-    from assets.launch import console_to_log, dagster_home, instance_at
+    from assets.instance import dagster_home, instance_at
+    from assets.launch import console_to_log
     from assets.resources import close_engines
     from pipeline.engines import vllm_available
     from pipeline.run.experiments import LOG_FILE, record_experiment

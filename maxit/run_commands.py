@@ -291,8 +291,14 @@ def cmd_report(args) -> int:
         check_writable(args.out, "--out")
     local = [local_store(s) for s in args.store]
     if args.markdown:
+        from pipeline.run.report import baselines_summary
+        from pipeline.run.verdict import verdict_across
+
         # every table is made before any is printed: a bad store leaves stdout empty
         tables = [markdown_round_table(path, label=name) for path, name in zip(local, args.store)]
+        judged = [(path, name) for path, name in zip(local, args.store) if baselines_summary(path) is not None]
+        if len(judged) > 1:  # a team's seeds: the verdict against the seed spread
+            tables.append("\n".join(verdict_across([p for p, _ in judged], [n for _, n in judged])))
         print("\n\n".join(tables))
     if args.out is not None:
         out = build_report(local, args.out)

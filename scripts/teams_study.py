@@ -8,7 +8,7 @@ as markdown, one row per arm of `maxit report`'s baselines block
 (`pipeline.run.report.baselines_summary`) with its success in percent over the stores, mean and
 (min..max), and the calls per held-out problem; then the training rows of the team and of each
 trained arm per round, summed over the policies, mean and (min..max) over the stores; then the
-verdict over the stores (`pipeline.run.report.verdict_across`: against which arm the team pays,
+verdict over the stores (`pipeline.run.verdict.verdict_across`: against which arm the team pays,
 by how much, "no difference" inside the seed spread). An arm a store lacks is an error naming the
 store.
 """
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {_spread(success)} | {sum(known) / len(known):.2f} |" if known else f"| {name} | {_spread(success)} |  |")
     print()
     print("\n".join(rows_by_round(args.stores)))
-    from pipeline.run.report import verdict_across
+    from pipeline.run.verdict import verdict_across
 
     print()
     print("\n".join(verdict_across(args.stores)))

@@ -262,7 +262,8 @@ def _baselines_tables(labels: Sequence[str], stores: Sequence[Path]) -> str:
     """Each store's team beside its budget-matched baselines and trained arms (`baselines_summary`)
     and its verdict (`verdict_lines`), or a line saying how to compute them; with several stores
     that have baselines, the verdict over them (`verdict_across`: a team's seeds)."""
-    from pipeline.run.report import baselines_summary, verdict_across, verdict_lines
+    from pipeline.run.report import baselines_summary
+    from pipeline.run.verdict import verdict_across, verdict_lines
 
     def lines_html(lines: Sequence[str]) -> str:
         return "<p>" + "<br>".join(html.escape(line) for line in lines) + "</p>"

@@ -3,12 +3,14 @@ and re-scoring a `steps` table from the stored rows (`rescore_steps`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import polars as pl
 
 from pipeline.errors import DataError
 from pipeline.types import Problem
+from pipeline.workflows.math import SingleWorkflow
 from pipeline.workflows.reasoning_gym.datasets import ReasoningGymTask
 
 __all__ = ["AnsweringTeam", "rescore_steps"]
@@ -48,3 +50,10 @@ class AnsweringTeam:
     def describe(self) -> str:
         team = ", ".join(f"{a.agent_id}@{a.policy_id}" for a in self.agents)
         return f"reasoning_gym {self.task.dataset} ({team})"
+
+
+@dataclass
+class SingleSolver(AnsweringTeam, SingleWorkflow):
+    """The Solver alone on a reasoning-gym dataset (the `single` team, and tool_plan's single agent)."""
+
+    name: ClassVar[str] = "reasoning_gym"

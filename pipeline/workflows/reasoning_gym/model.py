@@ -154,7 +154,11 @@ def build_settings(task, config: RGWarmStartConfig, model_config: ModelConfig, s
     start, the prompts it trains on, and the initial weights: the math model's folder, which is
     named by the hash of its own settings (so a new math build is a new reasoning-gym build)."""
     prompts = {k: getattr(task.prompts, k) for k in ("user", "verifier_user", "wrong_feedback", "right_feedback")}
+    from pipeline.workflows.reasoning_gym.datasets import SPLIT_RULE
+
+    # the split rule and reward are in the key too: with init=random nothing else changes with them
     settings = {"version": RG_BUILD_VERSION, "dataset": task.dataset, "options": task.options, "heldout_fraction": task.heldout_fraction,
+                "split": SPLIT_RULE,
                 "max_tokens": task.default_max_tokens, "model": model_config.key(), "warm_start": asdict(config), "prompts": prompts,
                 "initial": Path(source).name if source is not None else "random"}
     settings["warm_start"].pop("threads")  # does not change the result
@@ -198,10 +202,13 @@ def reasoning_gym_model(task, cache_dir: str | Path | None = None, config: RGWar
 
 
 def _heldout_available(task, cap: int = 200) -> int:
-    """How many distinct held-out questions the dataset has, up to `cap`."""
+    """How many distinct held-out questions the dataset has, up to `cap`: distinct up to their
+    canonical form, as `problems()` draws them."""
+    from pipeline.tasks.base import canonical_question
+
     seen = set()
     for _, p in zip(range(cap * 20), task.stream("heldout", seed=0)):
-        seen.add(p.question)
+        seen.add(canonical_question(p.question))
         if len(seen) >= cap:
             break
     return len(seen)

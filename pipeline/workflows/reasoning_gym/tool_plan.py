@@ -150,11 +150,13 @@ class ToolPlanWorkflow(AnsweringTeam, Workflow):
     def single_agent(self):
         """One agent answering the question directly (the module's docstring): the dataset's
         answering prompt (`SingleSolver`) on the plan agent's policy, under the plan agent's id."""
-        from pipeline.workflows.math.workflow import SOLVER
-        from pipeline.workflows.reasoning_gym.workflow import SingleSolver
+        from dataclasses import replace
+
+        from pipeline.workflows.reasoning_gym.answering import SingleSolver
 
         planner = next(a for a in self.agents if a.agent_id == PLANNER)
-        return SingleSolver(task=self.task, agents=(Agent(PLANNER, SOLVER, planner.policy_id),))
+        answering = SingleSolver(task=self.task).agents[0]  # its role, under the plan agent's id and policy
+        return SingleSolver(task=self.task, agents=(replace(answering, agent_id=PLANNER, policy_id=planner.policy_id),))
 
     def run_program(self, problem: Problem, text: str) -> ProgramRun:
         """The tool's program run in the sandbox (cached per problem and code)."""

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pipeline.errors import ConfigError
 from pipeline.workflows.math import MathWorkflow, SingleWorkflow
-from pipeline.workflows.reasoning_gym.answering import AnsweringTeam
+from pipeline.workflows.reasoning_gym.answering import AnsweringTeam, SingleSolver
 from pipeline.workflows.reasoning_gym.datasets import ReasoningGymTask
 from pipeline.workflows.reasoning_gym.tool_plan import ToolPlanWorkflow
 
@@ -35,13 +35,6 @@ class SolverVerifierTeam(AnsweringTeam, MathWorkflow):
         single agent would start from the math model)."""
         solver = next(a for a in self.agents if a.agent_id == self.solver_id)
         return SingleSolver(task=self.task, agents=(solver,), orchestra=self.orchestra)
-
-
-@dataclass
-class SingleSolver(AnsweringTeam, SingleWorkflow):
-    """The Solver alone on a reasoning-gym dataset."""
-
-    name: ClassVar[str] = "reasoning_gym"
 
 
 def ReasoningGymWorkflow(dataset: str | None = None, team: str = "solver_verifier", max_loop_num: int = 2, heldout_fraction: float = 0.2,
