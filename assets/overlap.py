@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from typing import Callable, Protocol, Sequence
 
+from pipeline.errors import DataError
 from pipeline.learn.staleness import SAMPLING_PLAN, read_sampling_plan, sampling_plan_path, write_sampling_plan
 from pipeline.store import BASE_ROUND, Tables
 
@@ -69,7 +70,15 @@ class StorePlan:
         self.tables, self.schedule, self.k = tables, schedule, int(k)
 
     def recorded(self, round_: int) -> int | None:
-        return read_sampling_plan(self.tables.root, round_)
+        source = read_sampling_plan(self.tables.root, round_)
+        oldest = max(BASE_ROUND, int(round_) - 1 - self.k)
+        if source is not None and source < oldest:
+            # a record made under a larger K: repeating it would sample staler than this run allows
+            path = sampling_plan_path(self.tables.root, round_)
+            raise DataError(f"{path}: round {round_} was recorded to sample with round {source}'s checkpoint, older than "
+                            f"--max-staleness {self.k} allows (round {oldest} or newer); resume with --max-staleness "
+                            f"{int(round_) - 1 - source} or more, or remove the file to choose again")
+        return source
 
     def record(self, round_: int, source: int) -> None:
         write_sampling_plan(self.tables.root, round_, source, self.schedule, self.k)

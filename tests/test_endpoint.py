@@ -334,3 +334,65 @@ def test_a_streamed_call_gets_the_same_completion_and_is_a_row(tmp_path):
     steps = pl.from_arrow(run_rollouts(wf.problems("train", 1, 0), wf, [IID(group_size=1)], Adder(), RolloutConfig()))
     assert loaded(name).GOT == [("42", "stop")]
     assert steps["completion_text"].to_list() == ["42"] and steps["reward"].to_list() == [1.0]
+
+
+CLOSER = """
+AGENTS = ["solo"]
+
+def problems(split, n, seed):
+    return [{"uid": f"{split}-{i}", "question": f"{10 + i}+{20 + i}=", "answer": str(30 + 2 * i)} for i in range(n)]
+
+def run(problem, client):
+    with client:  # the usual way to write it: closing this client must not close the round's pool
+        reply = client.chat.completions.create(model="solo", messages=[{"role": "user", "content": problem.question}])
+    return float(reply.choices[0].message.content.strip() == problem.answer)
+"""
+
+
+def test_a_program_that_closes_its_client_ends_no_other_episode(tmp_path):
+    spec, _ = program_file(tmp_path, "closer_prog", CLOSER)
+    wf = load_workflow(f"program:{spec}:run", concurrency=2)
+    steps = pl.from_arrow(run_rollouts(wf.problems("train", 4, 0), wf, [IID(group_size=2)], Adder(), RolloutConfig(seed=1)))
+    assert steps.height == 8 and steps["reward_error"].null_count() == 8
+    assert steps["local_reward"].to_list() == [1.0] * 8
+
+
+class RefusesLong(Adder):
+    """The scripted engine, refusing any batch that holds a prompt of more than 40 tokens (as vLLM
+    refuses a prompt past its context)."""
+
+    def generate(self, prompt_ids, n, temperature, max_tokens, seed):
+        if any(len(p) > 40 for p in prompt_ids):
+            raise ValueError("prompt longer than the context")
+        return super().generate(prompt_ids, n, temperature, max_tokens, seed)
+
+
+def test_one_request_the_engine_refuses_fails_its_own_episode_only():
+    from concurrent.futures import Future
+
+    from pipeline.rollout.endpoint import _Batcher, _Request
+
+    sampler = RefusesLong()
+    batcher = _Batcher({"shared": sampler})
+    short, long_ = sampler.tokenizer.encode("12+30="), sampler.tokenizer.encode("1+1=" * 20)
+    reqs = [_Request("shared", ids, 1.0, 4, i, Future()) for i, ids in enumerate([short, long_, short])]
+    batcher._sample(reqs)
+    assert reqs[0].future.result(timeout=1).text == "42" and reqs[2].future.result(timeout=1).text == "42"
+    with pytest.raises(ValueError, match="context"):
+        reqs[1].future.result(timeout=1)
+
+
+def test_a_bad_content_length_gets_a_400_and_the_connection_is_closed():
+    import http.client
+
+    sampler = Adder()
+    wf_agents = load_workflow("program:examples/openai_team.py:run").agents
+    with Endpoint(wf_agents, {a.policy_id: sampler for a in wf_agents}, {a.policy_id: sampler.tokenizer for a in wf_agents}, RolloutConfig()) as endpoint:
+        host, port = endpoint.address
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Content-Length", "1e3")
+        conn.endheaders()
+        response = conn.getresponse()
+        assert response.status == 400 and b"Content-Length" in response.read()
+        conn.close()

@@ -520,3 +520,19 @@ def test_the_sampler_and_the_trainer_are_given_their_own_devices(tmp_path, monke
         launch._materialize_in_process_of_its_own(Tables(tmp_path / "store"), 1, settings, "hf", ("policy",))
         assert os.environ[DEVICES_ENV] == "0,1"
     assert given["env"][DEVICES_ENV] == "2,3"
+
+
+def test_a_record_staler_than_the_resumed_run_allows_is_refused_by_name(tmp_path):
+    """A round recorded under --max-staleness 2 to sample with round r-3's checkpoint, resumed with
+    K=1: repeating the record would break the bound, so the run stops, naming the file and the K."""
+    from assets.overlap import StorePlan
+    from pipeline.errors import DataError
+    from pipeline.learn.staleness import write_sampling_plan
+    from pipeline.store import Tables
+
+    tables = Tables(tmp_path)
+    write_sampling_plan(tables.root, 4, 1, "exact", 2)
+    assert StorePlan(tables, "exact", 2).recorded(4) == 1
+    assert StorePlan(tables, "bound", 3).recorded(4) == 1
+    with pytest.raises(DataError, match=r"round=4/sampling.json: .*older than --max-staleness 1 allows \(round 2 or newer\)"):
+        StorePlan(tables, "exact", 1).recorded(4)

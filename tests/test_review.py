@@ -178,3 +178,17 @@ def test_options_are_checked():
         ReviewWorkflow(review_set_size=0)
     with pytest.raises(ConfigError, match="confirm"):
         ReviewWorkflow(confirm="yes")
+
+
+def test_a_near_miss_reads_the_answer_as_the_checker_does_and_refuses_a_non_integer():
+    import random
+
+    from pipeline.errors import ConfigError
+    from pipeline.types import Problem
+    from pipeline.workflows.math.review_set import near_miss
+
+    for answer in ("42.0", "#### 42", "42"):
+        wrong = near_miss(Problem("u", "19+23=", answer), random.Random(0), "digit")
+        assert isinstance(wrong, int) and wrong != 42
+    with pytest.raises(ConfigError, match="not an integer"):
+        near_miss(Problem("u", "what is half of 3?", "1.5"), random.Random(0), "digit")

@@ -167,23 +167,39 @@ class _Batcher(threading.Thread):
                 return
 
     def _sample(self, batch: list[_Request]) -> None:
-        by_policy: dict[str, list[_Request]] = {}
-        for req in batch:
-            by_policy.setdefault(req.policy_id, []).append(req)
-        for policy_id, reqs in by_policy.items():
-            groups: dict[tuple[float, int], list[_Request]] = {}
-            for req in reqs:
-                groups.setdefault((req.temperature, req.max_tokens), []).append(req)
-            calls = [GenerateCall([r.prompt_ids for r in rs], 1, t, m, [r.seed for r in rs]) for (t, m), rs in groups.items()]
-            try:
-                out = generate_calls(self.samplers[policy_id], calls)
-            except Exception as exc:  # noqa: BLE001 - each request answers with the engine's error
-                for r in reqs:
+        try:
+            by_policy: dict[str, list[_Request]] = {}
+            for req in batch:
+                by_policy.setdefault(req.policy_id, []).append(req)
+            for policy_id, reqs in by_policy.items():
+                self._sample_policy(policy_id, reqs)
+        except BaseException as exc:  # noqa: BLE001 - the batcher must outlive any call: no request may wait forever
+            for r in batch:
+                if not r.future.done():
                     r.future.set_exception(exc)
-                continue
-            for rs, drawn in zip(groups.values(), out):
-                for r, samples in zip(rs, drawn):
+
+    def _sample_policy(self, policy_id: str, reqs: list[_Request]) -> None:
+        groups: dict[tuple[float, int], list[_Request]] = {}
+        for req in reqs:
+            groups.setdefault((req.temperature, req.max_tokens), []).append(req)
+        calls = [GenerateCall([r.prompt_ids for r in rs], 1, t, m, [r.seed for r in rs]) for (t, m), rs in groups.items()]
+        try:
+            out = generate_calls(self.samplers[policy_id], calls)
+        except Exception as exc:  # noqa: BLE001 - the engine refused the batch
+            if len(reqs) == 1:
+                reqs[0].future.set_exception(exc)
+                return
+            # one request's fault (a prompt past the context) must not fail the episodes batched
+            # with it: each is asked again alone and answers with its own result or error
+            for r in reqs:
+                self._sample_policy(policy_id, [r])
+            return
+        for rs, drawn in zip(groups.values(), out):
+            for r, samples in zip(rs, drawn):
+                if samples:
                     r.future.set_result(samples[0])
+                else:
+                    r.future.set_exception(RuntimeError("the engine returned no sample for this request"))
 
 
 class Endpoint:
@@ -206,6 +222,7 @@ class Endpoint:
             raise ConfigError(f"endpoint: no sampler for policy id(s) {missing}; got {sorted(samplers)}")
         self.samplers = dict(samplers)
         self.tokenizers = dict(tokenizers)
+        self._encoding = {pid: threading.Lock() for pid in self.tokenizers}
         self.config = config
         self.hinted = frozenset(hinted)
         self.request_sampling = request_sampling
@@ -221,9 +238,9 @@ class Endpoint:
         class Handler(_Handler):
             owner = endpoint
 
+        self._server = _Server((HOST, 0), Handler)  # bound first: a failed bind leaves no batcher behind
         self._batcher = _Batcher(self.samplers)
         self._batcher.start()
-        self._server = _Server((HOST, 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name="maxit-endpoint")
         self._thread.start()
@@ -313,7 +330,8 @@ class Endpoint:
             messages = _chat_messages(request.get("messages"))
             if agent.agent_id in self.hinted:
                 messages = e.strategy.augment(messages, e.problem)
-            prompt_ids = encode_prompt(tok, messages)
+            with self._encoding[agent.policy_id]:  # a fast tokenizer is not safe across handler threads
+                prompt_ids = encode_prompt(tok, messages)
         else:
             prompt = request.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1:
@@ -321,7 +339,8 @@ class Endpoint:
             if not isinstance(prompt, str):
                 raise RequestError(400, "'prompt' must be one string", "invalid_prompt", "prompt")
             messages = []
-            prompt_ids = _encode_text(tok, prompt)
+            with self._encoding[agent.policy_id]:
+                prompt_ids = _encode_text(tok, prompt)
         if not prompt_ids:
             raise RequestError(400, "the prompt renders to no tokens", "invalid_prompt", "prompt" if kind != "chat" else "messages")
         temperature, max_tokens = self._sampling(request, agent.agent_id)
@@ -498,10 +517,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, RequestError(404, f"no such route: GET {self.path}", "not_found").body())
 
     def do_POST(self) -> None:  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length > 0 else b""
         key, rest = self._route()
         kinds = {"chat/completions": "chat", "completions": "completions"}
+        raw = (self.headers.get("Content-Length") or "0").strip()
+        if not raw.isdigit():
+            # the body's end is unknown: answer and drop the connection, whose next bytes cannot be parsed
+            self.close_connection = True
+            calls = self.owner.episodes.get(key or "")
+            if calls is not None:
+                calls.fail(f"a request with a bad Content-Length header {raw[:40]!r}")
+            self._send(400, RequestError(400, f"bad Content-Length header {raw[:40]!r}: a non-negative integer", "invalid_request").body())
+            return
+        length = int(raw)
+        body = self.rfile.read(length) if length > 0 else b""
         try:
             if rest not in kinds:
                 raise RequestError(404, f"no such route: POST {self.path} (the endpoint serves /v1/chat/completions and /v1/completions)", "not_found")

@@ -197,13 +197,23 @@ class ProgramWorkflow(Workflow):
         (the program's return value, its error) of the episodes that returned."""
         import httpx
 
+        class SharedPool(httpx.Client):
+            """The round's pool: a program's `client.close()` (or `with client:`) closes its
+            client's pool, which must not end every other episode's calls."""
+
+            def close(self) -> None:
+                pass
+
+            def close_pool(self) -> None:
+                super().close()
+
         # one connection pool for every sync episode's client (a client of its own costs each
         # episode a pool and an SSL context it never uses)
-        http = httpx.Client(timeout=CLIENT_TIMEOUT, limits=httpx.Limits(max_connections=2 * self.concurrency))
+        http = SharedPool(timeout=CLIENT_TIMEOUT, limits=httpx.Limits(max_connections=2 * self.concurrency))
         try:
             return self._run_threads(endpoint, episodes, http)
         finally:
-            http.close()
+            http.close_pool()
 
     def _run_threads(self, endpoint: Endpoint, episodes: list[Episode], http) -> dict[str, tuple[Any, str | None]]:
         pending = deque(episodes)

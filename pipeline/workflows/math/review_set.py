@@ -75,7 +75,10 @@ def near_miss(problem: Problem, rng: random.Random, kind: str | None = None) -> 
 
 def _near_miss(problem: Problem, rng: random.Random, kind: str | None) -> tuple[int, str]:
     """`near_miss` and the kind it made."""
-    answer = int(problem.answer)
+    ref = last_number(problem.answer)  # "42.0", "1,234", "#### 42": the number the answer checker reads
+    if ref is None or ref != int(ref):
+        raise ConfigError(f"near miss: problem {problem.uid!r} has answer {problem.answer!r}, not an integer")
+    answer = int(ref)
     kind = kind or rng.choice(("carry", "digit"))
     m = _SUM.match(problem.question)
     if kind == "carry" and m:
