@@ -37,10 +37,6 @@ __all__ = [
     "REGRESSED_COLUMN",
     "baselines_summary",
     "baselines_markdown",
-    "ArmResult",
-    "arm_results",
-    "verdict_lines",
-    "verdict_across",
 ]
 
 STAGE_COLUMNS = {row: seconds_column(row) for row in TIMING_ROWS}
@@ -407,13 +403,15 @@ def baselines_summary(store: str | Path, metrics: Sequence[tuple[str, str, str]]
         rows.append({"who": who, "calls": value.get("calls"), "success": value.get("success"), "team_reward": value.get("team_reward"), "note": part["note"][0]})
     metrics = metrics if metrics is not None else table_metrics_of(store)[0]
     rows += _evaluated(store, metrics, k, "team")
+    from pipeline.run.verdict import played_arms
+
     team_rows = train_rows(store)
     for arm, label in ARMS.items():
         sibling = arm_store(store, arm)
         if not (is_store(sibling) and complete_rounds(sibling)):
             continue
         rows += _evaluated(sibling, table_metrics_of(sibling)[0], None, "trained single agent" if arm == "single" else label, team_rows, skip_start=True)
-        for result in _played_arms(sibling, arm):
+        for result in played_arms(sibling, arm):
             rows.append({"who": result.label, "calls": result.calls, "success": result.success, "team_reward": None,
                          "note": f"played from its round {result.round} on the team's held-out problems and draws; store {sibling}"})
     frame = pl.DataFrame(rows, schema={"who": pl.String, "calls": pl.Float64, "success": pl.Float64, "team_reward": pl.Float64, "note": pl.String})

@@ -14,6 +14,8 @@ import polars as pl
 from pipeline.run.experiments import complete_rounds, is_store
 from pipeline.store import BASE_ROUND
 
+__all__ = ["ArmResult", "PLAYED_ARMS", "arm_results", "played_arms", "verdict_lines", "verdict_across"]
+
 PLAYED_ARMS = {
     "single": "the trained single agent, 1 call",
     "single_best_of_k": "the trained single agent, best-of-{m} vote at the team's calls",
@@ -45,7 +47,7 @@ class ArmResult:
     """Model calls per episode."""
 
 
-def _played_arms(sibling: Path, arm: str) -> list[ArmResult]:
+def played_arms(sibling: Path, arm: str) -> list[ArmResult]:
     """The played rows of arm `arm`'s sibling store (its `baselines` table, last round), success known."""
     from pipeline.run.baselines import read_baselines
 
@@ -81,7 +83,7 @@ def arm_results(store: str | Path) -> tuple[dict[int, ArmResult], list[ArmResult
     for arm in ARMS:
         sibling = arm_store(store, arm)
         if is_store(sibling):
-            arms += _played_arms(sibling, arm)
+            arms += played_arms(sibling, arm)
     return team, arms
 
 

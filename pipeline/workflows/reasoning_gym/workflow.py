@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.errors import ConfigError
-from pipeline.workflows.math import MathWorkflow, SingleWorkflow
+from pipeline.workflows.math import MathWorkflow
 from pipeline.workflows.reasoning_gym.answering import AnsweringTeam, SingleSolver
 from pipeline.workflows.reasoning_gym.datasets import ReasoningGymTask
 from pipeline.workflows.reasoning_gym.tool_plan import ToolPlanWorkflow
