@@ -297,12 +297,14 @@ def test_the_example_team_runs_a_round_of_maxit_run_and_its_rows_are_what_it_saw
     store = tmp_path / "team"
     start = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "maxit.cli", "run", "--workflow", "program:examples/openai_team.py:run", "--strategies", "iid", "prompt_aug",
+        [sys.executable, "-m", "maxit.cli", "run", "--workflow", "program:examples/openai_team.py:run",
          "--rounds", "1", "--problems", "4", "--samples", "2", "--eval-problems", "4", "--eval-samples", "1", "--store", str(store)],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
     )
     seconds = time.monotonic() - start
     assert out.returncode == 0, out.stderr[-2000:]
+    # the library's default mix, as the command runs it: the tree and feedback a program
+    # cannot play are left out, iid and prompt_aug run
     steps = pl.read_parquet(store / "round=0" / "steps.parquet")
     assert set(steps["agent_id"]) == {"proposer", "checker"} and set(steps["strategy"]) == {"iid", "prompt_aug"}
     assert steps.height == 4 * 2 * 2 * 2 and steps["reward_error"].null_count() == steps.height
