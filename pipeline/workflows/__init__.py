@@ -28,7 +28,6 @@ options it takes). docs/WORKFLOWS.md has the contract and a complete example.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from importlib import metadata
 from typing import Any, Callable, Mapping
@@ -37,7 +36,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.rollout.agent import SHARED_POLICY, Agent
 from pipeline.rollout.contract import Env, StepResult, check_workflow
 from pipeline.rollout.workflow import Workflow, with_policies
-from pipeline.workflows.modules import import_file as _import_file
+from pipeline.workflows.modules import resolve
 
 __all__ = [
     "Agent", "SHARED_POLICY", "Env", "StepResult", "Workflow", "check_workflow", "load_workflow", "with_policies", "workflow_options",
@@ -91,19 +90,7 @@ def _resolve(spec: str) -> Callable[..., Workflow]:
     if builtin is not None:
         return builtin
     if ":" in spec:
-        module_name, _, attr = spec.rpartition(":")
-        try:
-            module = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
-        except ImportError as err:
-            raise ConfigError(f"workflow {spec!r}: cannot import module {module_name!r} ({err})") from None
-        except Exception as err:  # noqa: BLE001 - a user's module may fail to import in any way
-            raise ConfigError(f"workflow {spec!r}: importing {module_name!r} raised {type(err).__name__}: {err}") from None
-        obj: Any = module
-        for part in attr.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                raise ConfigError(f"workflow {spec!r}: module {module_name!r} has no {attr!r}")
-        return obj
+        return resolve(spec, spec)[1]
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == spec:
             try:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import inspect
 import logging
 import threading
@@ -62,7 +61,7 @@ from pipeline.rollout.endpoint import Endpoint, EpisodeCalls
 from pipeline.rollout.rewards import Outcome
 from pipeline.rollout.rows import Episode, Row
 from pipeline.rollout.workflow import Workflow
-from pipeline.workflows.modules import import_file
+from pipeline.workflows.modules import resolve
 from pipeline.types import Problem
 
 __all__ = ["ProgramWorkflow", "team", "PREFIX"]
@@ -314,17 +313,7 @@ def _load(program: str) -> tuple[Any, Callable]:
     module_name, sep, attr = program.rpartition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"workflow {name!r}: expected program:FILE.py:FUNC or program:package.module:function")
-    try:
-        module = import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"workflow {name!r}: cannot import {module_name!r} ({err})") from None
-    except Exception as err:  # noqa: BLE001 - a user's module may fail to import in any way
-        raise ConfigError(f"workflow {name!r}: importing {module_name!r} raised {type(err).__name__}: {err}") from None
-    fn: Any = module
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise ConfigError(f"workflow {name!r}: {module_name!r} has no {attr!r}")
+    module, fn = resolve(program, name)
     if not callable(fn) or isinstance(fn, type):
         raise ConfigError(f"workflow {name!r}: {attr!r} is not a function (a program is a function (problem, client) -> reward)")
     try:
