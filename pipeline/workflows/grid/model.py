@@ -237,27 +237,33 @@ def play(model, tokenizer, puzzles: Sequence, temperature: float = 1.0, samples:
 
 def grid_warm_start(model, tokenizer, game: GridGame, config: GridWarmStartConfig, log: Callable[[str], None] = print) -> dict:
     """Train `model` in place by SFT on the game's prompts for `config.steps` steps."""
+    return staged_warm_start(model, tokenizer, game, config, grid_sft_examples, "grid", log)
+
+
+def staged_warm_start(model, tokenizer, game, config, make_examples: Callable, label: str, log: Callable[[str], None] = print) -> dict:
+    """SFT of `model` in place for `config.steps` steps on `make_examples(rng, n, game, config)`:
+    right targets alone for the first `config.clean_steps` steps, then the configured share of
+    wrong ones (`noise`, `hint_noise`), so sampling at T=1 stays imperfect; warm-up then cosine
+    to `lr_final`. The grid's and Plan-Path's warm starts."""
     import torch
 
     from pipeline.models.sft import FastEncoder, sft_steps, warmup_cosine
 
     torch.manual_seed(config.seed)
-    rng = random.Random(f"grid-warm-start:{config.seed}")
-    FastEncoder(tokenizer).check(grid_sft_examples(random.Random(0), 16, game, config))
-
+    rng = random.Random(f"{label.replace('_', '-')}-warm-start:{config.seed}")
+    FastEncoder(tokenizer).check(make_examples(random.Random(0), 16, game, config))
     lr_at = warmup_cosine(config.warmup_steps, config.steps, config.lr_final / config.lr)
-
     clean = replace(config, noise=0.0, hint_noise=0.0)
 
     def examples(step: int):
-        return grid_sft_examples(rng, config.batch_size, game, clean if step <= config.clean_steps else config)
+        return make_examples(rng, config.batch_size, game, clean if step <= config.clean_steps else config)
 
     t0 = time.perf_counter()
     loss_avg = math.nan
     for step, loss in sft_steps(model, tokenizer, examples, steps=config.steps, lr=config.lr, lr_lambda=lr_at):
         loss_avg = loss if math.isnan(loss_avg) else 0.95 * loss_avg + 0.05 * loss
         if step % 50 == 0 or step == config.steps:
-            log(f"grid warm start: step {step:4d}/{config.steps}  loss {loss_avg:.3f}  {time.perf_counter() - t0:5.1f}s")
+            log(f"{label} warm start: step {step:4d}/{config.steps}  loss {loss_avg:.3f}  {time.perf_counter() - t0:5.1f}s")
     model.eval()
     return {"steps": config.steps, "seconds": time.perf_counter() - t0, "final_loss": loss_avg}
 

@@ -24,10 +24,9 @@ show.
 
 from __future__ import annotations
 
-import math
 import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -225,28 +224,11 @@ def play(model, tokenizer, puzzles: Sequence, agents: Sequence[str], temperature
 
 
 def plan_path_warm_start(model, tokenizer, game: PlanPathGame, config: PlanPathWarmStartConfig, log: Callable[[str], None] = print) -> dict:
-    """Train `model` in place by SFT on the game's prompts for `config.steps` steps."""
-    import torch
+    """Train `model` in place by SFT on the game's prompts for `config.steps` steps (the grid's
+    staged warm start on Plan-Path's examples)."""
+    from pipeline.workflows.grid.model import staged_warm_start
 
-    from pipeline.models.sft import FastEncoder, sft_steps, warmup_cosine
-
-    torch.manual_seed(config.seed)
-    rng = random.Random(f"plan-path-warm-start:{config.seed}")
-    FastEncoder(tokenizer).check(plan_path_sft_examples(random.Random(0), 16, game, config))
-    lr_at = warmup_cosine(config.warmup_steps, config.steps, config.lr_final / config.lr)
-    clean = replace(config, noise=0.0, hint_noise=0.0)
-
-    def examples(step: int):
-        return plan_path_sft_examples(rng, config.batch_size, game, clean if step <= config.clean_steps else config)
-
-    t0 = time.perf_counter()
-    loss_avg = math.nan
-    for step, loss in sft_steps(model, tokenizer, examples, steps=config.steps, lr=config.lr, lr_lambda=lr_at):
-        loss_avg = loss if math.isnan(loss_avg) else 0.95 * loss_avg + 0.05 * loss
-        if step % 50 == 0 or step == config.steps:
-            log(f"plan_path warm start: step {step:4d}/{config.steps}  loss {loss_avg:.3f}  {time.perf_counter() - t0:5.1f}s")
-    model.eval()
-    return {"steps": config.steps, "seconds": time.perf_counter() - t0, "final_loss": loss_avg}
+    return staged_warm_start(model, tokenizer, game, config, plan_path_sft_examples, "plan_path", log)
 
 
 # -- build and cache ---------------------------------------------------------------------------
