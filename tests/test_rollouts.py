@@ -274,6 +274,10 @@ def test_rewards_of_ordinary_trajectories():
         rows = rows.sort("step")
         solver_rows = rows.filter(pl.col("agent_id") == "solver")
         final = task.reward(problems[rows["uid"][0]], solver_rows["completion_text"][-1])
+        verdicts = rows.filter(pl.col("agent_id") == "verifier")["completion_text"].to_list()
+        if rows["strategy"][0] != "feedback" and not (verdicts and task.parse_verdict(verdicts[-1]) is True):
+            # the team plays its first answer unless the Verifier approved a retry (`final_answer`)
+            final = task.reward(problems[rows["uid"][0]], solver_rows["completion_text"][0])
         if rows["strategy"][0] == "feedback":
             # the first attempt is credited with its own outcome, before the feedback; the second with the final one
             first = task.reward(problems[rows["uid"][0]], solver_rows["completion_text"][0])

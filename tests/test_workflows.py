@@ -225,7 +225,7 @@ def test_an_unknown_workflow_option_is_a_one_line_error_naming_it_and_the_option
         load_workflow("grid", size=5, sise=5, wals=2)
     message = str(err.value)
     assert message.startswith("workflow 'grid': unknown options 'sise', 'wals' (it takes: task_file, max_loop_num, size, walls, ") and "\n" not in message
-    with pytest.raises(ConfigError, match=r"^workflow 'math': unknown option 'loops' \(it takes: task, agents, max_loop_num, orchestra\)$"):
+    with pytest.raises(ConfigError, match=r"^workflow 'math': unknown option 'loops' \(it takes: task, agents, max_loop_num, final_answer, orchestra\)$"):
         load_workflow("math", loops=2)
     with pytest.raises(ConfigError, match=r"unknown option 'turn' \(it takes: turns, label\)$"):
         load_workflow(f"{__name__}:relay_of", turn=2)
@@ -296,3 +296,32 @@ def test_the_tutorial_workflow_runs_end_to_end_from_the_command_line(tmp_path, d
     assert {"success", "success_greedy"} <= set(ev.filter(pl.col("agent_id") == "team")["metric"])
     assert set(ev.filter(pl.col("metric") == "reward")["agent_id"]) == {"first", "second", "third"}
     assert "success" in out.stdout and "greedy" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "turns, approved, last",
+    [
+        # rejected twice: "approved" plays the first answer, "last" the retry nobody approved
+        ([("s", "46"), ("v", "45"), ("s", "45"), ("v", "44")], 1.0, 0.0),
+        ([("s", "47"), ("v", "46"), ("s", "46"), ("v", "45")], 0.0, 1.0),
+        # an approved retry is played under both rules
+        ([("s", "47"), ("v", "46"), ("s", "46"), ("v", "46")], 1.0, 1.0),
+        ([("s", "46"), ("v", "45"), ("s", "45"), ("v", "45")], 0.0, 0.0),
+        # an approved first answer stops the loop
+        ([("s", "46"), ("v", "46")], 1.0, 1.0),
+    ],
+)
+def test_the_math_team_plays_its_first_answer_unless_the_verifier_approved_a_retry(turns, approved, last):
+    """`final_answer`: the blind Verifier approves when its own sum equals the Solver's (12+34=46)."""
+    from pipeline.strategies import IID
+    from pipeline.tasks.arithmetic import ArithmeticTask
+
+    for rule, team in (("approved", approved), ("last", last)):
+        wf = MathWorkflow(ArithmeticTask(), final_answer=rule)
+        env = wf.reset(wf.task.make_problem(12, "+", 34), IID(group_size=1))
+        results = [env.step(wf.solver_id if who == "s" else wf.verifier_id, text) for who, text in turns]
+        assert results[-1].done
+        assert env.team_reward() == team, rule
+        assert env.copy().team_reward() == team  # a tree branch keeps what was approved
+    with pytest.raises(ConfigError, match=r"^workflow 'math': final_answer must be one of \['approved', 'last'\], got 'first'$"):
+        MathWorkflow(ArithmeticTask(), final_answer="first")

@@ -6,7 +6,13 @@ alone (`single`, a team of one: GRPO's setting), on a task with a checkable answ
 to `max_loop_num` loops (`pipeline.workflows.math.orchestra` documents what each role sees and when a
 sample stops). Rewards: Solver local = the reward of its own attempt; Verifier local = whether
 its verdict matches the judged attempt's correctness (`pipeline.rollout.rewards.verifier_local_reward`);
-team reward = the reward of the Solver's latest attempt.
+team reward = the reward of the answer the team plays (`final_answer`): by default the Solver's
+first attempt, replaced by a retry only when the Verifier approved that retry ("approved"); DrMAS's
+own rule, the Solver's latest attempt whatever the Verifier said of it, is `final_answer=last`.
+Why not "last" by default: a Verifier that rejects a right first answer would then swap it for a
+retry it never approved, so the loop as deployed could end below its Solver alone; under
+"approved" a retry replaces the first answer only on the Verifier's word, so the loop loses a
+right first answer only where the Verifier approves a wrong retry.
 
 `single`: the Solver answers once (feedback: twice, the task's feedback between); team reward =
 local reward = the reward of its attempt.
@@ -90,12 +96,15 @@ class MathEnv(Env):
         self.replies: list[Utterance] = []
         self.last: Outcome | None = None
         """The reward of the Solver's latest attempt."""
+        self.final: Outcome | None = None
+        """The reward of the answer the team plays (`MathWorkflow.final_answer`)."""
         self.loops = 0
 
     def copy(self) -> "MathEnv":
         out = object.__new__(type(self))  # a subclass's copy extends this one
         out.workflow, out.problem, out.strategy, out.scores, out.opening = self.workflow, self.problem, self.strategy, self.scores, self.opening
         out.attempts, out.replies, out.last, out.loops = list(self.attempts), list(self.replies), self.last, self.loops
+        out.final = self.final
         return out
 
     def observe(self, agent_id: str):
@@ -108,6 +117,9 @@ class MathEnv(Env):
         if agent_id == wf.solver_id:
             self.attempts.append(text)
             self.last = self.scores(text)
+            # feedback's second attempt answers the task's own feedback: it is the answer whatever the Verifier says
+            if len(self.attempts) == 1 or wf.verifier_id is None or wf.final_answer == "last" or isinstance(self.strategy, Feedback):
+                self.final = self.last
             if wf.verifier_id is None:  # a team of one: each attempt is checked by the task alone
                 return self._after_loop(text, approved=False, local=self.last)
             return _result(self.last)
@@ -122,6 +134,8 @@ class MathEnv(Env):
         own = self.scores(text) if reads_solution else None
         local = verifier_local_reward(verdict, self.last, own)
         approved = verdict.ok and verdict.value is True
+        if approved:  # an approved retry is the answer the team plays ("approved"; "last" has it already)
+            self.final = self.last
         result = self._after_loop(text, approved, local)
         return StepResult(result.reward, result.done, verdict.value if verdict.ok else None, result.error)
 
@@ -140,11 +154,15 @@ class MathEnv(Env):
         return _result(local, done=not going)
 
     def team_reward(self) -> float | None:
-        if self.last is None:
+        if self.final is None:
             return None
-        if not self.last.ok:
-            raise ValueError(self.last.error)
-        return self.last.value
+        if not self.final.ok:
+            raise ValueError(self.final.error)
+        return self.final.value
+
+
+FINAL_ANSWERS = ("approved", "last")
+"""The rules for the answer a math team plays (`MathWorkflow.final_answer`)."""
 
 
 def _result(outcome: Outcome, done: bool = False) -> StepResult:
@@ -161,6 +179,9 @@ class MathWorkflow(Workflow):
     """One agent of role "solver" and one of role "verifier" (any ids)."""
     max_loop_num: int = 2
     """Solver/Verifier loops at most per sample (DrMAS's max_loop_num); feedback always runs 2."""
+    final_answer: str = "approved"
+    """The answer the team plays (its team reward): "approved", the Solver's first attempt unless
+    the Verifier approved a retry (then that retry); "last", the Solver's latest attempt (DrMAS's)."""
     orchestra: MathOrchestra | None = None
     """The loop's rules (rejection message); built from the task by default."""
 
@@ -184,6 +205,8 @@ class MathWorkflow(Workflow):
         self.agents = tuple(self.agents)
         if isinstance(self.max_loop_num, bool) or not isinstance(self.max_loop_num, int) or self.max_loop_num < 1:
             raise ConfigError(f"workflow {self.name!r}: max_loop_num must be an integer >= 1, got {self.max_loop_num!r}")
+        if self.final_answer not in FINAL_ANSWERS:
+            raise ConfigError(f"workflow {self.name!r}: final_answer must be one of {list(FINAL_ANSWERS)}, got {self.final_answer!r}")
         roles = [a.role for a in self.agents]
         if sorted(roles) != sorted(self.roles):
             raise ConfigError(f"workflow {self.name!r} needs one agent per role {list(self.roles)}; its agents have roles {roles}")
