@@ -242,3 +242,19 @@ def test_polars_schema_is_the_contract_s_columns_in_order_for_every_table():
         assert frame.columns == contract.schema.names, name
     assert dict(polars_schema("timings")) == {"round": pl.Int32, "stage": pl.String, "seconds": pl.Float64}
     assert polars_schema("evaluation")["n"] == pl.Int64 and polars_schema("problems")["hint"] == pl.String
+
+
+def test_a_table_is_read_by_columns_and_a_missing_column_is_named(tmp_path):
+    """`Tables.read(..., columns=)`: only those columns, in that order; one the file lacks is a
+    one-line error naming the column and the file; `Tables.columns` reads the footer."""
+    from pipeline.errors import DataError
+    from pipeline.store import Tables
+
+    tables = Tables(tmp_path / "store")
+    path = tables.path(0, "notes")
+    path.parent.mkdir(parents=True)
+    pl.DataFrame({"a": [1, 2], "b": ["x", "y"], "c": [0.5, 1.5]}).write_parquet(path)
+    assert tables.read(0, "notes", columns=["c", "a"]).columns == ["c", "a"]
+    assert tables.columns(0, "notes") == ["a", "b", "c"]
+    with pytest.raises(DataError, match=r"notes\.parquet: no column 'd'$"):
+        tables.read(0, "notes", columns=["a", "d"])

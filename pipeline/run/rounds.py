@@ -45,7 +45,7 @@ from pipeline.learn.views import build_training_view, verifier_replay, with_veri
 from pipeline.models import load_tokenizer
 from pipeline.rollout.loop import RolloutConfig, run_rollouts
 from pipeline.run.context import DEFAULT_MIX, RoundContext, build_workflow, run_strategies
-from pipeline.run.timings import STAGES, SUBSTAGES, record_timings
+from pipeline.run.timings import STAGES, SUBSTAGES, read_timings, record_timings
 from pipeline.store import BASE_ROUND, Tables, checkpoint_dir
 from pipeline.types import Problem, Sampler
 from schemas import PROBLEMS, RATIO_DIAGNOSTICS, polars_schema
@@ -283,7 +283,7 @@ def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
         replay = None
         if earlier:
             problems = pl.concat([tables.read(r, "problems") for r in earlier])
-            steps = pl.concat([pl.read_parquet(tables.path(r, "steps"), columns=list(REPLAY_STEP_COLUMNS)) for r in earlier])
+            steps = pl.concat([tables.read(r, "steps", columns=REPLAY_STEP_COLUMNS) for r in earlier])
             replay = replay_candidates(problems, steps, k)
         return draw_problems(ctx.workflow(), c.problems, ctx.round_seed(round_, 1), round_, replay)
 
@@ -314,8 +314,7 @@ def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
     def compute():
         earlier = None
         if ctx.config.advantage.baseline == "role":
-            olds = [pl.read_parquet(ctx.tables.path(r, "advantages"), columns=list(ROLE_BASELINE_COLUMNS))
-                    for r in range(round_) if ctx.tables.exists(r, "advantages")]
+            olds = [ctx.tables.read(r, "advantages", columns=ROLE_BASELINE_COLUMNS) for r in range(round_) if ctx.tables.exists(r, "advantages")]
             earlier = pl.concat(olds) if olds else None
         return advantages_frame(steps, ctx.config.advantage, earlier)
 
@@ -402,14 +401,9 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
 def round_staleness(tables: Tables, round_: int) -> dict[str, int]:
     """policy_id -> the staleness of round `round_`'s sampled rows (their largest), from its
     `steps` table; {} for a table without the column (written before it existed)."""
-    import pyarrow.parquet as pq
-
-    if not tables.exists(round_, "steps"):
+    if not tables.exists(round_, "steps") or "staleness" not in tables.columns(round_, "steps"):
         return {}
-    path = tables.path(round_, "steps")
-    if "staleness" not in pq.read_schema(path).names:
-        return {}
-    df = pl.read_parquet(path, columns=["policy_id", "staleness"]).group_by("policy_id").agg(pl.col("staleness").max())
+    df = tables.read(round_, "steps", columns=["policy_id", "staleness"]).group_by("policy_id").agg(pl.col("staleness").max())
     return {pid: int(v) for pid, v in df.iter_rows() if v is not None}
 
 
@@ -452,23 +446,15 @@ def round_complete(tables: Tables, round_: int) -> bool:
 
 def run_round_stages(ctx: RoundContext, round_: int, checkpoints: Mapping[str, Path] | None = None) -> dict:
     """All stages of one round in order, without Dagster (what a test or a notebook calls),
-    sampling with `checkpoints` (default: the round's start checkpoints). Returns the tables and
-    the seconds each stage took."""
-    t: dict[str, float] = {}
-    out: dict = {}
-
-    def timed(name, fn, *args):
-        t0 = time.perf_counter()
-        value = fn(*args)
-        t[name] = time.perf_counter() - t0
-        out[name] = value
-        return value
-
-    problems = timed("problems", stage_problems, ctx, round_)
-    steps = timed("rollouts", stage_rollouts, ctx, round_, problems, checkpoints)
-    adv = timed("advantages", stage_advantages, ctx, round_, steps)
-    view, _stats = timed("training_view", stage_training_view, ctx, round_, adv)
-    timed("policy", stage_policy, ctx, round_, view)
-    timed("evaluation", stage_evaluation, ctx, round_)
-    out["seconds"] = t
+    sampling with `checkpoints` (default: the round's start checkpoints). Returns each stage's
+    result by its name, and under "seconds" what each stage took, as its `_stage` recorded it in
+    the round's timings table (the one stopwatch)."""
+    out: dict = {"problems": stage_problems(ctx, round_)}
+    out["rollouts"] = stage_rollouts(ctx, round_, out["problems"], checkpoints)
+    out["advantages"] = stage_advantages(ctx, round_, out["rollouts"])
+    out["training_view"] = stage_training_view(ctx, round_, out["advantages"])
+    out["policy"] = stage_policy(ctx, round_, out["training_view"][0])
+    out["evaluation"] = stage_evaluation(ctx, round_)
+    timings = read_timings(ctx.tables, round_)
+    out["seconds"] = dict(timings.filter(pl.col("stage").is_in(STAGES)).select("stage", "seconds").rows())
     return out

@@ -5,7 +5,7 @@ the file (`read_table`, `read_tables`, `check_table_file`), scanned across a sto
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -76,23 +76,34 @@ def check_table_file(path: str | Path, schema: TableSchema | str | None = None, 
     return arrow_schema
 
 
-def read_table(path: str | Path, schema: TableSchema | str | None = None, flag: str | None = None) -> pl.DataFrame:
+def read_table(path: str | Path, schema: TableSchema | str | None = None, flag: str | None = None, columns: Sequence[str] | None = None) -> pl.DataFrame:
     """Read a Parquet table into Polars, validating it when a schema is given. An unreadable
     file is a `DataError` and a table that breaks the contract a `SchemaError`, both naming the
-    file (and `flag`, the option that gave it). `path` may be a URL (`filesystem`)."""
+    file (and `flag`, the option that gave it). `path` may be a URL (`filesystem`). With
+    `columns`, only those are read (a column the file lacks is a `DataError` naming it and the
+    file), and the schema check is left out: a part of a table is not the table."""
+    cols = None if columns is None else list(columns)
     if is_url(path):
         fs, p = filesystem(str(path), flag)
-        exists, read = fs.exists(p), lambda: pl.from_arrow(pq.read_table(p, filesystem=fs))
+        exists, read = fs.exists(p), lambda: pl.from_arrow(pq.read_table(p, filesystem=fs, columns=cols))
     else:
         path = Path(path)
-        exists, read = path.exists(), lambda: pl.read_parquet(path)
+        exists, read = path.exists(), lambda: pl.read_parquet(path, columns=cols)
     if not exists:
         raise FileNotFoundError(f"no table at {path}" if flag is None else f"{flag} {path}: no such file")
+    if cols is not None:
+        try:
+            have = set(pq.read_schema(p, filesystem=fs).names if is_url(str(path)) else pq.read_schema(path).names)
+        except _READ_ERRORS as err:
+            raise _unreadable(path, flag, err) from None
+        missing = [c for c in cols if c not in have]
+        if missing:
+            raise DataError(f"{_label(flag, Path(str(path)))}: no column {', '.join(map(repr, missing))}")
     try:
         df = read()
     except _READ_ERRORS as err:
         raise _unreadable(path, flag, err) from None
-    if schema is not None:
+    if schema is not None and cols is None:
         try:
             validate(df, schema)
         except SchemaError as err:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import polars as pl
 
 from pipeline.errors import DataError
-from pipeline.store.files import read_table, scan_table, write_table
+from pipeline.store.files import check_table_file, read_table, scan_table, write_table
 from pipeline.store.paths import BASE_ROUND, is_url, round_dir, table_path
 from pipeline.store.url import UrlStore, check_store_url
 from schemas import SCHEMAS, to_arrow
@@ -80,10 +81,16 @@ class Tables:
         return TableInfo(self.location_of(round_, table), int(rows))
 
     # -- reading ----------------------------------------------------------------------------
-    def read(self, round_: int, table: str, *, validate: bool = False) -> pl.DataFrame:
-        """Round `round_`'s `table`; with `validate`, checked against its schema. A missing or
-        unreadable file, and a table that breaks its contract, are errors naming the file."""
-        return read_table(self.path(round_, table), table if validate and table in SCHEMAS else None)
+    def read(self, round_: int, table: str, *, validate: bool = False, columns: Sequence[str] | None = None) -> pl.DataFrame:
+        """Round `round_`'s `table`; with `validate`, checked against its schema; with `columns`,
+        only those (a column the file lacks is an error naming it). A missing or unreadable file,
+        and a table that breaks its contract, are errors naming the file."""
+        return read_table(self.path(round_, table), table if validate and table in SCHEMAS else None, columns=columns)
+
+    def columns(self, round_: int, table: str) -> list[str]:
+        """The column names of round `round_`'s `table`, read from its footer (no rows): a table
+        written before a column existed lacks it."""
+        return list(check_table_file(self.path(round_, table)).names)
 
     def scan(self, table: str) -> pl.LazyFrame:
         """Every round's `table` as one LazyFrame, with the `round` partition column."""
