@@ -68,7 +68,9 @@ def run_strategies(config: RunConfig, workflow) -> dict:
 class RoundContext:
     """What the stages of a run share: the store's tables (`store` a folder, a URL, or `Tables`),
     the run config, the registry, the engines (a pool of the config's engine when none is given,
-    built on first use) and the workflow (built on first use, once per context)."""
+    built on first use), and the team the config names: its workflow (with its task) and the
+    strategies it samples with, built when the context opens, so a config that names a workflow
+    or a strategy mix that cannot run is refused before any stage starts."""
 
     def __init__(self, store: str | Path | Tables, config: RunConfig, engines: EnginePool | None = None, registry: PolicyRegistry | None = None):
         self.tables = store if isinstance(store, Tables) else Tables(store)
@@ -78,8 +80,8 @@ class RoundContext:
         self._engines = engines
         self.registry = registry if registry is not None else PolicyRegistry(self.tables.location)
         """Where round r finds round r-1's checkpoints (default: the store's own registry)."""
-        self._workflow = None
-        self._strategies = None
+        self._workflow = build_workflow(config)
+        self._strategies = run_strategies(config, self._workflow)
 
     def __repr__(self) -> str:
         return f"RoundContext({self.tables!r}, workflow={self.config.workflow!r})"
@@ -102,9 +104,7 @@ class RoundContext:
         return getattr(self.workflow(), "task", None)
 
     def workflow(self):
-        """The run's workflow (`build_workflow`), built once per context."""
-        if self._workflow is None:
-            self._workflow = build_workflow(self.config)
+        """The run's workflow (`build_workflow`), built when the context opened."""
         return self._workflow
 
     def agents(self):
@@ -115,9 +115,7 @@ class RoundContext:
         return self.workflow().policy_ids
 
     def strategy_objects(self) -> dict:
-        """strategy id -> strategy (`run_strategies`), made once per context."""
-        if self._strategies is None:
-            self._strategies = run_strategies(self.config, self.workflow())
+        """strategy id -> strategy (`run_strategies`), made when the context opened."""
         return self._strategies
 
     # -- checkpoints ------------------------------------------------------------------------
@@ -230,8 +228,8 @@ class RoundContext:
         return (self.config.seed * 1_000_003 + (round_ + 2) * 7919 + salt) % (2**31 - 1)
 
     def substage_seconds(self) -> dict[str, float]:
-        """The running totals behind the timings' substages: the seconds the workflow (if built
-        yet: a new one has waited 0) waited on its sandbox, and the engine pool's starts and swaps."""
+        """The running totals behind the timings' substages: the seconds the workflow waited on its
+        sandbox, and the engine pool's starts and swaps."""
         engines = self._engines
         return {
             "sandbox": float(getattr(self._workflow, "sandbox_seconds", 0.0) or 0.0),
