@@ -200,3 +200,21 @@ def test_the_flags_and_the_launchpad_fields_are_as_before():
     flags = {tuple(a.option_strings): (tuple(a.choices) if a.choices is not None else None) for a in run._actions if a.dest != "help"}
     assert flags == RUN_FLAGS
     assert {name: f.default for name, f in RunSettings.model_fields.items()} == LAUNCHPAD_DEFAULTS
+
+
+# -- the settings declared on the tree's fields -------------------------------------------------------
+
+
+def test_the_tree_declares_each_setting_on_the_field_it_lives_on():
+    """Each setting's flag, help, group and choices are declared on the field of the tree it
+    sets (`pipeline.config.fields.setting`); walking the tree finds every setting at its place."""
+    from pipeline.config.fields import walk
+
+    found = {f.setting.name: f for f in walk(RunConfig)}
+    assert {name: f.paths for name, f in found.items()} == {name: tuple(paths) for name, paths in flat.SETTING_PATHS.items()}
+    declared = {f.name: f.metadata for f in dataclasses.fields(Settings)}
+    for name, f in found.items():
+        meta = declared[name]
+        assert (f.setting.help, f.setting.group, f.setting.metavar, f.setting.negative_flag) == (
+            meta["help"], meta["group"], meta["metavar"], meta["negative_flag"]), name
+        assert (f.choices or None) == (tuple(meta["choices"]) if meta["choices"] else None), name

@@ -17,19 +17,24 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal, Mapping
 
+from pipeline.config.fields import Setting, setting, settings
 from pipeline.errors import ConfigError
 
 __all__ = [
-    "RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "LOSS_KINDS", "ANCHORS", "CORRECTIONS", "CHECKPOINTING_PARAMETERS",
-    "ACTIVATION_VALUES_PER_TOKEN",
+    "RatioConfig", "LossConfig", "LoraSettings", "TrainConfig", "AGGREGATIONS", "RATIO_MODES", "LOSS_KINDS", "ANCHORS", "CORRECTIONS", "CHECKPOINTING_PARAMETERS",
+    "ACTIVATION_VALUES_PER_TOKEN", "CHECKPOINTING",
 ]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+RATIO_MODES = ("mask", "truncate", "none")
+"""The sequence-ratio handlings (`RatioConfig.mode`)."""
 LOSS_KINDS = ("rs", "ppo", "is", "exit")
 """The losses (`LossConfig.kind`); rs, the default run's, first."""
 ANCHORS = ("sampling", "proximal")
 CORRECTIONS = ("none", "tis", "token-tis", "seq-mask", "geo-mask")
 """The staleness corrections (`LossConfig.correction`, docs/ALGORITHMS.md "Staleness corrections")."""
+CHECKPOINTING = {"auto": None, "on": True, "off": False}
+"""The `gradient_checkpointing` setting -> `TrainConfig.gradient_checkpointing`."""
 CHECKPOINTING_PARAMETERS = 50_000_000
 """Models above this many parameters train with gradient checkpointing unless told otherwise."""
 ACTIVATION_VALUES_PER_TOKEN = 4
@@ -79,7 +84,12 @@ class RatioConfig:
 class LossConfig:
     """The training loss (see `pipeline/learn/loss.py` for the formulas)."""
 
-    kind: Literal["ppo", "is", "exit", "rs"] = "rs"
+    kind: Literal["ppo", "is", "exit", "rs"] = field(default="rs", metadata=setting(
+        "loss",
+        "rs: rejection-sampling expert iteration; ppo: importance-weighted PG with PPO clip; is: per-token importance sampling, no clip "
+        "(not the plan's estimator); exit: the expert-iteration plan's estimator (sequence likelihood ratio per row, mean over rows, "
+        "no mask)",
+        group="training", choices=LOSS_KINDS))
     """"ppo": importance-weighted policy gradient with PPO clip and sequence-ratio handling
     (AT-GRPO's loss; with `dual_clip`, verl's dual-clip PPO as DrMAS trains);
     "exit": the expert-iteration plan's estimator exactly, g = (1/N) sum_i (p_train/q_s) A_i w_i
@@ -95,7 +105,10 @@ class LossConfig:
     `rs_threshold` under the training context (docs/FINDINGS.md, lesson 4: best and cheapest in the
     prototype). For "rs" build the view with `drop_zero_advantage=False`, or the correct answers
     of all-correct groups are lost. The default ("rs") is the default run's."""
-    anchor: Literal["sampling", "proximal"] = "sampling"
+    anchor: Literal["sampling", "proximal"] = field(default="sampling", metadata=setting(
+        "anchor",
+        "what the PPO clip compares with: the sampling logprobs q, or the policy at the start of the round's update (proximal: decoupled PPO)",
+        group="training"))
     """What the PPO clip compares the policy with. "sampling": q, the stored sampling logprobs
     (ratio p_theta(y|x_train) / q(y|x_sample)). "proximal" (decoupled PPO): the policy at the start
     of the round's update on the training context, p_old(y|x_train), computed once before the
@@ -106,7 +119,12 @@ class LossConfig:
     off_policy_cap: float = 3.0
     """With anchor="proximal" and no `correction`: the per-token off-policy weight p_old/q is
     truncated at this."""
-    correction: Literal["none", "tis", "token-tis", "seq-mask", "geo-mask"] = "none"
+    correction: Literal["none", "tis", "token-tis", "seq-mask", "geo-mask"] = field(default="none", metadata=setting(
+        "off_policy_correction",
+        "staleness correction from the behaviour weight p_old/q (p_old: the policy at the start of the round's update): the row's "
+        "product truncated at --correction-cap (tis), each token's (token-tis), or rows masked outside [--correction-low, --correction-cap] "
+        "by the product (seq-mask) or its geometric mean (geo-mask); the update ratio becomes p_theta/p_old (docs/ALGORITHMS.md#staleness-corrections)",
+        group="training"))
     """The staleness correction (decoupled form, `pipeline.learn.corrections`): the behaviour
     weight w_t = p_old(y_t|x_train) / q(y_t|x_sample) of each token (p_old: the policy at the start
     of the round's update, computed once before the first step; q: the stored sampling logprobs,
@@ -122,28 +140,47 @@ class LossConfig:
     "rs" each passing row's NLL is multiplied by c (importance-weighted rejection sampling).
     Masked rows stay in the denominators. "none" (the default): no correction and no p_old
     forward pass unless the anchor asks for one."""
-    correction_cap: float = 2.0
+    correction_cap: float = field(default=2.0, metadata=setting(
+        "correction_cap", "C of --off-policy-correction: the truncation point, the masks' upper bound (verl's 2)", group="training"))
     """C of `correction`: the truncation point of "tis" / "token-tis", the upper bound of the
     masks (verl's `rollout_is_threshold` default, 2.0). Must be >= 1."""
-    correction_low: float | None = None
+    correction_low: float | None = field(default=None, metadata=setting(
+        "correction_low", "lower bound of the masks of --off-policy-correction (unset: 1/--correction-cap)", group="training"))
     """Lower bound of "seq-mask" / "geo-mask" (None = 1 / `correction_cap`, as verl's
     `rollout_rs_threshold_lower`). Must be in (0, 1]."""
-    eps_low: float = 0.2
+    eps_low: float = field(default=0.2, metadata=setting(
+        "clip_low", "ppo: token ratios below 1 - clip_low stop the gradient of negative-advantage tokens (TRL's epsilon)", group="training"))
     """PPO clip: token ratios below 1 - eps_low stop contributing gradient (docs/FINDINGS.md: 0.8)."""
-    eps_high: float = 0.28
+    eps_high: float = field(default=0.28, metadata=setting(
+        "clip_high", "ppo: token ratios above 1 + clip_high stop the gradient of positive-advantage tokens (TRL's epsilon_high)", group="training"))
     """PPO clip: token ratios above 1 + eps_high stop contributing gradient (docs/FINDINGS.md: 1.28, DAPO's clip-higher)."""
-    dual_clip: float | None = None
+    dual_clip: float | None = field(default=None, metadata=setting(
+        "dual_clip", "ppo: verl's dual clip (DrMAS): a negative-advantage token's loss is at most -dual_clip*A (verl's clip_ratio_c); 0 = off", group="training"))
     """"ppo" only: dual-clip PPO (verl's `clip_ratio_c`, 3.0 there, which DrMAS trains with): on
     a token with A < 0 the clipped loss max(-rho A, -clip(rho) A) is further bounded by
     -dual_clip * A, so a huge ratio on a wrong sample cannot push it down without limit (its
     gradient stops where rho > dual_clip). None = off (the plain PPO clip); must be > 1."""
-    ratio: RatioConfig | None = None
+    ratio: RatioConfig | None = field(default=None, metadata=setting(
+        "sequence_ratio",
+        "every row's sequence ratio (the geometric mean of its token ratios p_train/q): rows outside [1/3, 3] masked (zeroed, still "
+        "counted in the mean), rows above 3 truncated to it, or left alone (the token clip only); --hinted-rows and --feedback-rows "
+        "set their strategies' rows apart",
+        group="training", hint=str, choices=RATIO_MODES))
     """Sequence-ratio handling of every strategy not named in `ratio_by_strategy`. None = the
     kind's default: `RatioConfig()` (mask at [1/3, 3] on the geometric mean) for "ppo" / "is" /
     "rs", `RatioConfig(mode="none", level="sum")` for "exit" (the plan has no mask); after
     construction it is always a `RatioConfig`. Give `RatioConfig(mode="none")` explicitly (here or
     per strategy) for no handling under any kind."""
-    ratio_by_strategy: Mapping[str, RatioConfig] = field(default_factory=dict)
+    ratio_by_strategy: Mapping[str, RatioConfig] = field(default_factory=dict, metadata=settings(
+        Setting("hinted_rows",
+                "the prompt-augmentation rows (sampled with a hint, trained without): their sequence ratio masked to [1/3, 3], truncated at 3, "
+                "left alone, or the rows dropped from training",
+                group="training", hint=str, choices=(*RATIO_MODES, "drop"), key="prompt_aug", also=("view.drop_strategies",)),
+        Setting("feedback_rows",
+                "the feedback strategy's second-attempt rows (trained without the feedback): their sequence ratio masked to [1/3, 3], truncated at 3, "
+                "or left alone",
+                group="training", hint=str, choices=RATIO_MODES, key="feedback"),
+    ))
     """Per-strategy overrides, e.g. {"prompt_aug": RatioConfig(mode="truncate")}: a context swap
     moves ratios mostly downwards (docs/FINDINGS.md, lesson 3), so masking may drop exactly the hinted
     successes."""
@@ -152,13 +189,17 @@ class LossConfig:
     mean over rows of each row's token mean (GRPO); mean over rows of each row's token sum.
     None = the kind's default: "token-mean", or "seq-mean-token-sum" for "exit", the only one it
     takes (its loss is per row, its gradient a token sum per row, averaged over the N rows)."""
-    beta: float = 0.0
+    beta: float = field(default=0.0, metadata=setting(
+        "kl_beta",
+        "weight of a KL penalty (k3, on the trained tokens) to the checkpoint the round starts from: a trust region around the previous "
+        "round's policy; 0 = off", group="training"))
     """Weight of the KL penalty to the reference model, the checkpoint the run starts from (in a
     round: the checkpoint the round starts from), k3 estimator exp(r - p) - (r - p) - 1 per token
     of the trained rows; 0 disables it and no reference model is loaded."""
     rs_threshold: float = 1.0
     """"rs" trains on rows whose reward >= this (rewards are 1.0 right, 0.0 wrong)."""
-    negative_weight: float = 1.0
+    negative_weight: float = field(default=1.0, metadata=setting(
+        "negative_weight", "ppo/is/exit: negative advantages are multiplied by this (1 = the plain policy gradient, 0 = the positive half only)", group="training"))
     """"ppo" / "is" / "exit": negative advantages are multiplied by this (1 = the plain estimator; < 1
     leans the update towards raising the right samples over pushing the wrong ones down)."""
     sft_strategies: tuple[str, ...] = ("replay",)
@@ -247,9 +288,9 @@ class LoraSettings:
     (peft's folder, naming its base model folder), which the engines sample as a LoRA request on
     the base (vLLM) or merged into it (transformers)."""
 
-    r: int = 16
+    r: int = field(default=16, metadata=setting("lora_rank", "LoRA rank r (with --lora)", group="training"))
     """Adapter rank."""
-    alpha: float = 32.0
+    alpha: float = field(default=32.0, metadata=setting("lora_alpha", "LoRA scaling alpha (with --lora; the update is scaled by alpha / r)", group="training"))
     """Scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = 0.0
     """Dropout on the adapter input."""
@@ -271,13 +312,13 @@ class LoraSettings:
 class TrainConfig:
     """One training run of one policy on its rows of a training view."""
 
-    lr: float = 5e-4
+    lr: float = field(default=5e-4, metadata=setting("lr", "AdamW learning rate", group="training"))
     """AdamW learning rate (docs/FINDINGS.md: 2e-4..5e-4 work for the tiny model, 1e-3 collapses)."""
-    epochs: int = 2
+    epochs: int = field(default=2, metadata=setting("epochs", "passes over each round's training rows", group="training"))
     """Passes over the rows; each row is seen exactly once per epoch."""
-    minibatch_size: int = 256
+    minibatch_size: int = field(default=256, metadata=setting("minibatch_size", "rows per optimizer step", group="training"))
     """Rows per optimizer step."""
-    micro_batch_size: int = 64
+    micro_batch_size: int = field(default=64, metadata=setting("micro_batch_size", "rows per forward/backward pass", group="training"))
     """Rows per forward/backward; gradients are accumulated over minibatch_size / micro_batch_size of them."""
     temperature: float = 1.0
     """Sampling temperature of the rows: logits are divided by it before the log-softmax, so
@@ -294,7 +335,8 @@ class TrainConfig:
     """Learning-rate schedule over the run."""
     warmup_steps: int = 0
     """Linear warm-up optimizer steps."""
-    lr_round_decay: float = 1.0
+    lr_round_decay: float = field(default=1.0, metadata=setting(
+        "lr_round_decay", "learning rate across rounds: round r trains at lr * lr_round_decay^r; 1 = the same rate every round", group="training"))
     """Learning-rate schedule across the rounds of expert iteration: round r trains at
     lr * lr_round_decay**r (`for_round`), so late rounds, whose rows the policy already gets right,
     take smaller steps. 1 = the same rate every round."""
@@ -304,9 +346,18 @@ class TrainConfig:
     default, as `maxit run` trains."""
     logging_steps: int = 1
     """Log metrics every this many optimizer steps."""
-    lora: LoraSettings | None = None
+    lora: LoraSettings | None = field(default=None, metadata=setting(
+        "lora",
+        "train LoRA adapters (peft) instead of all weights: a checkpoint is an adapter on the starting model; with separate policies each agent is "
+        "its own adapter on one shared base, served by one vLLM engine with LoRA requests",
+        group="training", hint=bool, default=False))
     """Train LoRA adapters instead of all weights (None = full fine-tuning)."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = field(default="auto", metadata=setting(
+        "dtype",
+        "precision of the engines and of training (bf16 autocast over float32 weights): auto = bfloat16 on a GPU, and on a CPU with "
+        "native bf16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo) for models of 20M parameters or more; float32 elsewhere and for the "
+        "tiny default model (faster there, and sampled logprobs match training's)",
+        group="team and task"))
     """Precision of the forward and backward passes. "bfloat16": bf16 autocast (weights, gradients
     and optimizer state stay float32; the logprobs and the loss are float32). "auto"
     (`pipeline.engines.config.resolve_dtype`): bfloat16 on a CUDA GPU, and on a CPU with native
@@ -325,12 +376,18 @@ class TrainConfig:
     positions are projected to the vocabulary a few rows at a time under activation
     checkpointing, so (rows x completion length x vocabulary) logits never exist at once; below it
     (the default tiny model always) one projection, as plain. 0 = always in one piece."""
-    gradient_checkpointing: bool | None = None
+    gradient_checkpointing: bool | None = field(default=None, metadata=setting(
+        "gradient_checkpointing",
+        "recompute activations in the backward pass (less memory, ~30% more time); auto = on for models above 50M parameters",
+        group="training", hint=str, default="auto", choices=tuple(CHECKPOINTING)))
     """Recompute each layer's activations in the backward pass instead of keeping them (the
     Trainer's `gradient_checkpointing`): less memory for long rows, ~30% more compute. None (the
     default) = auto: on for models above `CHECKPOINTING_PARAMETERS` parameters (real models), off
     for the tiny default."""
-    micro_batch_tokens: int | None = 8192
+    micro_batch_tokens: int | None = field(default=8192, metadata=setting(
+        "micro_batch_tokens",
+        "token budget of a micro-batch (rows x longest row): long rows get fewer rows per forward pass, same optimizer step; None = always micro_batch_size rows",
+        group="training"))
     """Token budget of one micro-batch: rows x the longest row's prompt + completion tokens. The
     micro-batch is then the largest divisor of `minibatch_size` that fits the budget (at most
     `micro_batch_size` rows, at least one), so long chain-of-thought rows get small micro-batches
@@ -358,13 +415,20 @@ class TrainConfig:
     counts a prefix common to all the policy's rows once, and `sort_by_length` puts the rows of a
     minibatch that begin with the same `share_prefix` tokens side by side (one agent's rows apart
     from another's under a shared policy). 0 = every row runs whole."""
-    group_minibatches: bool = False
+    group_minibatches: bool = field(default=False, metadata=setting(
+        "group_minibatches",
+        "keep the samples of one prompt (a GRPO group) in one minibatch, the groups shuffled each epoch; off: every row shuffled on its own",
+        group="training"))
     """Keep the rows of one group in one minibatch: rows with the same turn and training prompt
     (the samples of one problem, the siblings of one tree node) side by side in each epoch's
     order, the groups shuffled (`pipeline.learn.trainer.GroupShuffleSampler`), so a group's
     positive and negative advantages meet in one optimizer step. False: every row shuffled on its
     own, as TRL's GRPOTrainer shuffles a generation batch (several processes always are)."""
-    optimizer_state: Literal["fresh", "carry"] = "fresh"
+    optimizer_state: Literal["fresh", "carry"] = field(default="fresh", metadata=setting(
+        "optimizer_state",
+        "fresh: a new AdamW every round; carry: its moments and step count continue from the parent checkpoint's "
+        "(optimizer.pt in each checkpoint), one optimizer over the run as in TRL and verl",
+        group="training"))
     """"fresh": a new AdamW every round (its moments and step count start at zero). "carry": the
     moments and step count continue from the parent checkpoint's (`OPTIMIZER_STATE`, written into
     each checkpoint under "carry"), as TRL's and verl's trainers keep one optimizer across
