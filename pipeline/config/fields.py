@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 __all__ = ["Setting", "setting", "settings", "walk", "literal", "unoptional", "GROUPS", "SAME"]
 
-GROUPS = ("team and task", "sampling", "rewards and advantages", "training", "scale-out", "evaluation")
+GROUPS = ("team and task", "sampling", "training", "rewards and advantages", "scale-out", "evaluation")
 """The groups `maxit run --help` lists its flags in."""
 
 SAME = object()
@@ -53,6 +53,8 @@ class Setting:
     metavar: str | None = None
     negative_flag: tuple[str, str] | None = None
     """(flag, help) of a boolean set to False by a flag of its own (`--separate-policies`)."""
+    aliases: tuple[str, ...] = ()
+    """Earlier spellings of the flag, still taken and not listed (`--processes`)."""
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:

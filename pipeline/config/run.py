@@ -203,10 +203,10 @@ class RunConfig:
     @classmethod
     def for_algorithm(cls, algorithm: str = "maxit", **settings: Any) -> "RunConfig":
         """The run of `algorithm` with `settings` over its preset, each named as `maxit run`'s flag
-        (`alpha`, `lr`, `clip_high`, `eval_problems`: `pipeline.config.flat.SETTING_PATHS` says
-        where each goes); a setting left out is the algorithm's, then the loss's, then its
-        config's default. `RunConfig.for_algorithm("drmas", samples=8)` is DrMAS with its own K."""
-        return cls(**flat.run_fields(algorithm, settings))
+        (`alpha`, `lr`, `clip_high`, `eval_problems`: each declared on the field it sets,
+        `pipeline.config.flat.setting_paths`); a setting left out is the algorithm's, then the
+        loss's, then its config's default. `RunConfig.for_algorithm("drmas", samples=8)` is DrMAS with its own K."""
+        return cls(**flat.run_fields(cls, algorithm, settings))
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -226,7 +226,7 @@ class RunConfig:
         values = flat.resolve(self.algorithm, given)
         fill = {
             "strategies": lambda: values["strategies"],
-            "strategy_options": lambda: flat.strategy_options(values),
+            "strategy_options": lambda: flat.strategy_options(type(self), values),
             "advantage": lambda: flat.advantage_config(values),
             "train": lambda: flat.train_config(values, flat.loss_config(values)),
             "view": lambda: flat.view_config(values, self.train.loss),

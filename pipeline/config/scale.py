@@ -42,7 +42,7 @@ class ScaleConfig:
         "train_processes",
         "processes that train each policy (1: in the step's own process; more: a torch.distributed process group started by torchrun, "
         "gloo on a CPU, NCCL with one GPU per process on CUDA; the update equals one process's, rank 0 writes the checkpoint)",
-        group="scale-out"))
+        group="scale-out", aliases=("--processes",)))
     """Trainer processes, a torch.distributed process group started by torchrun (1: in the step's own process)."""
     fsdp: Literal["off", "full_shard", "shard_grad_op", "hybrid_shard"] = field(default="off", metadata=setting(
         "fsdp",

@@ -233,7 +233,7 @@ class ViewConfig:
         "strategy_weights",
         "stratified mixture weights STRATEGY=W: each row scaled by w_s/n_s, n_s the rows strategy s sampled for the policy to train "
         "(before the zero-advantage and reward filters), normalised so those rows' weights average 1 (none: every row weighs 1)",
-        group="training", hint=tuple[str, ...], metavar="S=W"))
+        group="training", hint=tuple[str, ...], metavar="S=W", aliases=("--strategy-weight",)))
     """Mixture weights w_s of the stratified estimator (the expert-iteration plan, see
     docs/ALGORITHMS.md). None: every row keeps its weight (the plain stratified average).
     Otherwise, per policy: sample_weight *= w_s * N / n_s, with w_s normalized over the
