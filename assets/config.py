@@ -75,9 +75,7 @@ class _SettingsResource(dg.ConfigurableResource):
             _CONTEXTS.clear()  # an earlier round's context (its workflow) is not needed again
             _CONTEXTS[key] = ctx
         if engine is not None:
-            from assets.resources import engine_options
-
-            ctx.engines = engine.pool(engine_options(self))
+            ctx.engines = engine.pool(self.run_config().engine_options)
         return ctx
 
 

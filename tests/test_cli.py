@@ -138,11 +138,11 @@ def test_a_task_smaller_than_the_flags_ask_is_said_before_the_run(tmp_path):
     workflow = build_workflow(settings.run_config())
     train, heldout = (len(workflow.problems(s, 1000, 0)) for s in ("train", "heldout"))
     assert train + heldout == 20 and train < 100 and heldout < settings.eval_problems
-    assert small_splits(settings, workflow) == [
+    assert small_splits(settings.run_config(), workflow) == [
         f"maxit run: note: --problems 100, but the task's train split holds {train} problems: each round draws from all {train}",
         f"maxit run: note: --eval-problems {settings.eval_problems}, but the task's heldout split holds {heldout} problems: every evaluation uses {heldout}",
     ]
-    assert small_splits(Settings(task_file=str(task), problems=train, eval_problems=heldout), workflow) == []
+    assert small_splits(Settings(task_file=str(task), problems=train, eval_problems=heldout).run_config(), workflow) == []
 
 
 def test_a_bad_flag_is_one_line_naming_it(capsys):

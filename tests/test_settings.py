@@ -375,7 +375,7 @@ def test_maxit_run_says_the_workflow_s_own_defaults(tmp_path, capsys, monkeypatc
         raise SystemExit(0)
 
     monkeypatch.setattr(rc, "small_splits", stop)
-    monkeypatch.setattr(rc, "check_run_inputs", lambda settings, config, store: (type("W", (), {"describe": lambda self: "budgeted"})(), ("iid",)))
+    monkeypatch.setattr(rc, "check_run_inputs", lambda config, store: (type("W", (), {"describe": lambda self: "budgeted"})(), ("iid",)))
     with pytest.raises(SystemExit):
         main(["run", "--workflow", f"{file}:Budgeted", "--store", str(tmp_path / "s")])
     out = capsys.readouterr()

@@ -208,6 +208,18 @@ class RunConfig:
         loss's, then its config's default. `RunConfig.for_algorithm("drmas", samples=8)` is DrMAS with its own K."""
         return cls(**flat.run_fields(cls, algorithm, settings))
 
+    @property
+    def engine_options(self) -> dict[str, Any]:
+        """The options the run's engines are built with (`pipeline.engines.EngineConfig`'s), those
+        not at the engines' own default: vLLM's parallel sizes above 1 (the transformers engine
+        ignores them) and `train.dtype` unless "auto" (the engines then decide per model, as
+        training does). The one road by which the run's settings reach its engines."""
+        options = {"tensor_parallel_size": self.scale.tensor_parallel_size, "data_parallel_size": self.scale.data_parallel_size}
+        options = {k: v for k, v in options.items() if v != 1}
+        if self.train.dtype != "auto":
+            options["dtype"] = self.train.dtype
+        return options
+
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"RunConfig.algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
