@@ -4,10 +4,11 @@
 follows (`pipeline.config.presets`).
 
 Its defaults are the default run's (`maxit run` with no flags: the maxit algorithm, the "rs"
-loss). The Dagster `Config` classes and the CLI flags (`pipeline.run.settings.Settings`) are a
-thin layer mapped onto it through `RunConfig.for_algorithm`; the stages' modules re-export their
-configs (`pipeline.learn.views.ViewConfig`, `pipeline.rollout.evaluation.EvalConfig`,
-`pipeline.run.rounds.RunConfig`).
+loss). Each field a user sets declares its setting (flag, help, group) in its metadata
+(`pipeline.config.fields`); the CLI flags and the Dagster launchpad (`pipeline.run.settings.Settings`)
+are made from those declarations and come back here through `RunConfig.for_algorithm`; the
+stages' modules re-export their configs (`pipeline.learn.views.ViewConfig`,
+`pipeline.rollout.evaluation.EvalConfig`, `pipeline.run.rounds.RunConfig`).
 """
 
 from __future__ import annotations
