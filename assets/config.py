@@ -1,8 +1,9 @@
 """The run's settings as a Dagster resource (a `ConfigurableResource`, so every asset and every
 check of a round reads the same settings, and the launchpad edits them in one place).
 
-Its fields are made from `pipeline.run.settings.Settings`, the one definition of a run's settings:
-same names, types, defaults and descriptions as the `maxit run` flags and `RunConfig`."""
+Its fields are made from `pipeline.run.settings.Settings`, itself made from the settings the config
+tree declares on its fields (`pipeline.config.fields`): same names, types, defaults and descriptions
+as the `maxit run` flags, and `run_config()` is the same `RunConfig`."""
 
 
 import json
@@ -74,16 +75,20 @@ class _SettingsResource(dg.ConfigurableResource):
             _CONTEXTS.clear()  # an earlier round's context (its workflow) is not needed again
             _CONTEXTS[key] = ctx
         if engine is not None:
-            from assets.resources import engine_options
-
-            ctx.engines = engine.pool(engine_options(self))
+            ctx.engines = engine.pool(self.run_config().engine_options)
         return ctx
 
 
-RunSettings = create_model(
-    "RunSettings",
-    __base__=_SettingsResource,
-    __doc__="Settings of an expert-iteration run (pipeline.run.settings.Settings).",
-    __module__=__name__,
-    **{name: _pydantic_field(hint, default, help_text) for name, hint, default, help_text in settings_fields()},
-)
+def launchpad(settings: type = Settings):
+    """The resource class of a `Settings` class (`pipeline.run.settings.settings_class`): one
+    pydantic field per setting, with its help as the launchpad's description."""
+    return create_model(
+        "RunSettings",
+        __base__=_SettingsResource,
+        __doc__="Settings of an expert-iteration run (pipeline.run.settings.Settings).",
+        __module__=__name__,
+        **{name: _pydantic_field(hint, default, help_text) for name, hint, default, help_text in settings_fields(settings)},
+    )
+
+
+RunSettings = launchpad()

@@ -138,7 +138,7 @@ def run_rounds(
     127.0.0.1 that the run starts before its first round and stops after its last."""
     if n_rounds < 1:
         raise MaxitError(f"--rounds must be >= 1, got {n_rounds}")
-    with engine_devices(getattr(settings, "engine_devices", None)):
+    with engine_devices(settings.run_config().scale.engine_devices):
         return _run_rounds_on_devices(n_rounds, store, settings, engine, restart, home, quiet_dagster, verbose)
 
 
@@ -168,7 +168,8 @@ def engine_devices(devices: str | None) -> Iterator[None]:
 
 
 def _run_rounds_on_devices(n_rounds, store, settings, engine, restart, home, quiet_dagster, verbose) -> pl.DataFrame:
-    executor, address = getattr(settings, "executor", "dagster"), getattr(settings, "ray_address", None)
+    scale = settings.run_config().scale
+    executor, address = scale.executor, scale.ray_address
     check_ray(executor, address, str(store))  # before anything is written
     tables = Tables(store)
     tables.root.mkdir(parents=True, exist_ok=True)
@@ -215,11 +216,11 @@ def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet
     instance = instance_at(dagster_home(tables.root, home))
     workflow = build_workflow(settings.run_config())
     metrics, judged = workflow.table_metrics, workflow.judged()  # judged: what the regression warning weighs
-    trackers = check_targets(settings.settings().report_to)
+    trackers = check_targets(settings.run_config().tracking.report_to)
     t_start = time.perf_counter()
     done: list[int] = []
     bar = tqdm(range(n_rounds), desc="rounds", unit="round", file=err)
-    if int(getattr(settings, "max_staleness", 0)) > 0:
+    if settings.run_config().max_staleness > 0:
         try:
             return _run_overlapped(n_rounds, tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers, judged)
         finally:
@@ -286,8 +287,9 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
     if trackers:  # a resumed run logs the rounds a tracker has not seen yet (a no-op for the others)
         for r in done:
             log_round(tables.root, r, trackers, metrics=metrics)
-    with pinned_sampler(settings.trainer_cores):
-        k, schedule = int(settings.max_staleness), str(settings.staleness_schedule)
+    config = settings.run_config()
+    with pinned_sampler(config.scale.trainer_cores):
+        k, schedule = config.max_staleness, config.staleness_schedule
         run_overlapped(first, n_rounds, k, run, finished, schedule=schedule, plan=StorePlan(tables, schedule, k))
     return round_summary(tables.root, [BASE_ROUND, *done], metrics, judged)
 
@@ -336,8 +338,9 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
         settings_file.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}), encoding="utf-8")
         argv = [sys.executable, "-m", "assets.lane", "--store", str(tables.location), "--engine", engine, "--settings", str(settings_file),
                 "--round", str(r), "--stages", *stages, "--home", str(dagster_home(tables.root)), "--result", str(result)]
-        cores = getattr(values, "trainer_cores", None)
-        env = devices_env(getattr(values, "trainer_devices", None)) or dict(os.environ)  # --trainer-devices: the lane and its ranks
+        scale = settings.run_config().scale
+        cores = scale.trainer_cores
+        env = devices_env(scale.trainer_devices) or dict(os.environ)  # --trainer-devices: the lane and its ranks
         if cores is not None:
             env["OMP_NUM_THREADS"] = str(len(parse_cores(cores, "--trainer-cores")))
         done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=preexec(None if cores is None else lambda: _pin(cores)))
@@ -373,7 +376,8 @@ def materialize_round(instance, tables: Tables, r: int, settings, engine: str, q
     location = str(tables.location)
     run_config = {"loggers": {"console": {"config": {"log_level": "WARNING" if quiet_dagster else "INFO"}}}}
     tags = {"maxit/launched_by": "maxit run", "maxit/store": location}
-    if int(settings.shards) > 1 and settings.executor != "ray":
+    scale = settings.run_config().scale
+    if scale.shards > 1 and scale.executor != "ray":
         # one process per step (each shard's rollouts with its own engine), up to `shards` at once;
         # on Ray the shards are Ray tasks, handed over by one step of the in-process run below
         job = sharded_round_job(location, engine, settings)
@@ -478,7 +482,7 @@ def build_round_job(store: str, engine: str, settings: dict, executor=None):
 
     run_settings = RunSettings(**settings)
     if executor is None:
-        executor = dg.multiprocess_executor.configured({"max_concurrent": max(1, int(run_settings.shards))})
+        executor = dg.multiprocess_executor.configured({"max_concurrent": run_settings.run_config().scale.shards})
     job = dg.define_asset_job(SHARDED_JOB, selection=dg.AssetSelection.groups("expert_iteration"), partitions_def=rounds_def)
     defs = dg.Definitions(
         assets=ROUND_ASSETS, asset_checks=all_checks, jobs=[job], resources=make_resources(store, engine, run_settings), executor=executor

@@ -85,15 +85,10 @@ class EngineResource(dg.ConfigurableResource):
         return {k: v for k, v in (options or {}).items() if v != 1}
 
 
-def engine_options(settings) -> dict:
-    """The `EngineConfig` options a run's settings pass to the engines: vLLM's tensor- and
-    data-parallel sizes (the transformers engine ignores them) and the `dtype` setting when it is
-    not "auto" (the engines' own default, decided per model as training decides it)."""
-    options = {"tensor_parallel_size": int(settings.tensor_parallel_size), "data_parallel_size": int(settings.data_parallel_size)}
-    dtype = getattr(settings, "dtype", "auto")
-    if dtype != "auto":
-        options["dtype"] = dtype
-    return options
+def engine_options(config) -> dict:
+    """The `EngineConfig` options of a run: `RunConfig.engine_options` of `config`, a `RunConfig`
+    or the settings resource that makes one (`assets.config.RunSettings`)."""
+    return dict((config.run_config() if hasattr(config, "run_config") else config).engine_options)
 
 
 class PolicyRegistryResource(dg.ConfigurableResource):

@@ -36,7 +36,7 @@ import polars as pl
 from assets.config import RunSettings
 from assets.metadata import md_table, reward_by_agent_strategy, table_metadata
 from assets.partitions import round_of, rounds
-from assets.resources import EngineResource, PolicyRegistryResource, StoreResource, engine_options
+from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
 from pipeline.rollout.loop import merge_shards
 from pipeline.run.ray_shards import ShardJob, ray_session, run_shards, sample_shard, shard_resources
 from pipeline.run.rounds import evaluate_base, stage_rollouts
@@ -52,15 +52,13 @@ def rollout_shards(context: dg.OpExecutionContext, settings: RunSettings, store:
     """One dynamic output per shard: its number and the checkpoints it samples with, resolved
     here, once, so the shards never race to register the base model and all sample with the same
     checkpoints."""
-    r = round_of(context)
-    shards = int(settings.shards)
-    if shards < 1:
-        raise dg.Failure(f"settings.shards must be >= 1, got {shards}")
+    r, scale = round_of(context), settings.run_config().scale
+    shards = scale.shards
     ctx = settings.context(store, r, policy_registry=policy_registry)
     ctx.tables.pull()
     checkpoints = {pid: str(path) for pid, path in ctx.sample_checkpoints(r).items()}
     ctx.tables.remove_parts(r)  # a crashed attempt's shard files are replaced, never merged
-    if settings.executor == "ray":  # one step hands every shard to Ray, which runs them at once
+    if scale.executor == "ray":  # one step hands every shard to Ray, which runs them at once
         yield dg.DynamicOutput({"shards": list(range(shards)), "checkpoints": checkpoints}, mapping_key="ray")
         return
     for s in range(shards):
@@ -85,8 +83,9 @@ def rollout_shard(
     """Sample the shards of `task`: on Dagster one shard with this process's engine (with one
     shard the round's `steps` table itself, with several this shard's part of it); on Ray every
     shard, each a Ray task with its own engine writing its part. Returns one result per shard."""
-    r, shards = round_of(context), int(settings.shards)
-    if settings.executor == "ray":
+    r, scale = round_of(context), settings.run_config().scale
+    shards = scale.shards
+    if scale.executor == "ray":
         return ray_shards(context, task, settings, store, engine)
     shard = int(task["shard"])
     checkpoints = {pid: Path(path) for pid, path in task["checkpoints"].items()}
@@ -113,12 +112,12 @@ def rollout_shard(
 def ray_shards(context: dg.OpExecutionContext, task: dict, settings: RunSettings, store: StoreResource, engine: EngineResource) -> list[dict]:
     """Every shard of the round as a Ray task (`pipeline.run.ray_shards`), on the run's Ray
     instance (or, for a run the UI launched, one this step starts and stops)."""
-    r, shards = round_of(context), int(settings.shards)
     config = settings.run_config()
-    jobs = [ShardJob(str(store.tables().location), config, engine.engine, engine.pool_options(engine_options(settings)), r, s, shards,
+    r, shards = round_of(context), config.scale.shards
+    jobs = [ShardJob(str(store.tables().location), config, engine.engine, engine.pool_options(config.engine_options), r, s, shards,
                      dict(task["checkpoints"])) for s in task["shards"]]
-    engine_gpus = int(settings.tensor_parallel_size) * int(settings.data_parallel_size)
-    with ray_session(settings.ray_address) as session:
+    engine_gpus = config.scale.tensor_parallel_size * config.scale.data_parallel_size
+    with ray_session(config.scale.ray_address) as session:
         resources = shard_resources(session.resources, shards, engine_gpus)
         out = run_shards(jobs, resources)
     for s in out:

@@ -23,27 +23,24 @@ __all__ = [
 ]
 
 
-def check_scale_out(settings, store_dir: str) -> None:
-    """The scale-out settings and the store's filesystem, each a one-line error naming its flag."""
+def check_scale_out(config, store_dir: str) -> None:
+    """The store's filesystem against the run's scale-out (`config`: its `RunConfig`, whose
+    `ScaleConfig` checked the sizes), a one-line error naming the flag."""
     from pipeline.errors import ConfigError
     from pipeline.store import check_store_url, is_url
 
-    for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
-        value = getattr(settings, name, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
     if is_url(str(store_dir)):
         check_store_url(str(store_dir), "--store")  # scheme, package, bucket, reachable: nothing written
-        if str(store_dir).startswith("memory://") and getattr(settings, "shards", 1) > 1:
+        if str(store_dir).startswith("memory://") and config.scale.shards > 1:
             raise ConfigError(
                 f"--store {store_dir}: the memory filesystem is one process's, and --shards > 1 runs steps in processes of "
                 "their own; use --shards 1, or a store every process can reach"
             )
 
 
-def check_run_inputs(settings, config, store_dir: str):
-    """Before any work of `maxit run` / `maxit rollout`: the workflow of `config` (the `RunConfig`
-    of `settings`; imported and checked, with its task and prompt files), the strategies it must
+def check_run_inputs(config, store_dir: str):
+    """Before any work of `maxit run` / `maxit rollout`: the workflow of `config` (the run's
+    `RunConfig`; imported and checked, with its task and prompt files), the strategies it must
     run, the store and the model folder, each a named error. Returns the workflow and the ids of
     the strategies the run samples."""
     from pipeline.learn.views import check_verdict_training
@@ -51,24 +48,25 @@ def check_run_inputs(settings, config, store_dir: str):
     from pipeline.run.context import build_workflow, run_strategies
     from pipeline.store import check_writable, is_url, working_copy
 
-    check_scale_out(settings, store_dir)
+    check_scale_out(config, store_dir)
     workflow = build_workflow(config)  # imports and checks the workflow; a math task reads its file
     strategies = list(run_strategies(config, workflow))  # strategies the workflow cannot run are named here
     check_verdict_training(getattr(workflow, "task", None), config.view)
     # a URL store is worked on in a local copy under the project's cache
     check_writable(working_copy(store_dir) if is_url(store_dir) else store_dir, "--store", "folder")
-    if settings.model_dir:
-        check_model_dir(settings.model_dir, "--model-dir")
+    if config.model_dir:
+        check_model_dir(config.model_dir, "--model-dir")
     return workflow, strategies
 
 
-def small_splits(settings, workflow) -> list[str]:
-    """A line for each split that holds fewer problems than a round asks of it (a small task
-    file), so that a run does not quietly train or evaluate on fewer problems than its flags say."""
+def small_splits(config, workflow) -> list[str]:
+    """A line for each split that holds fewer problems than a round of `config` (its `RunConfig`)
+    asks of it (a small task file), so that a run does not quietly train or evaluate on fewer
+    problems than its flags say."""
     notes = []
-    for split, flag, n, use in (("train", "--problems", settings.problems, "each round draws from all"),
-                                ("heldout", "--eval-problems", settings.eval_problems, "every evaluation uses")):
-        have = len(workflow.problems(split, n, settings.seed))
+    for split, flag, n, use in (("train", "--problems", config.problems, "each round draws from all"),
+                                ("heldout", "--eval-problems", config.evaluation.problems, "every evaluation uses")):
+        have = len(workflow.problems(split, n, config.seed))
         if have < n:
             notes.append(f"maxit run: note: {flag} {n}, but the task's {split} split holds {have} problems: {use} {have}")
     return notes
@@ -105,16 +103,16 @@ def cmd_run(args) -> int:
 
     settings = settings_from_args(args)
     config = settings.run_config()  # validate every flag before anything starts
-    check_targets(settings.report_to)
-    workflow, strategies = check_run_inputs(settings, config, args.store)
-    say(f"maxit run: algorithm {settings.algorithm} (loss {settings.loss}), workflow {workflow.describe()}, strategies {' '.join(strategies)}")
+    check_targets(config.tracking.report_to)
+    workflow, strategies = check_run_inputs(config, args.store)
+    say(f"maxit run: algorithm {config.algorithm} (loss {config.train.loss.kind}), workflow {workflow.describe()}, strategies {' '.join(strategies)}")
     say_own_defaults("maxit run", args)
-    for note in small_splits(settings, workflow):
+    for note in small_splits(config, workflow):
         say(note)
     print_source_notes("maxit run", settings, strategies, wrap=True)
     _note_settings_changes(args, settings)
     t0 = time.perf_counter()
-    summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=settings.engine, restart=args.restart,
+    summary = run_rounds(args.rounds, args.store, RunSettings.from_settings(settings), engine=config.engine, restart=args.restart,
                          quiet_dagster=not args.verbose, verbose=args.verbose)
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     print()
@@ -187,7 +185,7 @@ def cmd_rollout(args) -> int:
     config = settings.run_config()
     if args.round < 0:
         raise MaxitError(f"--round must be >= 0, got {args.round}")
-    _workflow, strategies = check_run_inputs(settings, config, args.store)
+    _workflow, strategies = check_run_inputs(config, args.store)
     say_own_defaults("maxit rollout", args)
     print_source_notes("maxit rollout", settings, strategies)
     local_store(args.store)

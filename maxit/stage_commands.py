@@ -11,7 +11,7 @@ from pathlib import Path
 
 from maxit.common import print_frame, print_source_notes, settings_of
 from pipeline.errors import DataError, MaxitError
-from pipeline.run.settings import add_setting_flags, setting_default, setting_help
+from pipeline.run.settings import add_setting_flags
 
 __all__ = [
     "add_advantages_parser",
@@ -19,7 +19,6 @@ __all__ = [
     "add_train_parser",
     "add_model_parser",
     "add_sandbox_parser",
-    "FSDP_STRATEGIES",
 ]
 
 
@@ -39,14 +38,17 @@ def add_view_parser(sub) -> None:
     p.add_argument("--advantages", required=True, help="advantages Parquet file (maxit advantages --out)")
     p.add_argument("--out", required=True, help="training_view Parquet file to write (atomically)")
     p.add_argument("--model-dir", default=None, help="model whose tokenizer and chat template render the contexts (default: the embedded tiny model)")
-    add_setting_flags(p, groups=(), names=("algorithm", "loss", "zero_advantage_rows", "balance_verdicts", "feedback_train_context", "feedback_first_attempt"))
+    add_setting_flags(p, groups=(), names=VIEW_SETTINGS)
     p.add_argument("--min-reward", type=float, default=None, help="leave out rows whose reward is below this (default: the loss's: rs 1.0, the others none)")
     p.add_argument("--max-length", type=int, default=None, help="drop (and count) rows whose training prompt + completion is longer")
-    p.add_argument(
-        "--strategy-weight", action="append", metavar="S=W",
-        help=f"stratified mixture weight of a strategy (repeat); {setting_help('strategy_weights').split(': ', 1)[1]}",
-    )
     p.set_defaults(func=cmd_view)
+
+
+VIEW_SETTINGS = ("algorithm", "loss", "zero_advantage_rows", "balance_verdicts", "feedback_train_context", "feedback_first_attempt", "strategy_weights")
+"""The settings of `maxit run` that `maxit view` takes (the rest: the algorithm's and their defaults)."""
+
+TRAIN_SETTINGS = ("algorithm", "loss", "lr", "epochs", "train_processes", "fsdp")
+"""The settings of `maxit run` that `maxit train` takes."""
 
 
 def add_train_parser(sub) -> None:
@@ -55,22 +57,11 @@ def add_train_parser(sub) -> None:
     p.add_argument("--policy", required=True, help="policy_id whose rows are trained (e.g. shared, solver)")
     p.add_argument("--init", default=None, help="starting checkpoint (default: the embedded tiny model)")
     p.add_argument("--out", required=True, help="checkpoint folder to write (atomically)")
-    add_setting_flags(p, groups=(), names=("algorithm", "loss", "lr"))
-    p.add_argument("--epochs", type=int, default=setting_default("epochs"))
+    add_setting_flags(p, groups=(), names=TRAIN_SETTINGS)
     p.add_argument("--temperature", type=float, default=None, help="temperature of p_train (default: the view's sampling temperature; it must match)")
     p.add_argument("--report-to", default="tensorboard")
     p.add_argument("--store", default=None, help="register the checkpoint in this store's policy registry (with --round); on a URL store the checkpoint is uploaded there")
     p.add_argument("--round", type=int, default=None, help="the round the checkpoint is registered as (with --store)")
-    p.add_argument(
-        "--processes", type=int, default=1,
-        help="train on this many processes (torch.distributed ranks started by torchrun: gloo on a CPU, NCCL and one GPU each on CUDA); "
-        "each trains its share of every minibatch, the update is one process's, rank 0 writes the checkpoint",
-    )
-    p.add_argument(
-        "--fsdp", choices=("off", *FSDP_STRATEGIES), default="off",
-        help="shard the model over the --processes with FSDP2 (fully_shard): full_shard, shard_grad_op (kept gathered until the backward), "
-        "hybrid_shard (shards within a machine); off: every process holds the whole model",
-    )
     p.set_defaults(func=cmd_train)
 
 
@@ -166,8 +157,7 @@ def cmd_view(args) -> int:
         check_model_dir(args.model_dir, "--model-dir")
     # the view of `maxit run` with these settings: the algorithm's and the loss's presets where a
     # flag is left alone
-    settings = settings_of(args, ("algorithm", "loss", "balance_verdicts", "zero_advantage_rows", "feedback_train_context", "feedback_first_attempt"),
-                           strategy_weights=tuple(args.strategy_weight) if args.strategy_weight else None)
+    settings = settings_of(args, VIEW_SETTINGS)
     config = settings.view_config()
     config = dataclasses.replace(config, max_length=args.max_length, min_reward=config.min_reward if args.min_reward is None else args.min_reward)
     adv = store.read_table(path, "advantages", flag="--advantages")  # the contract: columns, nulls, unique step_ids
@@ -184,18 +174,15 @@ def cmd_view(args) -> int:
     return 0
 
 
-FSDP_STRATEGIES = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "hybrid_shard": "HYBRID_SHARD"}
-
-
 def cmd_train(args) -> int:
-    from pipeline import store
+    import dataclasses
 
-    if isinstance(args.processes, bool) or args.processes < 1:
-        raise MaxitError(f"--processes must be an integer >= 1, got {args.processes}")
-    if args.fsdp != "off" and args.processes == 1:
-        raise MaxitError(f"--fsdp {args.fsdp} shards the model over its processes, but --processes is 1: give --processes 2 or more, or leave --fsdp off")
+    from pipeline import store
     from pipeline.models.chat import check_model_dir
-    from pipeline.config.train import TrainConfig
+
+    # the algorithm's and the loss's presets, as maxit run: learning rate, clip, ratio handling, negative-advantage weight;
+    # the processes and their sharding checked where the run's are (ScaleConfig), each error by its flag
+    run = settings_of(args, TRAIN_SETTINGS).run_config()
 
     init = args.init
     if init is not None:
@@ -215,10 +202,8 @@ def cmd_train(args) -> int:
         raise MaxitError("--store and --round go together: give both to register the checkpoint as that round's, or neither")
     # without --temperature: the view's own sampling temperature (1.0 for a view without one)
     temperature = 1.0 if args.temperature is None else args.temperature
-    # the algorithm's and the loss's presets, as maxit run: learning rate, clip, ratio handling, negative-advantage weight
-    preset = settings_of(args, ("algorithm", "loss", "lr"))
-    config = TrainConfig(lr=preset.learning_rate(), epochs=args.epochs, temperature=temperature, loss=preset.loss_config(), report_to=args.report_to)
-    res = _train(args, init, config)
+    config = dataclasses.replace(run.train, temperature=temperature, report_to=args.report_to)
+    res = _train(args, init, config, run.scale)
     print(f"trained {res.policy_id}: {res.n_rows} rows, {res.steps} steps, mean loss {res.mean_loss:.4f}, {res.tokens_per_second:.0f} tokens/s -> {res.checkpoint}")
     if args.store is not None:
         from pipeline.store.registry import PolicyRegistry
@@ -228,12 +213,12 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _train(args, init, config):
-    """`maxit train`'s run: in this process, or (`--processes` > 1) in a process group of its own
-    whose rank 0 writes the checkpoint; this process registers it."""
+def _train(args, init, config, scale):
+    """`maxit train`'s run: in this process, or (`--train-processes` > 1) in a process group of its
+    own whose rank 0 writes the checkpoint; this process registers it."""
     from pipeline.learn.trainer import train_from_files, train_in_subprocess
 
-    if args.processes == 1:
+    if scale.train_processes == 1:
         return train_from_files(args.view, args.policy, init, args.out, config, round_=args.round, temperature_from_view=args.temperature is None)
     if args.temperature is None:  # the view's sampling temperature, as `train_from_files` takes it
         import dataclasses
@@ -244,7 +229,7 @@ def _train(args, init, config):
 
         sampled = view_temperature(pq.read_table(args.view))
         config = config if sampled is None else dataclasses.replace(config, temperature=sampled)
-    return train_in_subprocess(args.view, args.policy, init, args.out, config, round_=args.round, processes=args.processes, fsdp=args.fsdp)
+    return train_in_subprocess(args.view, args.policy, init, args.out, config, round_=args.round, processes=scale.train_processes, fsdp=scale.fsdp)
 
 
 def cmd_model(args) -> int:

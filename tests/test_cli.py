@@ -138,11 +138,11 @@ def test_a_task_smaller_than_the_flags_ask_is_said_before_the_run(tmp_path):
     workflow = build_workflow(settings.run_config())
     train, heldout = (len(workflow.problems(s, 1000, 0)) for s in ("train", "heldout"))
     assert train + heldout == 20 and train < 100 and heldout < settings.eval_problems
-    assert small_splits(settings, workflow) == [
+    assert small_splits(settings.run_config(), workflow) == [
         f"maxit run: note: --problems 100, but the task's train split holds {train} problems: each round draws from all {train}",
         f"maxit run: note: --eval-problems {settings.eval_problems}, but the task's heldout split holds {heldout} problems: every evaluation uses {heldout}",
     ]
-    assert small_splits(Settings(task_file=str(task), problems=train, eval_problems=heldout), workflow) == []
+    assert small_splits(Settings(task_file=str(task), problems=train, eval_problems=heldout).run_config(), workflow) == []
 
 
 def test_a_bad_flag_is_one_line_naming_it(capsys):
@@ -159,3 +159,24 @@ def test_a_bad_flag_is_one_line_naming_it(capsys):
         err = capsys.readouterr().err
         assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith(said) and "usage:" not in err, err
         assert err.rstrip().endswith("--help` lists the commands)" if argv[0] in ("bogus", "--nope") else "--help` lists the flags)")
+
+
+def test_a_flag_has_one_name_across_commands_and_its_old_spelling_still_works(capsys):
+    """`maxit view` took `--strategy-weight` and `maxit train` `--processes` where `maxit run` takes
+    `--strategy-weights` and `--train-processes`: every command now lists the run's name, and the
+    old spelling is taken the same way without being listed, so that scripts keep working."""
+    from maxit.cli import build_parser
+
+    parser = build_parser()
+    view = ["view", "--advantages", "a.parquet", "--out", "v.parquet"]
+    new = parser.parse_args([*view, "--strategy-weights", "iid=1", "tree=2"])
+    old = parser.parse_args([*view, "--strategy-weight", "iid=1", "--strategy-weight", "tree=2"])
+    assert new.strategy_weights == old.strategy_weights == ["iid=1", "tree=2"]
+    train = ["train", "--view", "v.parquet", "--policy", "shared", "--out", "ckpt"]
+    assert parser.parse_args([*train, "--train-processes", "2"]).train_processes == parser.parse_args([*train, "--processes", "2"]).train_processes == 2
+    for command, listed, hidden in (("view", "--strategy-weights", "--strategy-weight "), ("train", "--train-processes", "--processes"),
+                                    ("run", "--strategy-weights", "--strategy-weight ")):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        out = capsys.readouterr().out
+        assert listed in out and hidden not in out.replace("--train-processes", ""), command

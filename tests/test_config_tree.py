@@ -10,9 +10,10 @@ import dataclasses
 import pytest
 
 from pipeline.config import (
-    ALGORITHM_PRESETS, ALGORITHMS, DEFAULT_MIX, LOSS_KINDS, LOSS_PRESETS, TRACKERS, AdvantageConfig, LossConfig, RunConfig, ScaleConfig,
-    TrackingConfig, TrainConfig, ViewConfig, flat, presets,
+    ALGORITHM_PRESETS, ALGORITHMS, DEFAULT_MIX, LOSS_KINDS, LOSS_PRESETS, TRACKERS, AdvantageConfig, EvalConfig, LossConfig, RunConfig,
+    ScaleConfig, TrackingConfig, TrainConfig, ViewConfig, flat, presets,
 )
+from pipeline.config.fields import setting
 from pipeline.errors import ConfigError
 from pipeline.run.settings import Settings
 
@@ -68,7 +69,7 @@ def test_presets_and_names_are_defined_once_in_the_config():
     assert tuple(LOSS_PRESETS) == LOSS_KINDS == ("rs", "ppo", "is", "exit")
     assert ALGORITHM_PRESETS["maxit"]["strategies"] == DEFAULT_MIX == RunConfig().strategies
     # every setting has a place in the tree, and the tree's places are the settings'
-    assert set(flat.SETTING_PATHS) == {f.name for f in dataclasses.fields(Settings)}
+    assert set(flat.setting_paths(RunConfig)) == {f.name for f in dataclasses.fields(Settings)}
 
 
 # -- cross-field rules: refused at construction -----------------------------------------------------
@@ -172,6 +173,8 @@ RUN_FLAGS = {
     ("--fsdp",): ("off", "full_shard", "shard_grad_op", "hybrid_shard"), ("--eval-problems",): None, ("--eval-samples",): None,
     ("--eval-max-tokens",): None, ("--no-base-eval-cache",): None, ("--report-to",): None,
     ("--off-policy-correction",): ("none", "tis", "token-tis", "seq-mask", "geo-mask"), ("--correction-cap",): None, ("--correction-low",): None,
+    # the spellings `maxit view` and `maxit train` had, taken by every command and not listed (issue 55)
+    ("--strategy-weight",): None, ("--processes",): None,
 }
 
 LAUNCHPAD_DEFAULTS = {
@@ -200,3 +203,94 @@ def test_the_flags_and_the_launchpad_fields_are_as_before():
     flags = {tuple(a.option_strings): (tuple(a.choices) if a.choices is not None else None) for a in run._actions if a.dest != "help"}
     assert flags == RUN_FLAGS
     assert {name: f.default for name, f in RunSettings.model_fields.items()} == LAUNCHPAD_DEFAULTS
+
+
+# -- one declaration: the flags, the launchpad and a notebook -------------------------------------------
+
+# a run far from the default, each setting by its flat name
+FAR = {
+    "algorithm": "drmas", "samples": 8, "strategies": ("iid", "tree", "prompt_aug"), "temperature": 0.7, "lr": 1e-4, "eval_problems": 20,
+    "strategy_weights": ("iid=2", "tree=1"), "hinted_rows": "drop", "group_by": ("agent_id", "turn"), "zero_advantage_rows": "drop",
+    "gradient_checkpointing": "on", "lora": True, "lora_rank": 4, "workflow_options": ("max_turns=3",), "shared_policy": False,
+    "feedback_first_attempt": "skip", "kl_beta": 0.01, "shards": 2, "report_to": ("tensorboard",), "base_eval_cache": False,
+}
+
+
+def _argv(values: dict) -> list[str]:
+    """The `maxit run` flags of `values`, spelled from the declarations (a switch by its own flag)."""
+    from pipeline.config.fields import walk
+
+    argv = []
+    for found in walk(RunConfig):
+        name, value = found.setting.name, values.get(found.setting.name)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            negative = found.setting.negative_flag
+            argv += [negative[0]] if negative and not value else [flag if value else "--no-" + flag[2:]]
+        elif isinstance(value, tuple):
+            argv += [flag, *value]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def test_the_flags_the_launchpad_and_a_notebook_make_one_run_from_one_declaration():
+    from assets.config import RunSettings
+    from maxit.cli import build_parser
+    from pipeline.config import LoraSettings, RatioConfig
+    from pipeline.run.settings import settings_from_args
+
+    notebook = RunConfig.for_algorithm(**FAR)
+    flags = settings_from_args(build_parser().parse_args(["run", *_argv(FAR)])).run_config()
+    launchpad = RunSettings(**{k: list(v) if isinstance(v, tuple) else v for k, v in FAR.items()}).run_config()
+    assert flags == launchpad == notebook
+    # each setting where its field declares it
+    assert (notebook.samples, notebook.temperature, notebook.train.temperature, notebook.train.lr) == (8, 0.7, 0.7, 1e-4)
+    assert notebook.evaluation == EvalConfig(problems=20, reuse_base=False) and notebook.scale == ScaleConfig(shards=2)
+    assert dict(notebook.view.strategy_weights) == {"iid": 2.0, "tree": 1.0} and notebook.view.drop_strategies == ("prompt_aug",)
+    assert notebook.view.drop_zero_advantage and notebook.train.gradient_checkpointing is True
+    assert notebook.train.lora == LoraSettings(r=4) and notebook.train.loss.beta == 0.01 and not notebook.shared_policy
+    assert notebook.strategy_options["feedback"]["first_attempt"] == "skip" and notebook.workflow_options == {"max_turns": 3}
+    assert notebook.tracking.report_to == ("tensorboard",) and notebook.train.loss.ratio_for("iid") == RatioConfig(mode="none")
+    # and the default run, everywhere
+    assert settings_from_args(build_parser().parse_args(["run"])).run_config() == RunSettings().run_config() == RunConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class WiderEval(EvalConfig):
+    """`EvalConfig` with one more setting declared, as a new field of the tree would declare it."""
+
+    probe: int = dataclasses.field(default=3, metadata=setting("eval_probe", "held-out problems of a quick probe", group="evaluation"))
+
+
+@dataclasses.dataclass(frozen=True)
+class WiderRun(RunConfig):
+    evaluation: WiderEval = dataclasses.field(default_factory=WiderEval)
+
+
+@dataclasses.dataclass(frozen=True)
+class Twice(WiderRun):
+    seed: int = dataclasses.field(default=0, metadata=setting("eval_probe", "again", group="sampling"))
+
+
+def test_a_field_added_to_the_tree_is_a_flag_with_its_help_and_a_launchpad_field():
+    """Adding a setting is one declaration on the field: its flag, its help and its launchpad
+    field follow."""
+    import argparse
+
+    from assets.config import launchpad
+    from pipeline.run.settings import add_setting_flags, settings_class
+
+    settings = settings_class(WiderRun)
+    parser = argparse.ArgumentParser()
+    add_setting_flags(parser, settings=settings)
+    probe = next(a for a in parser._actions if a.dest == "eval_probe")
+    assert probe.option_strings == ["--eval-probe"] and probe.help == "held-out problems of a quick probe (default: 3)"
+    assert parser.parse_args(["--eval-probe", "5"]).eval_probe == 5 and settings().eval_probe == 3
+    field = launchpad(settings).model_fields["eval_probe"]
+    assert (field.description, field.default) == ("held-out problems of a quick probe", 3)
+    # the same name declared on two fields is refused, naming it
+    with pytest.raises(TypeError, match=r"\['eval_probe'\] declared on more than one field"):
+        settings_class(Twice)

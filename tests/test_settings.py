@@ -93,13 +93,13 @@ def test_clip_range_reaches_the_loss(tmp_path, capsys):
     assert (ppo.eps_low, ppo.eps_high) == (0.2, LOSS_PRESETS["ppo"]["clip_high"])
     wide = cli_settings("--loss", "ppo", "--clip-low", "0.1", "--clip-high", "4").run_config().train.loss
     assert (wide.eps_low, wide.eps_high) == (0.1, 4.0)
-    # a clip that would stop every gradient is refused, naming the setting, before anything is written
+    # a clip that would stop every gradient is refused where the loss checks it, naming the flag, before anything is written
     assert main(["run", "--rounds", "1", "--store", str(tmp_path / "s"), "--loss", "ppo", "--clip-low", "1"]) == 2
     err = capsys.readouterr().err
-    assert "clip_low" in err and "Traceback" not in err
+    assert "--clip-low must be in [0, 1), got 1.0" in err and "Traceback" not in err
     assert not (tmp_path / "s").exists()
-    with pytest.raises(ConfigError, match="clip_high"):
-        Settings(loss="ppo", clip_high=-0.5)
+    with pytest.raises(ConfigError, match=r"^--clip-high must be finite and >= 0, got -0.5$"):
+        Settings(loss="ppo", clip_high=-0.5).run_config()
 
 
 def test_rs_with_a_mixed_reward_is_an_error(tmp_path, capsys):
@@ -312,8 +312,10 @@ def test_a_bad_value_is_named_by_its_flag_where_the_config_field_is_a_setting():
         Settings(problems=-3).run_config()
     with pytest.raises(ConfigError, match=r"^--eval-problems must be an integer >= 1, got 0$"):
         Settings(eval_problems=0).run_config()
-    assert Settings().flag_named("RolloutConfig.max_tokens must be >= 1") == "RolloutConfig.max_tokens must be >= 1"
-    assert Settings().flag_named("RunConfig.no_such_field is wrong") == "RunConfig.no_such_field is wrong"
+    from pipeline.run.settings import flag_named
+
+    assert flag_named("RolloutConfig.max_tokens must be >= 1") == "RolloutConfig.max_tokens must be >= 1"
+    assert flag_named("RunConfig.no_such_field is wrong") == "RunConfig.no_such_field is wrong"
 
 
 _OWN_DEFAULTS = '''
@@ -373,7 +375,7 @@ def test_maxit_run_says_the_workflow_s_own_defaults(tmp_path, capsys, monkeypatc
         raise SystemExit(0)
 
     monkeypatch.setattr(rc, "small_splits", stop)
-    monkeypatch.setattr(rc, "check_run_inputs", lambda settings, config, store: (type("W", (), {"describe": lambda self: "budgeted"})(), ("iid",)))
+    monkeypatch.setattr(rc, "check_run_inputs", lambda config, store: (type("W", (), {"describe": lambda self: "budgeted"})(), ("iid",)))
     with pytest.raises(SystemExit):
         main(["run", "--workflow", f"{file}:Budgeted", "--store", str(tmp_path / "s")])
     out = capsys.readouterr()
@@ -383,3 +385,22 @@ def test_maxit_run_says_the_workflow_s_own_defaults(tmp_path, capsys, monkeypatc
     rc.say_own_defaults("maxit rollout", build_parser().parse_args(["rollout", "--store", "s"]))
     out = capsys.readouterr()
     assert (out.out + out.err).strip().splitlines() == ["maxit rollout: the workflow's own defaults: --eval-problems 9 (a flag given overrides them)"]
+
+
+def test_a_store_recorded_before_the_settings_were_made_from_the_tree_loads_as_the_same_run():
+    """tests/data/experiment_6669ec1.json is the record of a store that `maxit run` made at 6669ec1,
+    when `Settings` declared its fields by hand: every name it holds is a setting still, with its
+    value written the same way, and it makes the same run."""
+    import json
+    from dataclasses import fields
+    from pathlib import Path
+
+    from pipeline.run.experiments import stored_settings
+    from pipeline.store.files import jsonable
+
+    record = json.loads((Path(__file__).parent / "data" / "experiment_6669ec1.json").read_text())
+    settings = stored_settings(record)
+    assert sorted(record["settings"]) == sorted(f.name for f in fields(Settings))
+    assert jsonable(settings) == record["settings"] and jsonable(settings.preset_values()) == record["effective"]
+    as_given = {k: tuple(v) if isinstance(v, list) else v for k, v in record["settings"].items()}
+    assert settings.run_config() == RunConfig.for_algorithm(**as_given) == RunConfig()

@@ -1,80 +1,64 @@
 """A run's config from its flat settings: the names of `maxit run`'s flags (`alpha`, `lr`,
-`clip_high`, `eval_problems`...), each put where the config tree declares it (`SETTING_PATHS`),
-with the algorithm's preset and then the loss's (`pipeline.config.presets`) filling the settings
-left unset.
+`clip_high`, `eval_problems`...), each put on the field of the config tree that declares it
+(`pipeline.config.fields`: `setting_paths()`), with the algorithm's preset and then the loss's
+(`pipeline.config.presets`) filling the settings left unset.
 
 `RunConfig.for_algorithm(algorithm, **settings)` is `RunConfig(**run_fields(algorithm,
 settings))`; the CLI and the Dagster launchpad (`pipeline.run.settings.Settings`) go through it,
-so a notebook, a flag and a launchpad field make one config. A preset's setting (one of
-`ALGORITHM_PRESETS` or `LOSS_PRESETS`, or `clip_low`) given as None is left to the presets; any
-other setting given as None is that value (`max_tokens=None`: the task's budget), and a setting
-not given is its config's default.
+so a notebook, a flag and a launchpad field make one config. A setting whose value is its field's
+goes there as it is; the builders below convert the others (a KEY=VALUE list, a switch named
+"drop"/"keep"). A preset's setting (one of `ALGORITHM_PRESETS` or `LOSS_PRESETS`, or `clip_low`)
+given as None is left to the presets; any other setting given as None is that value
+(`max_tokens=None`: the task's budget), and a setting not given is its config's default.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+from pipeline.config.fields import SAME, Found, walk
 from pipeline.config.presets import ALGORITHM_PRESETS, ALGORITHMS, LOSS_PRESETS, config_default
 from pipeline.config.scale import ScaleConfig, TrackingConfig
-from pipeline.config.stages import AdvantageConfig, EvalConfig, ViewConfig
-from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
+from pipeline.config.stages import ZERO_ADVANTAGE_ROWS, AdvantageConfig, EvalConfig, ViewConfig
+from pipeline.config.train import CHECKPOINTING, LoraSettings, LossConfig, RatioConfig, TrainConfig
 from pipeline.errors import ConfigError
 
 __all__ = [
-    "SETTING_PATHS", "CHECKPOINTING", "ZERO_ADVANTAGE_ROWS", "run_fields", "with_algorithm", "resolve", "preset_names",
+    "declared", "setting_paths", "CHECKPOINTING", "ZERO_ADVANTAGE_ROWS", "run_fields", "with_algorithm", "resolve", "preset_names",
     "advantage_config", "view_config", "loss_config", "train_config", "eval_config", "strategy_options",
     "parse_options", "parse_weights", "parse_group_by",
 ]
 
-SETTING_PATHS: Mapping[str, tuple[str, ...]] = {
-    # the team and the task
-    "algorithm": ("algorithm",), "workflow": ("workflow",), "workflow_options": ("workflow_options",), "task": ("task",),
-    "task_file": ("task_file",), "prompt_file": ("prompt_file",), "model_dir": ("model_dir",), "shared_policy": ("shared_policy",),
-    "engine": ("engine",), "dtype": ("train.dtype",),
-    # sampling
-    "problems": ("problems",), "samples": ("samples",), "strategies": ("strategies",), "temperature": ("temperature", "train.temperature"),
-    "max_tokens": ("max_tokens",), "max_loop_num": ("max_loop_num",), "seed": ("seed",),
-    "problem_replay": ("problem_replay",), "start_from": ("start_from",),
-    "max_staleness": ("max_staleness",), "staleness_schedule": ("staleness_schedule",), "max_row_staleness": ("max_row_staleness",), "stale_row_weight": ("stale_row_weight",),
-    "feedback_train_context": ("strategy_options.feedback.train_context",), "feedback_first_attempt": ("strategy_options.feedback.first_attempt",),
-    # rewards and advantages
-    "alpha": ("advantage.alpha",), "local_weight": ("advantage.local_weight",), "group_by": ("advantage.group_by",),
-    "normalize": ("advantage.normalize",), "baseline": ("advantage.baseline",), "trajectory_mean": ("advantage.trajectory_mean",),
-    "trajectory_score": ("advantage.trajectory_score",),
-    # training
-    "loss": ("train.loss.kind",), "anchor": ("train.loss.anchor",), "sequence_ratio": ("train.loss.ratio",),
-    "hinted_rows": ("train.loss.ratio_by_strategy.prompt_aug", "view.drop_strategies"), "zero_advantage_rows": ("view.drop_zero_advantage",),
-    "feedback_rows": ("train.loss.ratio_by_strategy.feedback",), "dual_clip": ("train.loss.dual_clip",), "clip_low": ("train.loss.eps_low",),
-    "clip_high": ("train.loss.eps_high",), "lr": ("train.lr",), "epochs": ("train.epochs",), "minibatch_size": ("train.minibatch_size",),
-    "micro_batch_size": ("train.micro_batch_size",), "balance_verdicts": ("view.balance_verdicts",), "relabel_verdicts": ("view.relabel_verdicts",),
-    "verifier_replay": ("view.verifier_replay",), "negative_weight": ("train.loss.negative_weight",), "strategy_weights": ("view.strategy_weights",),
-    "lora": ("train.lora",), "lora_rank": ("train.lora.r",), "lora_alpha": ("train.lora.alpha",),
-    "gradient_checkpointing": ("train.gradient_checkpointing",), "group_minibatches": ("train.group_minibatches",),
-    "optimizer_state": ("train.optimizer_state",), "micro_batch_tokens": ("train.micro_batch_tokens",), "train_on": ("train_on",),
-    "lr_round_decay": ("train.lr_round_decay",), "kl_beta": ("train.loss.beta",),
-    "off_policy_correction": ("train.loss.correction",), "correction_cap": ("train.loss.correction_cap",), "correction_low": ("train.loss.correction_low",),
-    # scale-out
-    "shards": ("scale.shards",), "tensor_parallel_size": ("scale.tensor_parallel_size",), "data_parallel_size": ("scale.data_parallel_size",),
-    "train_processes": ("scale.train_processes",), "fsdp": ("scale.fsdp",), "executor": ("scale.executor",), "ray_address": ("scale.ray_address",),
-    "trainer_cores": ("scale.trainer_cores",), "engine_devices": ("scale.engine_devices",), "trainer_devices": ("scale.trainer_devices",),
-    # evaluation and tracking
-    "eval_problems": ("evaluation.problems",), "eval_samples": ("evaluation.samples",), "eval_max_tokens": ("evaluation.max_tokens",),
-    "base_eval_cache": ("evaluation.reuse_base",), "report_to": ("tracking.report_to",),
-}
-"""Each flat setting and the `RunConfig` fields it sets, as dotted paths (the first is where it
-lives; an error about a path is reported by the setting's flag where `Settings` built it)."""
 
-CHECKPOINTING = {"auto": None, "on": True, "off": False}
-"""The `gradient_checkpointing` setting -> `TrainConfig.gradient_checkpointing`."""
+@lru_cache(maxsize=None)
+def declared(root: type) -> tuple[Found, ...]:
+    """Every setting the config tree under `root` declares (`RunConfig`, or one of its configs),
+    in its order (`pipeline.config.fields.walk`); a name declared twice is an error."""
+    found = tuple(walk(root))
+    names = [f.setting.name for f in found]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise TypeError(f"{root.__name__}: setting(s) {twice} declared on more than one field")
+    return found
 
-ZERO_ADVANTAGE_ROWS = ("drop", "keep")
-"""The `zero_advantage_rows` setting: `ViewConfig.drop_zero_advantage` True or False."""
 
-_RUN_FIELDS = ("workflow", "task", "task_file", "prompt_file", "model_dir", "shared_policy", "engine", "problems", "samples",
-               "temperature", "max_tokens", "max_loop_num", "seed", "train_on", "problem_replay", "start_from",
-               "max_staleness", "staleness_schedule", "max_row_staleness", "stale_row_weight")
-"""The settings that are `RunConfig` fields of the same name."""
+def setting_paths(root: type) -> dict[str, tuple[str, ...]]:
+    """Each flat setting and the fields of `root` (`RunConfig`) it sets, as dotted paths (the first
+    is where it lives; an error about a path is reported by the setting's flag where `Settings`
+    built it)."""
+    return {found.setting.name: found.paths for found in declared(root)}
+
+
+def _as_declared(values: Mapping[str, Any], config: type) -> dict[str, Any]:
+    """{field: value} of the settings given in `values` that `config` declares on its own fields
+    and whose value is their field's: those the builders need not convert."""
+    out = {}
+    for found in declared(config):
+        plain = found.setting.hint is None and found.setting.default is SAME and found.setting.key is None
+        if plain and "." not in found.path and found.setting.name in values:
+            out[found.field_name] = values[found.setting.name]
+    return out
 
 
 def preset_names() -> frozenset[str]:
@@ -109,49 +93,46 @@ def resolve(algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_fields(algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The `RunConfig` keyword arguments of `algorithm` with the flat `settings` over its preset."""
-    unknown = sorted(set(settings) - set(SETTING_PATHS) - {"algorithm"})
+def run_fields(root: type, algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `root` (`RunConfig`) of `algorithm` with the flat `settings` over its preset."""
+    known = setting_paths(root)
+    unknown = sorted(set(settings) - set(known) - {"algorithm"})
     if unknown:
-        raise ConfigError(f"RunConfig.for_algorithm: unknown setting(s) {unknown}; the settings are {sorted(SETTING_PATHS)}")
+        raise ConfigError(f"RunConfig.for_algorithm: unknown setting(s) {unknown}; the settings are {sorted(known)}")
     values = resolve(algorithm, settings)
     loss = loss_config(values)
-    out = {name: values[name] for name in _RUN_FIELDS if name in values}
+    out = _as_declared(values, root)
     if "workflow_options" in values:
         out["workflow_options"] = parse_options(values["workflow_options"])
-    if "strategies" in values:
-        out["strategies"] = values["strategies"]
     return {
         **out,
         "algorithm": algorithm,
-        "strategy_options": strategy_options(values),
+        "strategy_options": strategy_options(root, values),
         "advantage": advantage_config(values),
         "view": view_config(values, loss),
         "train": train_config(values, loss),
         "evaluation": eval_config(values),
-        "scale": ScaleConfig(**_given(values, shards="shards", tensor_parallel_size="tensor_parallel_size",
-                                      data_parallel_size="data_parallel_size", train_processes="train_processes", fsdp="fsdp",
-                                      executor="executor", ray_address="ray_address", trainer_cores="trainer_cores",
-                                      engine_devices="engine_devices", trainer_devices="trainer_devices")),
-        "tracking": TrackingConfig(**({"report_to": tuple(values["report_to"])} if "report_to" in values else {})),
+        "scale": ScaleConfig(**_as_declared(values, ScaleConfig)),
+        "tracking": TrackingConfig(**{k: tuple(v) for k, v in _as_declared(values, TrackingConfig).items()}),
     }
 
 
-def _given(values: Mapping[str, Any], **names: str) -> dict[str, Any]:
-    """{config field: the value of its setting} for the settings present in `values`."""
-    return {field: values[name] for field, name in names.items() if name in values}
-
-
-def strategy_options(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """`RunConfig.strategy_options` of the settings: the feedback strategy's options."""
-    return {"feedback": _given(values, train_context="feedback_train_context", first_attempt="feedback_first_attempt")}
+def strategy_options(root: type, values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """`RunConfig.strategy_options` of the settings (`root`: `RunConfig`), each under its key
+    (`feedback.first_attempt`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for found in declared(root):
+        if found.path.startswith("strategy_options.") and found.setting.name in values:
+            strategy, option = found.setting.key.split(".")
+            out.setdefault(strategy, {})[option] = values[found.setting.name]
+    return out or {"feedback": {}}
 
 
 def advantage_config(values: Mapping[str, Any]) -> AdvantageConfig:
-    over = _given(values, normalize="normalize", baseline="baseline", trajectory_mean="trajectory_mean", trajectory_score="trajectory_score")
+    over = _as_declared(values, AdvantageConfig)
     if "group_by" in values:
         over["group_by"] = parse_group_by(values["group_by"])
-    return AdvantageConfig(alpha=float(values["alpha"]), local_weight=float(values["local_weight"]), **over)
+    return AdvantageConfig(**{**over, "alpha": float(values["alpha"]), "local_weight": float(values["local_weight"])})
 
 
 def loss_config(values: Mapping[str, Any]) -> LossConfig:
@@ -162,57 +143,52 @@ def loss_config(values: Mapping[str, Any]) -> LossConfig:
     kind_default = LossConfig(kind=kind).ratio
     base = values.get("sequence_ratio", kind_default.mode)
     by_strategy = {
-        sid: RatioConfig(mode=values[name])
-        for sid, name in (("prompt_aug", "hinted_rows"), ("feedback", "feedback_rows"))
-        if values.get(name) not in (None, "drop", base)
+        found.setting.key: RatioConfig(mode=values[found.setting.name])
+        for found in declared(LossConfig)
+        if found.path.startswith("ratio_by_strategy.") and values.get(found.setting.name) not in (None, "drop", base)
     }
     dual_clip = values.get("dual_clip")
-    return LossConfig(
-        kind=kind,
-        ratio=None if base == kind_default.mode else RatioConfig(mode=base),
-        ratio_by_strategy=by_strategy,
-        dual_clip=float(dual_clip) if dual_clip else None,  # 0 = off, as on the command line
-        negative_weight=float(values["negative_weight"]),
-        eps_low=float(values["clip_low"]),
-        eps_high=float(values["clip_high"]),
-        **_given(values, anchor="anchor", beta="kl_beta"),
-        **_given(values, correction="off_policy_correction", correction_cap="correction_cap", correction_low="correction_low"),
-    )
+    return LossConfig(**{
+        **_as_declared(values, LossConfig),
+        "ratio": None if base == kind_default.mode else RatioConfig(mode=base),
+        "ratio_by_strategy": by_strategy,
+        "dual_clip": float(dual_clip) if dual_clip else None,  # 0 = off, as on the command line
+        "negative_weight": float(values["negative_weight"]),
+        "eps_low": float(values["clip_low"]),
+        "eps_high": float(values["clip_high"]),
+    })
 
 
 def view_config(values: Mapping[str, Any], loss: LossConfig) -> ViewConfig:
     """The loss's view (`ViewConfig.for_loss`: which rows it trains, verdicts balanced for "rs"
     only) with the view settings over it."""
-    over = _given(values, balance_verdicts="balance_verdicts", relabel_verdicts="relabel_verdicts", verifier_replay="verifier_replay")
+    over = _as_declared(values, ViewConfig)
     rows = values.get("zero_advantage_rows")
     if rows is not None:
         if rows not in ZERO_ADVANTAGE_ROWS:
             raise ConfigError(f"zero_advantage_rows must be one of {list(ZERO_ADVANTAGE_ROWS)}, got {rows!r}")
         over["drop_zero_advantage"] = rows == "drop"
     weights = values.get("strategy_weights")
-    return ViewConfig.for_loss(
-        loss,
-        strategy_weights=parse_weights(weights) if weights else None,
-        drop_strategies=("prompt_aug",) if values.get("hinted_rows") == "drop" else (),
-        **over,
-    )
+    over["strategy_weights"] = parse_weights(weights) if weights else None
+    over["drop_strategies"] = ("prompt_aug",) if values.get("hinted_rows") == "drop" else ()  # hinted_rows' second path
+    return ViewConfig.for_loss(loss, **over)
 
 
 def train_config(values: Mapping[str, Any], loss: LossConfig) -> TrainConfig:
-    over = _given(values, epochs="epochs", minibatch_size="minibatch_size", micro_batch_size="micro_batch_size", temperature="temperature",
-                  micro_batch_tokens="micro_batch_tokens", optimizer_state="optimizer_state", group_minibatches="group_minibatches", dtype="dtype",
-                  lr_round_decay="lr_round_decay")
+    over = _as_declared(values, TrainConfig)
+    if "temperature" in values:  # the run's sampling temperature, `temperature`'s second path
+        over["temperature"] = values["temperature"]
     if "gradient_checkpointing" in values:
         if values["gradient_checkpointing"] not in CHECKPOINTING:
             raise ConfigError(f"gradient_checkpointing must be one of {list(CHECKPOINTING)}, got {values['gradient_checkpointing']!r}")
         over["gradient_checkpointing"] = CHECKPOINTING[values["gradient_checkpointing"]]
     if values.get("lora"):
-        over["lora"] = LoraSettings(**_given(values, r="lora_rank", alpha="lora_alpha"))
-    return TrainConfig(lr=float(values["lr"]), loss=loss, **over)
+        over["lora"] = LoraSettings(**_as_declared(values, LoraSettings))
+    return TrainConfig(**{**over, "lr": float(values["lr"]), "loss": loss})
 
 
 def eval_config(values: Mapping[str, Any]) -> EvalConfig:
-    return EvalConfig(**_given(values, problems="eval_problems", samples="eval_samples", max_tokens="eval_max_tokens", reuse_base="base_eval_cache"))
+    return EvalConfig(**_as_declared(values, EvalConfig))
 
 
 def parse_group_by(values: Sequence[str] | None, default: tuple[str, ...] = ("agent_id", "turn")) -> tuple[str, ...]:

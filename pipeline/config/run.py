@@ -4,10 +4,11 @@
 follows (`pipeline.config.presets`).
 
 Its defaults are the default run's (`maxit run` with no flags: the maxit algorithm, the "rs"
-loss). The Dagster `Config` classes and the CLI flags (`pipeline.run.settings.Settings`) are a
-thin layer mapped onto it through `RunConfig.for_algorithm`; the stages' modules re-export their
-configs (`pipeline.learn.views.ViewConfig`, `pipeline.rollout.evaluation.EvalConfig`,
-`pipeline.run.rounds.RunConfig`).
+loss). Each field a user sets declares its setting (flag, help, group) in its metadata
+(`pipeline.config.fields`); the CLI flags and the Dagster launchpad (`pipeline.run.settings.Settings`)
+are made from those declarations and come back here through `RunConfig.for_algorithm`; the
+stages' modules re-export their configs (`pipeline.learn.views.ViewConfig`,
+`pipeline.rollout.evaluation.EvalConfig`, `pipeline.run.rounds.RunConfig`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from pipeline.config import flat
+from pipeline.config.fields import Setting, literal, setting, settings
 from pipeline.config.presets import ALGORITHMS
 from pipeline.config.scale import ScaleConfig, TrackingConfig
 from pipeline.config.stages import AdvantageConfig, EvalConfig, FrozenMapping, ViewConfig, relabel_needs_rs
 from pipeline.config.train import TrainConfig
 from pipeline.errors import ConfigError
-from pipeline.strategies import STRATEGY_IDS, make_strategy
+from pipeline.strategies import STRATEGY_IDS, Feedback, make_strategy
 
 __all__ = ["RunConfig"]
 
@@ -39,83 +41,140 @@ class RunConfig:
     of fields that would train the wrong rows or fail mid-round is refused here, naming them."""
 
     # --- Parameters that control the algorithm ------------------------------------------------
-    algorithm: str = "maxit"
+    algorithm: str = field(default="maxit", metadata=setting(
+        "algorithm",
+        "the algorithm the run follows: maxit (the measured best), drmas, atgrpo, exit (the expert-iteration plan) or grpo; "
+        "it presets the loss, strategies, groups, reward mix and weights (docs/ALGORITHMS.md#presets); settings given explicitly override it",
+        group="team and task", choices=ALGORITHMS))
     """The algorithm whose preset (`pipeline.config.presets.ALGORITHM_PRESETS`) fills the fields
     left unset: "maxit" (the measured best), "drmas", "atgrpo", "exit" (the expert-iteration
     plan) or "grpo" (docs/ALGORITHMS.md#presets). Only unset fields follow it: a field given, or
     kept by `dataclasses.replace(config, algorithm=...)`, stays as it is."""
 
     # --- Parameters that control the team and the task ----------------------------------------
-    workflow: str = "math"
+    workflow: str = field(default="math", metadata=setting(
+        "workflow",
+        "the team and its environment (pipeline.workflows): math (Solver + Verifier), math_review (a Verifier shown the "
+        "Solver's answer), single (the Solver alone), grid (a planner and a mover in a maze), plan_path (a tool agent's "
+        "path run by the environment, a plan agent that commits), code (a Coder and a Tester, sandboxed), reasoning_gym "
+        "(a reasoning-gym dataset), tic_tac_toe and bargaining (OpenSpiel games in self-play), program:FILE.py:FUNC (a "
+        "program of OpenAI API calls), a module:Name or file.py:Name path, or a maxit.workflows entry point",
+        group="team and task", metavar="WORKFLOW"))
     """The team and its environment (`pipeline.workflows.load_workflow`): a built-in name
     (`pipeline.workflows.WORKFLOW_NAMES`: "math", "math_review", "single", "grid", "plan_path",
     ...), "program:FILE.py:FUNC", "module:Name" or a `maxit.workflows` entry point."""
-    workflow_options: Mapping[str, object] = field(default_factory=dict)
+    workflow_options: Mapping[str, object] = field(default_factory=dict, metadata=setting(
+        "workflow_options", "KEY=VALUE options given to the workflow's constructor (numbers and true/false are parsed)",
+        group="team and task", hint=tuple[str, ...], default=(), metavar="KEY=VALUE"))
     """Keyword options of the workflow's constructor (those it takes)."""
-    task: str = "arithmetic"
+    task: str = field(default="arithmetic", metadata=setting("task", "task name (pipeline.tasks); ignored with task_file", group="team and task"))
     """Task name (`pipeline.tasks.make_task`), used when `task_file` is None."""
-    task_file: str | None = None
+    task_file: str | None = field(default=None, metadata=setting(
+        "task_file", "local JSONL/Parquet problems file (question/answer columns) instead of the task", group="team and task"))
     """A local JSONL/Parquet file of problems (`pipeline.tasks.load_task_file`) instead of `task`."""
-    prompt_file: str | None = None
+    prompt_file: str | None = field(default=None, metadata=setting(
+        "prompt_file",
+        "TOML/JSON file of prompt settings (user, system, answer_format, verifier_user, verdict...) over the task's own prompts; None = the task's",
+        group="team and task", metavar="FILE"))
     """A TOML/JSON prompt file over the task's own prompts (`pipeline.tasks.prompts`), or None."""
-    model_dir: str | None = None
+    model_dir: str | None = field(default=None, metadata=setting(
+        "model_dir", "starting checkpoint, a local HF model folder; None = the embedded tiny model", group="team and task"))
     """Starting checkpoint of every policy (a local HF model directory with a chat template);
     None = the embedded default model (built and warm-started on first use)."""
-    shared_policy: bool = True
+    shared_policy: bool = field(default=True, metadata=setting(
+        "shared_policy", "the workflow's agents share one policy (False: each has its own)", group="team and task",
+        negative_flag=("--separate-policies", "each agent of the workflow gets its own policy (default: one shared policy)")))
     """The workflow's agents share one policy ("shared"), or each has its own (named after it)."""
 
     # --- Parameters that control sampling ------------------------------------------------------
-    engine: Literal["auto", "vllm", "hf"] = "auto"
+    engine: Literal["auto", "vllm", "hf"] = field(default="auto", metadata=setting(
+        "engine", "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task"))
     """"vllm", "hf", or "auto" (vLLM when importable)."""
-    problems: int = 128
+    problems: int = field(default=128, metadata=setting(
+        "problems",
+        "training problems drawn per round (a workflow may run with its own when the flag is left out: tic_tac_toe 256; maxit run says so)",
+        group="sampling"))
     """Training problems drawn per round."""
-    samples: int = 4
+    samples: int = field(default=4, metadata=setting(
+        "samples",
+        "group size of every strategy (tree: candidates per node; a workflow may run with its own when the flag is left out: tic_tac_toe 8)",
+        group="sampling"))
     """Group size of every strategy (tree: candidates per node)."""
-    strategies: tuple[str, ...] | None = None
+    strategies: tuple[str, ...] | None = field(default=None, metadata=setting(
+        "strategies", "search strategies interleaved in each round", group="sampling", metavar="STRATEGY"))
     """Search strategies interleaved in each round (pipeline.strategies); None = the algorithm's
     (maxit: `DEFAULT_MIX`)."""
-    strategy_options: Mapping[str, Mapping] | None = None
+    strategy_options: Mapping[str, Mapping] | None = field(default=None, metadata=settings(
+        Setting("feedback_train_context",
+                "training context of the feedback strategy's second attempt: the problem only, or problem + first attempt",
+                group="sampling", hint=str, choices=literal(Feedback, "train_context"), key="feedback.train_context"),
+        Setting("feedback_first_attempt",
+                "the feedback strategy's first attempt: trained as an iid row, or not trained (the plan's weight 0)",
+                group="sampling", hint=str, choices=literal(Feedback, "first_attempt"), key="feedback.first_attempt"),
+    ))
     """Options of each strategy by id (e.g. {"feedback": {"first_attempt": "skip"}}); None = the
     algorithm's (the feedback strategy's own for maxit, spelled out as the settings pass them)."""
-    temperature: float = 1.0
+    temperature: float = field(default=1.0, metadata=setting(
+        "temperature", "sampling temperature (training computes p_train at the same temperature)", group="sampling", also=("train.temperature",)))
     """Sampling temperature of rollouts (and of training: p_train is taken at the same temperature)."""
-    max_tokens: int | None = None
+    max_tokens: int | None = field(default=None, metadata=setting(
+        "max_tokens", "completion budget of each agent call in rollouts; None = the task's default (arithmetic 16, task file 512)", group="sampling"))
     """Completion budget of each agent call; None = the task's (`pipeline.tasks.budget_of`)."""
-    max_loop_num: int | None = None
+    max_loop_num: int | None = field(default=None, metadata=setting(
+        "max_loop_num",
+        "turns at most per episode (math: Solver/Verifier loops per sample, DrMAS's max_loop_num); None = the workflow's (math 2)", group="sampling"))
     """Turns at most per episode (math: DrMAS's `max_loop_num`); None = the workflow's own."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=setting(
+        "seed", "seed of the problem draws and of sampling (each round derives its own)", group="sampling"))
     """Seed of the problem draws and of sampling (each round derives its own)."""
-    problem_replay: float = 0.25
+    problem_replay: float = field(default=0.25, metadata=setting(
+        "problem_replay",
+        "share of each round's training problems drawn again from earlier rounds' problems whose unhinted first attempts failed most "
+        "(the lowest success first); 0 = every problem fresh", group="sampling"))
     """Share of each round's training problems drawn again from earlier rounds' problems that the
     first agent's unhinted first attempts got wrong most often (`pipeline.run.rounds.replay_candidates`):
     difficulty that follows the team, as the fresh draw gets easier for it. 0 = every problem
     fresh. 0.25, the default, was chosen over twenty rounds of the main job on three seeds
     (docs/results/long-runs.md)."""
-    start_from: Literal["last", "best"] = "last"
+    start_from: Literal["last", "best"] = field(default="last", metadata=setting(
+        "start_from",
+        "the checkpoint each round starts from: the last round's, or the best evaluated round's (the mean of the workflow's higher-is-better table metrics; "
+        "selecting on the held-out split makes its later figures optimistic)", group="sampling"))
     """Which checkpoint round r samples with and trains from: "last", the latest round's; "best",
     the round's (the starting model included) whose held-out evaluation scored highest on the mean
     of the workflow's judged metrics (`Workflow.judged()`: its higher-is-better table metrics;
     `pipeline.run.context.best_round`), so that a round that made
     things worse is not built on. Selecting on the held-out split makes its later figures optimistic."""
 
-    max_staleness: int = 0
+    max_staleness: int = field(default=0, metadata=setting(
+        "max_staleness",
+        "rounds the rollouts may run ahead of training: round r samples while round r-1 trains, with a checkpoint at most K rounds "
+        "older than round r-1's (--staleness-schedule); 0 = synchronous rounds", group="sampling"))
     """How many rounds a round's rollouts may run ahead of training (K): round r's rollouts
     overlap round r-1's training (`assets.launch`) and sample with a checkpoint at most K rounds
     older than the one its rows train (round r-1's), as `staleness_schedule` picks it; the rows'
     staleness is corrected by the loss's ratio p_train/q (and `train.loss.correction`). 0 =
     synchronous rounds: round r samples with the checkpoint it trains from."""
-    staleness_schedule: Literal["bound", "exact"] = "bound"
+    staleness_schedule: Literal["bound", "exact"] = field(default="bound", metadata=setting(
+        "staleness_schedule",
+        "with --max-staleness K: bound, the freshest checkpoint registered when the round's sampling starts (at most K rounds old); "
+        "exact, round r-1-K's always (rows that do not depend on the lanes' speed). The choice is recorded per round; a resume repeats it",
+        group="sampling"))
     """With `max_staleness` K > 0, the checkpoint round r samples with: "bound", the freshest
     registered when its sampling starts (never older than round r-1-K's: the sampler waits for
     that one), so a trainer that keeps up gives fresher rows; "exact", round r-1-K's whatever is
     registered since, so the rows depend on K alone, not on how fast either lane ran (for
     reproducibility studies). Either way the choice is recorded per round and a resumed run
     repeats it (`assets.overlap`)."""
-    max_row_staleness: int | None = None
+    max_row_staleness: int | None = field(default=None, metadata=setting(
+        "max_row_staleness",
+        "version threshold: trained rows sampled more than this many rounds before the checkpoint they train are weighted by "
+        "--stale-row-weight (replayed rows too); None = no threshold", group="training"))
     """Version threshold: a trained row sampled more than this many rounds before the checkpoint it
     trains has its sample weight multiplied by `stale_row_weight` (0 drops it); it acts on every row
     the view trains, the replayed rows of earlier rounds included. None = no threshold."""
-    stale_row_weight: float = 0.0
+    stale_row_weight: float = field(default=0.0, metadata=setting(
+        "stale_row_weight", "weight factor of the rows over --max-row-staleness (0 = dropped)", group="training"))
     """The weight factor of rows over `max_row_staleness` (0: dropped; in (0, 1]: down-weighted)."""
 
     # --- Parameters that control learning ------------------------------------------------------
@@ -128,7 +187,8 @@ class RunConfig:
     train: TrainConfig | None = None
     """Loss, learning rate, epochs (`pipeline.learn.trainer.train_policy`); None = the
     algorithm's at `temperature` (maxit: `TrainConfig()`)."""
-    train_on: Literal["rollouts", "ground_truth"] = "rollouts"
+    train_on: Literal["rollouts", "ground_truth"] = field(default="rollouts", metadata=setting(
+        "train_on", "rollouts (expert iteration) or ground_truth (the step-matched SFT baseline)", group="training"))
     """"rollouts" (expert iteration) or "ground_truth": the step-matched SFT baseline, which
     trains on the Solver's reference answers, as many rows as the rollouts' view has that round
     (same minibatches, same optimizer steps), with the "rs" (NLL) loss."""
@@ -144,10 +204,22 @@ class RunConfig:
     @classmethod
     def for_algorithm(cls, algorithm: str = "maxit", **settings: Any) -> "RunConfig":
         """The run of `algorithm` with `settings` over its preset, each named as `maxit run`'s flag
-        (`alpha`, `lr`, `clip_high`, `eval_problems`: `pipeline.config.flat.SETTING_PATHS` says
-        where each goes); a setting left out is the algorithm's, then the loss's, then its
-        config's default. `RunConfig.for_algorithm("drmas", samples=8)` is DrMAS with its own K."""
-        return cls(**flat.run_fields(algorithm, settings))
+        (`alpha`, `lr`, `clip_high`, `eval_problems`: each declared on the field it sets,
+        `pipeline.config.flat.setting_paths`); a setting left out is the algorithm's, then the
+        loss's, then its config's default. `RunConfig.for_algorithm("drmas", samples=8)` is DrMAS with its own K."""
+        return cls(**flat.run_fields(cls, algorithm, settings))
+
+    @property
+    def engine_options(self) -> dict[str, Any]:
+        """The options the run's engines are built with (`pipeline.engines.EngineConfig`'s), those
+        not at the engines' own default: vLLM's parallel sizes above 1 (the transformers engine
+        ignores them) and `train.dtype` unless "auto" (the engines then decide per model, as
+        training does). The one road by which the run's settings reach its engines."""
+        options = {"tensor_parallel_size": self.scale.tensor_parallel_size, "data_parallel_size": self.scale.data_parallel_size}
+        options = {k: v for k, v in options.items() if v != 1}
+        if self.train.dtype != "auto":
+            options["dtype"] = self.train.dtype
+        return options
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -167,7 +239,7 @@ class RunConfig:
         values = flat.resolve(self.algorithm, given)
         fill = {
             "strategies": lambda: values["strategies"],
-            "strategy_options": lambda: flat.strategy_options(values),
+            "strategy_options": lambda: flat.strategy_options(type(self), values),
             "advantage": lambda: flat.advantage_config(values),
             "train": lambda: flat.train_config(values, flat.loss_config(values)),
             "view": lambda: flat.view_config(values, self.train.loss),

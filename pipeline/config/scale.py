@@ -5,9 +5,10 @@ policies. Frozen dataclasses validated at construction, like the rest of the tre
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.config.fields import setting
 from pipeline.errors import ConfigError
 
 __all__ = ["ScaleConfig", "TrackingConfig", "TRACKERS", "parse_cores", "parse_devices", "DEVICES_ENV", "devices_env"]
@@ -23,35 +24,63 @@ TRACKERS = ("tensorboard", "mlflow", "wandb")
 class ScaleConfig:
     """How a run spreads over processes and devices (docs/SCALING.md)."""
 
-    shards: int = 1
+    shards: int = field(default=1, metadata=setting(
+        "shards",
+        "rollout shards per round: problems split by a stable hash of uid, each shard its own Dagster step and engine; "
+        "above 1 the round runs on Dagster's multiprocess executor (one process per shard); the rows do not depend on it",
+        group="scale-out"))
     """Rollout shards per round: the problems split by a stable hash of their uid, each shard its
     own Dagster step and engine; above 1 the round runs on Dagster's multiprocess executor (one
     process per shard). The rows do not depend on it."""
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = field(default=1, metadata=setting(
+        "tensor_parallel_size", "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out"))
     """GPUs each vLLM engine splits its layers over (vLLM's `tensor_parallel_size`)."""
-    data_parallel_size: int = 1
+    data_parallel_size: int = field(default=1, metadata=setting(
+        "data_parallel_size", "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out"))
     """Engine replicas behind each vLLM engine (vLLM's `data_parallel_size`)."""
-    train_processes: int = 1
-    """Trainer processes under `accelerate launch` (1: in-process)."""
-    fsdp: Literal["off", "full_shard", "shard_grad_op", "hybrid_shard"] = "off"
+    train_processes: int = field(default=1, metadata=setting(
+        "train_processes",
+        "processes that train each policy (1: in the step's own process; more: a torch.distributed process group started by torchrun, "
+        "gloo on a CPU, NCCL with one GPU per process on CUDA; the update equals one process's, rank 0 writes the checkpoint)",
+        group="scale-out", aliases=("--processes",)))
+    """Trainer processes, a torch.distributed process group started by torchrun (1: in the step's own process)."""
+    fsdp: Literal["off", "full_shard", "shard_grad_op", "hybrid_shard"] = field(default="off", metadata=setting(
+        "fsdp",
+        "FSDP2 (fully_shard) sharding of each policy's model over its --train-processes: full_shard, shard_grad_op (parameters stay "
+        "gathered between forward and backward), hybrid_shard (shards within a machine, replicas across machines); off: each process holds the whole model",
+        group="scale-out"))
     """FSDP sharding of the trainer over its processes (`train_processes` > 1)."""
-    executor: Literal["dagster", "ray"] = "dagster"
+    executor: Literal["dagster", "ray"] = field(default="dagster", metadata=setting(
+        "executor",
+        "what runs the rollout shards: dagster (its own executor: one process per shard above 1) or ray (one Ray task per shard "
+        "with its own engine, on --ray-address or a local Ray instance); the rows do not depend on it",
+        group="scale-out"))
     """What runs the rollout shards: "dagster", Dagster's own executor (in-process for one shard,
     one process per shard above); "ray", one Ray task per shard with its own engine, on the
     cluster at `ray_address` or a local Ray instance."""
-    ray_address: str | None = None
+    ray_address: str | None = field(default=None, metadata=setting(
+        "ray_address", "the Ray cluster of --executor ray (HOST:PORT or auto); None = a local Ray instance on 127.0.0.1", group="scale-out"))
     """The Ray cluster the shards run on (`ray.init(address=...)`, e.g. "HOST:6379" or "auto");
     None = a local Ray instance started for the run, on 127.0.0.1."""
 
-    trainer_cores: str | None = None
+    trainer_cores: str | None = field(default=None, metadata=setting(
+        "trainer_cores",
+        "with --max-staleness: the CPU cores the trainer's process is pinned to (e.g. 1, or 2-3); the sampler keeps the others. "
+        "None = both share every core", group="scale-out"))
     """Overlapped rounds (`RunConfig.max_staleness` > 0) on a CPU: the cores the trainer's process
     is pinned to, e.g. "1" or "2-3,6" (the sampler and its engines get the others); None: both
     share every core."""
 
-    engine_devices: str | None = None
+    engine_devices: str | None = field(default=None, metadata=setting(
+        "engine_devices",
+        "the accelerators (CUDA device indices, e.g. 0,1) the run's process and its engines see (CUDA_VISIBLE_DEVICES); "
+        "None = every device", group="scale-out"))
     """The accelerators (CUDA device indices, e.g. "0,1") the run's own process and so its
     engines see (`CUDA_VISIBLE_DEVICES`, set before the first engine starts); None: every device."""
-    trainer_devices: str | None = None
+    trainer_devices: str | None = field(default=None, metadata=setting(
+        "trainer_devices",
+        "the accelerators the trainer's own processes see (the trainer lane of --max-staleness, or torchrun's ranks of "
+        "--train-processes; rank i takes the i-th); disjoint from --engine-devices", group="scale-out"))
     """The accelerators the trainer's processes see (`CUDA_VISIBLE_DEVICES` of the trainer lane of
     overlapped rounds, or of torchrun's ranks with `train_processes` > 1; rank i takes the i-th);
     disjoint from `engine_devices`. None: the trainer sees what the run's process sees."""
@@ -133,7 +162,11 @@ class TrackingConfig:
     """The experiment trackers every finished round is logged to (docs/TRACKING.md); the store
     stays the record."""
 
-    report_to: tuple[str, ...] = ()
+    report_to: tuple[str, ...] = field(default=(), metadata=setting(
+        "report_to",
+        "experiment trackers every finished round is logged to, offline and inside the store: tensorboard, mlflow, wandb "
+        "(several allowed; docs/TRACKING.md); the store stays the record",
+        group="evaluation", metavar="TRACKER"))
     """Trackers by name (`TRACKERS`), offline and inside the store; () or ("none",) = none.
     Whether a tracker's packages are installed is checked when a run starts
     (`pipeline.run.tracking.check_targets`), not here: a config may be built on another machine."""

@@ -8,13 +8,14 @@ default run's (`maxit run` with no flags), so a stage called with its default co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Literal, Mapping
 
+from pipeline.config.fields import setting
 from pipeline.config.train import LossConfig
 from pipeline.errors import ConfigError
 
-__all__ = ["AdvantageConfig", "ViewConfig", "EvalConfig", "FrozenMapping", "GROUP_COLUMNS", "BASE_GROUP_KEY"]
+__all__ = ["AdvantageConfig", "ViewConfig", "EvalConfig", "FrozenMapping", "GROUP_COLUMNS", "BASE_GROUP_KEY", "ZERO_ADVANTAGE_ROWS"]
 
 
 class FrozenMapping(Mapping):
@@ -56,6 +57,9 @@ one strategy's success rate never becomes another's baseline."""
 GROUP_COLUMNS = ("agent_id", "turn")
 """Columns that `group_by` may add to `BASE_GROUP_KEY`."""
 
+ZERO_ADVANTAGE_ROWS = ("drop", "keep")
+"""The `zero_advantage_rows` setting: `ViewConfig.drop_zero_advantage` True or False."""
+
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -76,18 +80,23 @@ class AdvantageConfig:
     """
 
     # --- Parameters that control the groups -------------------------------------------------
-    group_by: tuple[str, ...] = GROUP_COLUMNS
+    group_by: tuple[str, ...] = field(default=GROUP_COLUMNS, metadata=setting(
+        "group_by", "columns added to uid+strategy to form advantage groups (a group never spans strategies; none = plain GRPO per strategy)",
+        group="rewards and advantages", metavar="COL"))
     """Columns added to `uid` + `strategy` to form a group: any subset of ("agent_id", "turn").
     "strategy" is accepted for compatibility and dropped (it is always in the key), so
     `group_by=("agent_id", "turn", "strategy")` equals the default."""
-    trajectory_mean: bool = False
+    trajectory_mean: bool = field(default=False, metadata=setting(
+        "trajectory_mean", "group statistics over trajectory means (one member per trajectory)", group="rewards and advantages"))
     """False (DrMAS, `group_by_agent_id=True`): every active row is a group member, so an agent
     called k times in a trajectory counts k times. True (DrMAS's "standard GRPO",
     `group_by_agent_id=False`): each trajectory (`traj_uid`) is one member whose value is the mean
     reward of its rows in the group; `group_mean` and `group_std` are taken over those members,
     so a trajectory with many calls weighs no more in the baseline than one with a single call.
     `trajectory_score` says which value each row is then scored with."""
-    trajectory_score: Literal["own", "mean"] = "own"
+    trajectory_score: Literal["own", "mean"] = field(default="own", metadata=setting(
+        "trajectory_score", "with trajectory_mean: each row scored by its own reward (own) or by its trajectory's mean (mean, as DrMAS's code)",
+        group="rewards and advantages"))
     """With `trajectory_mean=True`, the value a row's advantage is computed from:
     "own": the row's own reward, A = (r_row - mean) / (std + eps), against the trajectory-level
     statistics, as DrMAS's pseudo-code writes it (`advantage_i = (score_i - mean_group) /
@@ -103,7 +112,8 @@ class AdvantageConfig:
     `trajectory_mean=True` (without it every row is its own member and scored by its own reward)."""
 
     # --- Parameters that control normalization ----------------------------------------------
-    normalize: Literal["std", "center"] = "std"
+    normalize: Literal["std", "center"] = field(default="std", metadata=setting(
+        "normalize", "advantage normalisation: (r-mean)/std, or r-mean", group="rewards and advantages"))
     """"std": A = (r - mean) / (std + eps) with the unbiased (ddof=1) std, as GRPO and DrMAS.
     "center": A = r - mean (Dr. GRPO, the AT-GRPO pseudocode)."""
     eps: float = 1e-6
@@ -111,7 +121,12 @@ class AdvantageConfig:
     singleton: Literal["zero", "raw"] = "zero"
     """Groups of one member: "zero" gives A = 0 (there is no baseline to compare against);
     "raw" uses verl's rule mean 0, std 1, so A = r / (1 + eps) (r with "center")."""
-    baseline: Literal["group", "batch", "role"] = "group"
+    baseline: Literal["group", "batch", "role"] = field(default="group", metadata=setting(
+        "baseline",
+        "advantage baseline: the statistics of the problem's group of samples (GRPO), or of the whole round's rows of that strategy "
+        "(REINFORCE with a mean-reward baseline: all-right groups still count), or a running mean of the reward per role over the "
+        "rounds (role: SPIRAL's role-conditioned baseline, for self-play games)",
+        group="rewards and advantages"))
     """"group": the statistics of the row's group of samples of one problem (GRPO, DrMAS,
     AT-GRPO). "batch": of all the round's rows of the same strategy (and `group_by` columns),
     every problem together: REINFORCE with a mean-reward baseline, so a problem whose samples were
@@ -128,12 +143,12 @@ class AdvantageConfig:
     """The running mean's decay under baseline="role" (SPIRAL's alpha, 0.95)."""
 
     # --- Parameters that control rewards ----------------------------------------------------
-    alpha: float = 0.0
+    alpha: float = field(default=0.0, metadata=setting("alpha", "reward = alpha*global_reward + local_weight*local_reward", group="rewards and advantages"))
     """Weight of the global (team outcome) reward: reward = alpha * global_reward +
     local_weight * local_reward, recomputed whenever both columns are present (a stored `reward`
     is then ignored; either part null gives a null reward, as at rollout time). 0 by default:
     the "rs" loss judges a call by its own action alone."""
-    local_weight: float = 1.0
+    local_weight: float = field(default=1.0, metadata=setting("local_weight", "weight of the local (own-action) reward", group="rewards and advantages"))
     """Weight of the local (own action) reward in the mixed reward (see `alpha`). 0 with alpha=1
     gives DrMAS's reward: every agent of a trajectory gets the team's final reward. At least one
     of `alpha` and `local_weight` must be non-zero."""
@@ -188,7 +203,12 @@ class ViewConfig:
     max_length: int | None = None
     """Longest training prompt + completion in tokens (the model's context); longer rows are
     dropped and counted. None = no limit here (the trainer still enforces the model's)."""
-    drop_zero_advantage: bool = True
+    drop_zero_advantage: bool = field(default=True, metadata=setting(
+        "zero_advantage_rows",
+        "rows of zero advantage (all of a group's samples got one reward): dropped from the training view, or kept, so that a "
+        "minibatch counts every sample as verl's token mean, the expert-iteration plan's 1/N and TRL's GRPOTrainer do (their loss "
+        "is 0: the trainer skips their forward pass; they set how many rows make an optimizer step and the mean's denominator)",
+        group="training", hint=str, choices=ZERO_ADVANTAGE_ROWS))
     """Leave out rows with |advantage| <= zero_advantage_tol (they carry no policy gradient; the
     prototype dropped them). Set False for the "rs" loss, which trains on correct rows of
     all-correct groups too, and to count every sample in a minibatch's mean as verl's token mean
@@ -209,7 +229,11 @@ class ViewConfig:
     min_reward: float | None = None
     """Leave out rows whose reward is below this (None = keep all). The "rs" loss trains only on
     rows at or above its threshold, so its view needs no forward pass over the others."""
-    strategy_weights: Mapping[str, float] | None = None
+    strategy_weights: Mapping[str, float] | None = field(default=None, metadata=setting(
+        "strategy_weights",
+        "stratified mixture weights STRATEGY=W: each row scaled by w_s/n_s, n_s the rows strategy s sampled for the policy to train "
+        "(before the zero-advantage and reward filters), normalised so those rows' weights average 1 (none: every row weighs 1)",
+        group="training", hint=tuple[str, ...], metavar="S=W", aliases=("--strategy-weight",)))
     """Mixture weights w_s of the stratified estimator (the expert-iteration plan, see
     docs/ALGORITHMS.md). None: every row keeps its weight (the plain stratified average).
     Otherwise, per policy: sample_weight *= w_s * N / n_s, with w_s normalized over the
@@ -225,13 +249,20 @@ class ViewConfig:
     "rs" loss does when it keeps rows with reward >= its threshold: with a global term mixed in, a
     wrong first attempt of a trajectory that later succeeds would pass. A table whose reward is
     not the local reward is then an error naming the rows."""
-    balance_verdicts: bool = False
+    balance_verdicts: bool = field(default=False, metadata=setting(
+        "balance_verdicts",
+        "equal total weight for the yes and no rows of an agent that gives verdicts (the math Verifier) each round (it rescales "
+        "rows after the advantages: under a policy gradient the groups' advantages would no longer sum to 0)",
+        group="training"))
     """Give the Verifier's "yes" and "no" rows equal total weight (`balance_weights` over the
     `verdict` column; unparsable verdicts keep their weight). The Verifier is called again on every
     retry after a rejection and retries are mostly wrong, so its correct verdicts are mostly "no"
     (about 2:1 in round 0 of the default run) while the answers it judges at test time are mostly
     right: unbalanced, it learns to say "no"."""
-    relabel_verdicts: bool = False
+    relabel_verdicts: bool = field(default=False, metadata=setting(
+        "relabel_verdicts",
+        "rs loss: train every Verifier row on the right verdict (a wrong verdict's row gets the other verdict) instead of only the rows it got right",
+        group="training"))
     """Train every parsable Verifier row on the right verdict: a row whose verdict was wrong
     (local reward 0) gets the completion of the other verdict (the most common completion of the
     round's right verdicts of that kind, e.g. "no" for a wrong "yes") and reward 1, instead of
@@ -241,7 +272,11 @@ class ViewConfig:
     not q of that context, so only the "rs" loss (no ratio) may use it (`reward_is_local` and
     `min_reward` set)."""
 
-    verifier_replay: int = 0
+    verifier_replay: int = field(default=0, metadata=setting(
+        "verifier_replay",
+        "train the Verifier on its calls of the last N rounds (this one included), each labelled by the reward with the right verdict, "
+        "one row per distinct prompt, yes/no balanced, by their NLL under every loss; 0 = its own rows of this round only",
+        group="training", metavar="N"))
     """Train the Verifier on its hindsight-labelled calls of the last `verifier_replay` rounds
     (this one included) instead of this round's rows alone (`verifier_replay`; 0 = off). Every
     judged answer is labelled by the reward with the right verdict, one row per distinct training
@@ -297,14 +332,17 @@ def relabel_needs_rs(relabel: str, kind: str, value: str) -> str:
 class EvalConfig:
     """What the held-out evaluation samples."""
 
-    problems: int = 200
+    problems: int = field(default=200, metadata=setting(
+        "eval_problems", "held-out problems evaluated after every round (the same ones each round)", group="evaluation"))
     """Held-out problems (the same ones every round)."""
-    samples: int = 2
+    samples: int = field(default=2, metadata=setting("eval_samples", "Solver samples per held-out problem", group="evaluation"))
     """Episodes (math: Solver samples) per problem at `temperature` (standard error ~2.5 points
     at 200 x 2 near 50%)."""
     temperature: float = 1.0
     """Sampling temperature (the rollouts' temperature, so the number reads as what training sees)."""
-    max_tokens: int | None = None
+    max_tokens: int | None = field(default=None, metadata=setting(
+        "eval_max_tokens", "completion budget of the evaluation's Solver and Verifier calls; None = the task's default (arithmetic 16, task file 512)",
+        group="evaluation"))
     """Completion budget of every agent call; None = the workflow's (math: the task's
     `default_eval_max_tokens`, arithmetic 16, file tasks 512)."""
     seed: int = 20_261_122
@@ -315,7 +353,10 @@ class EvalConfig:
     """Seconds one call of the task's reward or verdict parser may take (as in the rollouts)."""
     greedy: bool = True
     """Also measure greedy decoding (one episode per problem at temperature 0)."""
-    reuse_base: bool = True
+    reuse_base: bool = field(default=True, metadata=setting(
+        "base_eval_cache",
+        "reuse the starting model's evaluation (round -1) computed by an earlier run with the same model, task, evaluation, engine and code",
+        group="evaluation", negative_flag=("--no-base-eval-cache", "evaluate the starting model afresh (round -1), not from the cache, and leave the cache alone")))
     """Round -1 (the starting checkpoints' evaluation) is taken from the cache when a run with the
     same model, task, evaluation, engine and code computed it before, and kept there when computed
     (`pipeline.run.eval_cache`). False: always computed, the cache untouched."""

@@ -89,8 +89,7 @@ class RoundContext:
     @property
     def engines(self) -> EnginePool:
         if self._engines is None:
-            dtype = getattr(self.config.train, "dtype", "auto")  # an explicit --dtype reaches the engines too
-            self._engines = EnginePool(self.config.engine, {"dtype": dtype} if dtype != "auto" else None)
+            self._engines = EnginePool(self.config.engine, self.config.engine_options)
         return self._engines
 
     @engines.setter
