@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 
 from pipeline.errors import MaxitError
 
-__all__ = ["main", "TrainerLane", "materialize_in_lane", "close_lanes", "holds_model"]
+__all__ = ["main", "TrainerLane", "trainer_lane", "materialize_in_lane", "close_lanes", "holds_model"]
 
 log = logging.getLogger(__name__)
 
@@ -240,10 +240,6 @@ def materialize_in_lane(tables, r: int, settings, engine: str, stages: tuple[str
     model (`holds_model`), else by `per_round` (default: that function, a process per round)."""
     from dataclasses import asdict
 
-    from assets.instance import dagster_home
-    from assets.launch import PROJECT_ROOT
-    from pipeline.config.scale import devices_env, parse_cores
-
     values = settings.settings() if hasattr(settings, "settings") else settings
     why = holds_model(values)
     if why is not None:
@@ -252,6 +248,20 @@ def materialize_in_lane(tables, r: int, settings, engine: str, stages: tuple[str
         log.info("trainer lane: a process per round (%s)", why)
         per_round(tables, r, settings, engine, stages)
         return
+    lane = trainer_lane(tables, values, engine)
+    with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
+        settings_file = Path(tmp) / "settings.json"
+        settings_file.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}), encoding="utf-8")
+        lane.run(r, stages, settings_file)
+
+
+def trainer_lane(tables, values, engine: str) -> TrainerLane:
+    """The run's `TrainerLane` for `tables`' store (made on first use, its process started on its
+    first round), given what the per-round lane process is given (`TrainerLane`)."""
+    from assets.instance import dagster_home
+    from assets.launch import PROJECT_ROOT
+    from pipeline.config.scale import devices_env, parse_cores
+
     key = (str(tables.location), engine, os.getpid())
     lane = _LANES.get(key)
     if lane is None:
@@ -261,10 +271,7 @@ def materialize_in_lane(tables, r: int, settings, engine: str, stages: tuple[str
             env["OMP_NUM_THREADS"] = str(len(parse_cores(cores, "--trainer-cores")))
         lane = _LANES[key] = TrainerLane(str(tables.location), engine, str(dagster_home(tables.root)), env, cores, PROJECT_ROOT)
         log.info("trainer lane: one process for the run's rounds, which keeps the model it trains")
-    with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
-        settings_file = Path(tmp) / "settings.json"
-        settings_file.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}), encoding="utf-8")
-        lane.run(r, stages, settings_file)
+    return lane
 
 
 def close_lanes() -> dict[str, int]:
