@@ -588,9 +588,6 @@ STARTUP: dict[str, Startup] = {
     ),
 }
 
-HOST_TO_DEVICE_BW = 25 * GB
-"""Bytes/s from host memory onto a GPU (PCIe 4/5 x16, assumed), the path a loaded model takes."""
-
 SWAPS_PER_ROUND = 2
 """Checkpoints a policy's engine is pointed at per overlapped round in steady state: round r's for
 its evaluation, then the older one the next round samples with (`--max-staleness 1`, exact)."""
@@ -602,16 +599,15 @@ def startup_for(hw: Hardware) -> Startup:
 
 def lane_startup(params: float, hw: Hardware, budget: Budget = Budget(), persistent: bool = False) -> tuple[float, float]:
     """(trainer, sampler) seconds an overlapped round pays for starting things, on top of its
-    stages: with a lane process per round, the trainer pays the process's start and moving the
-    model it loads onto its device (4 bytes a parameter, float32, over the device's link; the
-    checkpoint is read from disk either way: a persistent trainer reads it to check its kept model
-    against it), and each engine swap is a build; `persistent` (one trainer lane for the run that
-    keeps its model, engines refreshed in place) pays neither."""
+    stages: with a lane process per round, the trainer pays the process's start, and each engine
+    swap is a build; `persistent` (one trainer lane for the run that keeps its model, engines
+    refreshed in place) pays neither. The checkpoint is read from disk either way (a persistent
+    trainer reads it to check its kept model against it, a refresh to load it), and the kept model
+    waits in host memory between rounds, so moving it onto the device is paid either way too."""
     if persistent:
         return 0.0, 0.0
     st = startup_for(hw)
-    to_device = 0.0 if hw.name == "cpu" else 4 * params * budget.policies / HOST_TO_DEVICE_BW
-    return st.trainer_process + to_device, SWAPS_PER_ROUND * budget.policies * st.engine_build
+    return st.trainer_process, SWAPS_PER_ROUND * budget.policies * st.engine_build
 
 
 @dataclass(frozen=True)
@@ -664,8 +660,7 @@ def print_overlap(params: float, hw: Hardware, budget: Budget, shape: Shape, cou
     st = startup_for(hw)
     trainer_s, sampler_s = lane_startup(params, hw, budget, persistent=False)
     print(f"\nstarting things, per overlapped round, which the stages above leave out ({st.note}):")
-    print(f"  a trainer lane process per round: {fmt_s(trainer_s)} (its start, {fmt_s(st.trainer_process)}, and the model onto its device); "
-          f"one lane for the run that keeps its model: 0")
+    print(f"  a trainer lane process per round: {fmt_s(trainer_s)} (its start); one lane for the run that keeps its model: 0")
     print(f"  engines rebuilt on each new checkpoint: {fmt_s(sampler_s)} ({SWAPS_PER_ROUND} swaps x {budget.policies} policies x "
           f"{fmt_s(st.engine_build)}); refreshed in place: 0 beyond the weights' read")
     for g in counts:

@@ -68,6 +68,10 @@ def keep(checkpoint: str | Path, tokenizer, model) -> None:
     if not _KEEP:
         return
     model.zero_grad(set_to_none=True)  # the gradients are not part of the weights
+    # where a freshly loaded model is (host memory, until the Trainer places it): the steps before
+    # training (the proximal anchor's forward) run there on host tensors, and the trainer's device
+    # is free between rounds for whatever else shares it
+    model.to("cpu")
     _KEPT = _Kept(Path(checkpoint).resolve(), tokenizer, model)
 
 
