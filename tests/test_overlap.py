@@ -190,44 +190,7 @@ def test_kill_9_twice_in_overlapped_rounds_then_resume(tmp_path, default_model_d
 # -- every process of a run dies with it (`pipeline.store.lifeline`) ------------------------------
 
 
-def _marked(mark: str) -> list[tuple[int, str]]:
-    """(pid, command line) of every live process whose environment carries `mark`."""
-    import os
-    from pathlib import Path
-
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if mark.encode() not in (d / "environ").read_bytes():
-                continue
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        if cmd:  # a zombie has none
-            out.append((int(d.name), cmd))
-    return out
-
-
-def _kill_marked(mark: str) -> None:
-    import os
-    import signal
-
-    for pid, _ in _marked(mark):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _wait_until(condition, seconds: float) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
+from procs import kill_marked as _kill_marked, marked as _marked, wait_until as _wait_until  # noqa: E402
 
 
 def test_a_grandchild_holding_the_lifeline_dies_with_the_run_process_alone(tmp_path):

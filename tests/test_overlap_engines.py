@@ -27,6 +27,7 @@ import polars as pl
 import pytest
 
 from pipeline import store as st
+from procs import kill_marked as _kill_marked, marked as _marked
 
 PROJECT = Path(__file__).resolve().parents[1]
 MAXIT = str(Path(sys.executable).with_name("maxit"))
@@ -50,31 +51,6 @@ def run_args(store: str, model_dir: Path, *extra: str) -> list[str]:
         "--eval-problems", "4", "--eval-samples", "1", "--epochs", "1", "--minibatch-size", "64", "--micro-batch-size", "32",
         "--max-staleness", "1", "--staleness-schedule", "exact", *extra,
     ]
-
-
-def _marked(mark: str) -> list[tuple[int, str]]:
-    """(pid, command line) of every live process whose environment holds `mark`."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            if mark.encode() not in (d / "environ").read_bytes():
-                continue
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        if cmd:  # a zombie has none
-            out.append((int(d.name), cmd))
-    return out
-
-
-def _kill_marked(mark: str) -> None:
-    for pid, _ in _marked(mark):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def overlapped_run(cwd: Path, args: list[str], env: dict | None = None, watch=None, timeout: float = 3600) -> str:
