@@ -27,7 +27,7 @@ import polars as pl
 import pytest
 
 from pipeline import store as st
-from procs import kill_marked as _kill_marked, marked as _marked
+from procs import kill_marked as _kill_marked, marked as _marked, wait_until as _wait_until
 
 PROJECT = Path(__file__).resolve().parents[1]
 MAXIT = str(Path(sys.executable).with_name("maxit"))
@@ -75,7 +75,7 @@ def overlapped_run(cwd: Path, args: list[str], env: dict | None = None, watch=No
         reader.join(timeout=60)
         text = "".join(out)
         assert proc.returncode == 0, text[-4000:]
-        left = [] if _wait(lambda: not _marked(mark), 10) else _marked(mark)
+        left = [] if _wait_until(lambda: not _marked(mark), 10) else _marked(mark)
         assert not left, f"left running after the run ended: {left}"
         return text
     finally:
@@ -83,15 +83,6 @@ def overlapped_run(cwd: Path, args: list[str], env: dict | None = None, watch=No
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def _wait(condition, seconds: float) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def _text(store: str, rel: str) -> str:
