@@ -262,15 +262,20 @@ def test_overlap_on_an_s3_store(tmp_path, default_model_dir, uninterrupted):
 
 
 def _lane_training(store: Path, r: int) -> bool:
-    """Round r's trainer lane runs (its lifeline record is in the store) and its checkpoint is
-    not registered yet."""
+    """Round r's trainer lane runs: a lane holds its lifeline record in the store (a process for
+    round r, or the run's one lane process, `--serve`), round r's training view is written, round
+    r-1's checkpoint is registered and round r's is not yet."""
+    registered = lambda k: (store / "checkpoints" / "registry" / f"round={k}").exists()  # noqa: E731
+    if not (store / f"round={r}" / "training_view.parquet").exists() or registered(r) or (r > 0 and not registered(r - 1)):
+        return False
     for path in (store / ".maxit-trainers").glob("*.json"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if record.get("role") == "trainer lane" and f"--round {r} --stages policy" in record.get("command", ""):
-            return not (store / "checkpoints" / "registry" / f"round={r}").exists()
+        command = record.get("command", "")
+        if record.get("role") == "trainer lane" and (f"--round {r} --stages policy" in command or "--serve" in command):
+            return True
     return False
 
 
