@@ -260,7 +260,7 @@ def _announce_round(tables: Tables, r: int, done: list[int], metrics, seconds: f
 def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers, judged) -> pl.DataFrame:
     """`_run_rounds` with rounds that overlap (`assets.overlap`): the first incomplete round and
     every later one made from scratch, round r's sampling beside round r-1's training."""
-    from assets.lane import close_lanes, materialize_in_lane
+    from assets.trainer_lane import close_lanes, materialize_in_lane
     from assets.overlap import TRAIN_STAGES, StorePlan, prepare_resume, run_overlapped
 
     first = 0 if restart else next((r for r in range(n_rounds) if not round_complete(tables, r)), n_rounds)
@@ -273,8 +273,8 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
 
     def run(r: int, stages: tuple[str, ...]) -> None:
         started.setdefault(r, time.perf_counter())
-        if stages == TRAIN_STAGES:  # the trainer lane: one process for the run where it can keep the model (`assets.lane`)
-            materialize_in_lane(tables, r, settings, engine, stages)
+        if stages == TRAIN_STAGES:  # the trainer lane: one process for the run where it can keep the model (`assets.trainer_lane`)
+            materialize_in_lane(tables, r, settings, engine, stages, per_round=_materialize_in_process_of_its_own)
         else:
             materialize_round(instance, tables, r, settings, engine, quiet_dagster, stages=stages)
         tables.publish(r)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from assets import lane as lane_mod
+from assets import trainer_lane as lane_mod
 from pipeline.config.train import LossConfig, TrainConfig
 from pipeline.learn.trainer import resident, train_policy
 from pipeline.learn.views import build_training_view
@@ -136,7 +136,7 @@ RUN_SCRIPT = """
 import os, sys, threading, time
 from pathlib import Path
 from pipeline.store.lifeline import run_lifeline
-from assets.lane import TrainerLane
+from assets.trainer_lane import TrainerLane
 store = Path(sys.argv[1])
 with run_lifeline(store):
     lane = TrainerLane(str(store), "hf", str(store / "home"), dict(os.environ), None, Path.cwd())
@@ -178,7 +178,7 @@ def test_the_lane_process_outlives_the_thread_that_started_it_and_dies_with_the_
 PERSISTENT_RUN = """
 import functools, json, sys
 import assets.launch as launch
-from assets import lane
+from assets import trainer_lane as lane
 # the trainer lane of `maxit run` as one process for the run (the call site in assets.launch
 # that the lead wires: `_run_overlapped`'s trainer stages through `lane.materialize_in_lane`)
 launch._materialize_in_process_of_its_own = functools.partial(lane.materialize_in_lane, per_round=launch._materialize_in_process_of_its_own)

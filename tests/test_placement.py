@@ -28,7 +28,7 @@ def test_the_one_lane_process_is_given_the_trainers_devices_and_cores_and_the_ru
     while it samples; the lane's process, started for the run's first round, is given device 1,
     core C alone and one OpenMP thread, whatever the run's process sees when it starts it."""
     import assets.launch as launch
-    from assets import lane as lane_mod
+    from assets import trainer_lane as lane_mod
     from assets.config import RunSettings
     from pipeline.config.scale import DEVICES_ENV
     from pipeline.run.settings import Settings
@@ -53,14 +53,14 @@ def test_the_one_lane_process_is_given_the_trainers_devices_and_cores_and_the_ru
 
 
 def test_where_ranks_hold_the_model_each_round_is_a_process_of_its_own_and_the_log_says_so(tmp_path, caplog):
-    from assets import lane as lane_mod
+    from assets import trainer_lane as lane_mod
     from assets.config import RunSettings
     from pipeline.run.settings import Settings
     from pipeline.store import Tables
 
     settings = RunSettings.from_settings(Settings(max_staleness=1, train_processes=2))
     calls = []
-    with caplog.at_level(logging.INFO, logger="assets.lane"):
+    with caplog.at_level(logging.INFO, logger="assets.trainer_lane"):
         lane_mod.materialize_in_lane(Tables(tmp_path / "store"), 3, settings, "hf", ("policy",), per_round=lambda *a: calls.append(a))
     assert [c[1] for c in calls] == [3] and not lane_mod._LANES
     assert "a process per round (--train-processes 2: the model lives in torchrun's ranks" in caplog.text
