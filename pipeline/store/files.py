@@ -86,14 +86,16 @@ def read_table(path: str | Path, schema: TableSchema | str | None = None, flag: 
     if is_url(path):
         fs, p = filesystem(str(path), flag)
         exists, read = fs.exists(p), lambda: pl.from_arrow(pq.read_table(p, filesystem=fs, columns=cols))
+        names = lambda: pq.read_schema(p, filesystem=fs).names  # noqa: E731
     else:
         path = Path(path)
         exists, read = path.exists(), lambda: pl.read_parquet(path, columns=cols)
+        names = lambda: pq.read_schema(path).names  # noqa: E731
     if not exists:
         raise FileNotFoundError(f"no table at {path}" if flag is None else f"{flag} {path}: no such file")
     if cols is not None:
         try:
-            have = set(pq.read_schema(p, filesystem=fs).names if is_url(str(path)) else pq.read_schema(path).names)
+            have = set(names())
         except _READ_ERRORS as err:
             raise _unreadable(path, flag, err) from None
         missing = [c for c in cols if c not in have]
