@@ -302,7 +302,7 @@ def _run_overlapped(n_rounds, tables: Tables, settings, engine, restart, instanc
 def pinned_sampler(trainer_cores: str | None) -> Iterator[None]:
     """With `trainer_cores` ("1", "2-3"): this thread (the sampler lane, and the engines it starts,
     whose threads bind to the cores they may use) pinned to the other cores meanwhile; the trainer
-    lane's process is pinned to `trainer_cores` (`_pin`)."""
+    lane's process is pinned to `trainer_cores` (`assets.trainer_lane.pin_to_cores`)."""
     if trainer_cores is None:
         yield
         return
@@ -334,6 +334,7 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
     import tempfile
     from dataclasses import asdict
 
+    from assets.trainer_lane import pin_to_cores
     from pipeline.config.scale import devices_env, parse_cores
 
     values = settings.settings() if hasattr(settings, "settings") else settings
@@ -347,17 +348,10 @@ def _materialize_in_process_of_its_own(tables: Tables, r: int, settings, engine:
         env = devices_env(scale.trainer_devices) or dict(os.environ)  # --trainer-devices: the lane and its ranks
         if cores is not None:
             env["OMP_NUM_THREADS"] = str(len(parse_cores(cores, "--trainer-cores")))
-        done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=preexec(None if cores is None else lambda: _pin(cores)))
+        done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, preexec_fn=preexec(None if cores is None else lambda: pin_to_cores(cores)))
         reason = json.loads(result.read_text(encoding="utf-8"))["error"] if result.is_file() else f"exit code {done.returncode}"
     if reason is not None or done.returncode != 0:
         raise MaxitError(reason or f"round {r}: {' '.join(stages)} stopped with exit code {done.returncode}")
-
-
-def _pin(cores: str) -> None:
-    """In the lane's process before it starts: pinned to `cores` (`--trainer-cores`)."""
-    from pipeline.config.scale import parse_cores
-
-    os.sched_setaffinity(0, parse_cores(cores, "--trainer-cores"))
 
 
 def materialize_round(instance, tables: Tables, r: int, settings, engine: str, quiet_dagster: bool, stages: tuple[str, ...] | None = None) -> None:

@@ -18,7 +18,7 @@ from typing import Callable
 
 from pipeline.errors import MaxitError
 
-__all__ = ["TrainerLane", "trainer_lane", "materialize_in_lane", "close_lanes", "holds_model"]
+__all__ = ["TrainerLane", "trainer_lane", "materialize_in_lane", "close_lanes", "holds_model", "pin_to_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class TrainerLane:
         read, write = os.pipe()
         argv = [sys.executable, "-m", "assets.lane", "--serve", "--store", self.store, "--engine", self.engine, "--home", self.home,
                 "--reply-fd", str(write)]
-        pin = None if self.cores is None else (lambda: _pin(self.cores))
+        pin = None if self.cores is None else (lambda: pin_to_cores(self.cores))
         started, box = threading.Event(), {}
         self._closed = threading.Event()
 
@@ -183,8 +183,9 @@ def close_lanes() -> dict[str, int]:
     return served
 
 
-def _pin(cores: str) -> None:
-    """In the lane's process before it starts: pinned to `cores` (`--trainer-cores`)."""
+def pin_to_cores(cores: str) -> None:
+    """In a trainer lane's process before it starts (the run's one lane, or a round's): pinned to
+    `cores` (`--trainer-cores`)."""
     from pipeline.config.scale import parse_cores
 
     os.sched_setaffinity(0, parse_cores(cores, "--trainer-cores"))
