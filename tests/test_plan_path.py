@@ -240,3 +240,21 @@ def test_embedded_model_builds_and_is_cached(tmp_path):
     assert set(result) == {"success", "tool_reward", "plan_reward"} and 0 <= result["success"] <= 1
     again: list[str] = []
     assert build_plan_path_model(tmp_path, PlanPathGame(), warm, small, log=again.append, measure=False) == out and not again
+
+
+def test_model_scale_builds_a_deeper_model_for_the_wide_arm(monkeypatch):
+    """`model_scale=2` (what the wide arm adds to the team's options) asks for the embedded model
+    twice as deep, the same game and warm start; the single agent keeps it; a bad scale is named."""
+    import pipeline.workflows.plan_path.model as pp_model
+    from pipeline.models.build import ModelConfig
+
+    built = []
+    monkeypatch.setattr(pp_model, "build_plan_path_model", lambda cache_dir, game, warm, model_config=None: built.append((game, warm, model_config)) or "m")
+    load_workflow("plan_path").default_model()
+    load_workflow("plan_path", model_scale=2).single_agent().default_model()
+    (game1, warm1, config1), (game2, warm2, config2) = built
+    assert config1 is None and config2.num_layers == 2 * ModelConfig.num_layers
+    assert (game1, warm1) == (game2, warm2)
+    for bad in (0, 9, "2", True):
+        with pytest.raises(ConfigError, match="workflow 'plan_path': model_scale"):
+            load_workflow("plan_path", model_scale=bad)

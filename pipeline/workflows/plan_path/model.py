@@ -314,6 +314,9 @@ def _heldout_success(model, tokenizer, game: PlanPathGame) -> dict:
     }
 
 
-def plan_path_model(cache_dir: str | Path | None = None, game: PlanPathGame = PlanPathGame(), seed: int = 0) -> Path:
-    """The warm-started Plan-Path model dir for `game`: built on the first call, reused afterwards."""
-    return build_plan_path_model(cache_dir, game, PlanPathWarmStartConfig(seed=seed))
+def plan_path_model(cache_dir: str | Path | None = None, game: PlanPathGame = PlanPathGame(), seed: int = 0, scale: int = 1) -> Path:
+    """The warm-started Plan-Path model dir for `game`: built on the first call, reused afterwards.
+    `scale` > 1: the model `scale` times as deep (about `scale` times the parameters; the wide arm
+    of a team of `scale` policies), a build of its own; the same warm start."""
+    config = ModelConfig(seed=seed, num_layers=ModelConfig.num_layers * scale) if scale != 1 else None
+    return build_plan_path_model(cache_dir, game, PlanPathWarmStartConfig(seed=seed), model_config=config)

@@ -49,7 +49,10 @@ class PlanPathWorkflow(Workflow):
     (`--workflow-options`): the maze generator's `size`, `walls`, `min_dist`, `max_dist`,
     `heldout_fraction`; `turns` (tool call + commit rounds per episode, default 2;
     `max_loop_num`, the run's turn count, overrides it); `team` (tool_plan, the default; or
-    single: one agent committing paths without the tool, the team's `single_agent()`)."""
+    single: one agent committing paths without the tool, the team's `single_agent()`);
+    `model_scale` (N: the embedded model N times as deep, about N times the parameters, a build
+    of its own: the `wide` arm's single agent, with the parameters of a team of a policy per
+    agent)."""
 
     max_loop_num: int | None = None
     turns: int = 2
@@ -59,6 +62,7 @@ class PlanPathWorkflow(Workflow):
     max_dist: int = 6
     heldout_fraction: float = 0.2
     team: str = "tool_plan"
+    model_scale: int = 1
     agents: tuple[Agent, ...] = field(default_factory=_default_agents)
 
     name: ClassVar[str] = "plan_path"
@@ -82,8 +86,10 @@ class PlanPathWorkflow(Workflow):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise bad(f"{name} must be an integer >= {low}, got {v!r}")
 
-        for name, low in (("turns", 1), ("size", 2), ("walls", 0), ("min_dist", 1), ("max_dist", 1)):
+        for name, low in (("turns", 1), ("size", 2), ("walls", 0), ("min_dist", 1), ("max_dist", 1), ("model_scale", 1)):
             whole(name, low)
+        if self.model_scale > 8:
+            raise bad(f"model_scale must be at most 8 (a model of {4 * self.model_scale} layers), got {self.model_scale}")
         if self.max_loop_num is not None:
             whole("max_loop_num", 1)
         if self.size * self.size > MAX_CELLS:
@@ -144,7 +150,7 @@ class PlanPathWorkflow(Workflow):
     def default_model(self):
         from pipeline.workflows.plan_path.model import PlanPathGame, plan_path_model
 
-        return plan_path_model(game=PlanPathGame(self.size, self.walls, self.min_dist, self.max_dist, self.heldout_fraction))
+        return plan_path_model(game=PlanPathGame(self.size, self.walls, self.min_dist, self.max_dist, self.heldout_fraction), scale=self.model_scale)
 
     # -- the budget-matched baselines -------------------------------------------------------
     def single_agent(self) -> "PlanPathWorkflow":
