@@ -28,7 +28,8 @@ from transformers import PrinterCallback, Trainer, TrainingArguments
 
 from pipeline.config.train import LossConfig, TrainConfig
 from pipeline.errors import ConfigError
-from pipeline.learn.loss import LossBatch, LossDiagnostics, aggregation_count, compute_loss
+from pipeline.learn.loss import LossBatch, aggregation_count, compute_loss
+from pipeline.learn.loss_diagnostics import LossDiagnostics
 from pipeline.learn.trainer.forward import _precision, completion_logps
 from pipeline.learn.trainer.memory import _autocast_dtype, train_dtype
 from pipeline.learn.trainer.ranks import EpochLoader, RankMicroBatches, StandInRows, all_max, all_sum, gather, rank_accumulation, sum_gradients, world

@@ -23,7 +23,7 @@ import torch
 
 from pipeline.config.train import LoraSettings, TrainConfig
 from pipeline.errors import ConfigError, DataError
-from pipeline.learn.loss import LossDiagnostics
+from pipeline.learn.loss_diagnostics import LossDiagnostics
 from pipeline.learn.trainer import resident
 from pipeline.learn.trainer.checkpoint import OPTIMIZER_STATE, checkpoint_meta, checkpoint_metrics, load_optimizer_state, save_checkpoint
 from pipeline.learn.trainer.forward import _precision, completion_logps
