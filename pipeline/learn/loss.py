@@ -57,7 +57,7 @@ Choices, in the order the code makes them:
 The "rs" loss (rejection-sampling expert iteration) replaces 1-3: per-token -logp * w on rows whose
 reward >= threshold, aggregated the same way over those rows only (SFT on the good samples).
 Under "ppo" / "is" / "exit", rows of a strategy named in `LossConfig.sft_strategies` (the
-Verifier's relabelled replay, `pipeline.learn.views.verifier_replay`) are trained the rs way, -logp * w,
+Verifier's relabelled replay, `pipeline.learn.verifier_replay`) are trained the rs way, -logp * w,
 in the same aggregation (under "exit" the row's NLL summed over its tokens, in the row mean):
 their completions were not sampled from q under this context, so they have no ratio.
 Negative advantages are scaled by `LossConfig.negative_weight` (1 = the plain estimator).

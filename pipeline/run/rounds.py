@@ -41,7 +41,8 @@ from pipeline.errors import ConfigError
 from pipeline.learn.advantages import compute_advantages
 from pipeline.learn.baselines import ground_truth_view
 from pipeline.learn.staleness import apply_version_threshold
-from pipeline.learn.views import build_training_view, verifier_replay, with_verifier_replay
+from pipeline.learn.verifier_replay import verifier_replay, with_verifier_replay
+from pipeline.learn.views import build_training_view
 from pipeline.models import load_tokenizer
 from pipeline.rollout.loop import RolloutConfig, run_rollouts
 from pipeline.run.context import DEFAULT_MIX, RoundContext, build_workflow, run_strategies
