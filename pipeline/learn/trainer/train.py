@@ -27,7 +27,7 @@ from pipeline.learn.loss_diagnostics import LossDiagnostics
 from pipeline.learn.trainer import resident
 from pipeline.learn.trainer.checkpoint import OPTIMIZER_STATE, checkpoint_meta, checkpoint_metrics, load_optimizer_state, save_checkpoint
 from pipeline.learn.trainer.forward import _precision, completion_logps
-from pipeline.learn.trainer.loop import TrainerRun, run_trainer, training_arguments
+from pipeline.learn.trainer.run import TrainerRun, run_trainer, training_arguments
 from pipeline.learn.trainer.ranks import init_ranks, is_main
 from pipeline.learn.trainer.memory import _autocast_dtype, logit_elements, max_train_length, sized_for, train_dtype
 from pipeline.learn.trainer.rows import PolicyRows, _table_trainable, collate, select_policy_rows, view_temperature
