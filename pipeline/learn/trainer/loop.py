@@ -24,7 +24,7 @@ from pipeline.config.train import LossConfig
 from pipeline.errors import ConfigError
 from pipeline.learn.loss import LossBatch, aggregation_count, compute_loss
 from pipeline.learn.loss_diagnostics import LossDiagnostics
-from pipeline.learn.trainer.forward import _precision, completion_logps
+from pipeline.learn.trainer.forward import autocast_context, completion_logps
 from pipeline.learn.trainer.ranks import EpochLoader, RankMicroBatches, StandInRows, all_sum, gather, sum_gradients, world
 from pipeline.learn.trainer.rows import select_rows, trainable_rows
 from pipeline.learn.trainer.samplers import GroupShuffleSampler, MinibatchSortedSampler
@@ -50,7 +50,7 @@ def batch_loss(
     `max_logit_elements`, `share_prefix`: see `completion_logps`; `autocast_dtype` torch.bfloat16:
     the forward passes run under bf16 autocast, the logprobs and the loss stay float32."""
     device = batch["prompt_ids"].device
-    with _precision(autocast_dtype, device):
+    with autocast_context(autocast_dtype, device):
         logp = completion_logps(model, batch, temperature, max_logit_elements, share_prefix)
         ref_logp = None
         if loss_config.beta > 0:

@@ -18,9 +18,9 @@ from transformers import PrinterCallback, TrainingArguments
 from pipeline.config.train import LossConfig, TrainConfig
 from pipeline.learn.loss_diagnostics import LossDiagnostics
 from pipeline.learn.trainer.loop import MaxitTrainer
-from pipeline.learn.trainer.memory import _autocast_dtype, train_dtype
+from pipeline.learn.trainer.memory import autocast_dtype_of, train_dtype
 from pipeline.learn.trainer.ranks import all_max, gather, rank_accumulation, world
-from pipeline.learn.trainer.rows import _table_lengths, _table_trainable, collate
+from pipeline.learn.trainer.rows import collate, table_lengths, table_trainable
 from pipeline.learn.trainer.samplers import prefix_groups, prompt_groups, row_sort_keys
 from pipeline.learn.views import to_dataset
 
@@ -143,7 +143,7 @@ def run_trainer(
         temperature=temperature,
         ref_model=ref_model,
         max_logit_elements=max_logit_elements,
-        autocast_dtype=_autocast_dtype(dtype),
+        autocast_dtype=autocast_dtype_of(dtype),
         skip_zero_rows=skip_zero_rows,
         sort_keys=sort_keys,
         share_prefix=share_prefix,
@@ -169,7 +169,7 @@ def run_trainer(
 def _sort_keys(table: pa.Table, loss_config: LossConfig, skip_zero_rows: bool, share_prefix: int) -> list[tuple]:
     """The `MinibatchSortedSampler` keys of the rows of `table` (`row_sort_keys`)."""
     return row_sort_keys(
-        _table_lengths(table), _table_trainable(table, loss_config) if skip_zero_rows else None,
+        table_lengths(table), table_trainable(table, loss_config) if skip_zero_rows else None,
         prefix_groups(table, share_prefix) if share_prefix else None,
     )
 
