@@ -236,7 +236,7 @@ def test_a_per_side_team_reward_that_leaves_an_agent_out_is_named_on_its_rows(mo
 
 
 def test_evaluation_and_baselines_score_an_outcome_run_as_a_team(monkeypatch):
-    from pipeline.rollout.baselines import play as play_baseline
+    from pipeline.rollout.budget_matched import play as play_baseline
 
     legal, _ = _evaluate(monkeypatch, perfect, first_free)
     outcome, _ = _evaluate(monkeypatch, perfect, first_free, team="outcome")

@@ -39,7 +39,7 @@ from pipeline.config.scale import devices_env
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError
 from pipeline.learn.advantages import compute_advantages
-from pipeline.learn.baselines import ground_truth_view
+from pipeline.learn.ground_truth import ground_truth_view
 from pipeline.learn.staleness import apply_version_threshold
 from pipeline.learn.verifier_replay import verifier_replay, with_verifier_replay
 from pipeline.learn.views import build_training_view

@@ -19,7 +19,7 @@ local reward = the reward of its attempt.
 
 The evaluation of the team is `pipeline.workflows.math.evaluation`.
 
-Budget-matched baselines (`pipeline.rollout.baselines`): the single agent is the Solver alone
+Budget-matched baselines (`pipeline.rollout.budget_matched`): the single agent is the Solver alone
 (`single`); its answers compare by the number the reward reads (or the task's `answer_key`).
 """
 
