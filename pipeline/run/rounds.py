@@ -181,7 +181,7 @@ ROLE_BASELINE_COLUMNS = ("round", "step_id", "uid", "strategy", "agent_id", "tur
 def training_view(advantages, strategies, tokenizer, config: RunConfig, workflow, round_: int, *, earlier=(), problems: pl.DataFrame | None = None):
     """The `training_view` table and its `ViewStats`: the rows of `advantages` that `config.view`
     trains, context-swapped; with `verifier_replay`, the checking agent's rows replaced by its replay
-    over this round and the `earlier` rounds' advantages tables (`pipeline.learn.views.verifier_replay`);
+    over this round and the `earlier` rounds' advantages tables (`pipeline.learn.verifier_replay.verifier_replay`);
     with train_on="ground_truth", as many rows of the task's reference answers to `problems` (the
     step-matched baseline)."""
     view, stats = build_training_view(advantages, strategies, tokenizer, config.view)
