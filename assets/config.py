@@ -65,7 +65,7 @@ class _SettingsResource(dg.ConfigurableResource):
         key = (str(store.path), self._key(), int(round_))
         ctx = _CONTEXTS.get(key)
         if ctx is None:
-            from pipeline.learn.views import check_verdict_training
+            from pipeline.learn.verdicts import check_verdict_training
 
             registry = policy_registry.registry() if policy_registry is not None else store.registry()
             ctx = RoundContext(store.path, self.run_config(), registry=registry)

@@ -403,7 +403,7 @@ class Evaluator:
 
     def __call__(self, checkpoint: Path) -> dict:
         from pipeline.models import adapter_base, load_model
-        from pipeline.workflows.math import _correct, _sample_texts, evaluate_team
+        from pipeline.workflows.math.evaluation import evaluate_team, right_answers, sample_texts
 
         path = Path(checkpoint)
         merged = None
@@ -419,8 +419,8 @@ class Evaluator:
         t0 = time.perf_counter()
         df = evaluate_team(self.task, self.agents, {POLICY: self.sampler}, {POLICY: self.tokenizer}, self.config, 0)
         values = {m: (v, n) for m, v, n in df.select("metric", "value", "n").iter_rows()}
-        texts = _sample_texts(self.sampler, self.tokenizer, self.prompts, 1, 0.0, self.greedy_tokens, self.config.seed)
-        right = [bool(per[0]) for per in _correct(self.task, self.problems, texts, self.config.reward_timeout)]
+        texts = sample_texts(self.sampler, self.tokenizer, self.prompts, 1, 0.0, self.greedy_tokens, self.config.seed)
+        right = [bool(per[0]) for per in right_answers(self.task, self.problems, texts, self.config.reward_timeout)]
         if merged is not None:
             self.current = None  # the folder is reused for the next adapter
         return {

@@ -43,7 +43,7 @@ def check_run_inputs(config, store_dir: str):
     `RunConfig`; imported and checked, with its task and prompt files), the strategies it must
     run, the store and the model folder, each a named error. Returns the workflow and the ids of
     the strategies the run samples."""
-    from pipeline.learn.views import check_verdict_training
+    from pipeline.learn.verdicts import check_verdict_training
     from pipeline.models.chat import check_model_dir
     from pipeline.run.context import build_workflow, run_strategies
     from pipeline.store import check_writable, is_url, working_copy

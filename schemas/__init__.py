@@ -226,7 +226,7 @@ ROLLOUT_SHARDS = TableSchema(
 )
 
 # The team's untrained budget-matched baselines on the held-out problems (round -1, once per store;
-# pipeline.rollout.baselines): one row per (baseline, metric); a baseline that does not apply to the
+# pipeline.rollout.budget_matched): one row per (baseline, metric); a baseline that does not apply to the
 # workflow has null values and a note saying why.
 BASELINES = TableSchema(
     "baselines",

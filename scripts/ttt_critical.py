@@ -30,7 +30,9 @@ import random
 import tempfile
 from pathlib import Path
 
-from pipeline.workflows.games.env import SPECS, prompt_text, replay, ttt_forced
+from pipeline.workflows.games.env import SPECS, prompt_text
+from pipeline.workflows.games.opponents import ttt_forced
+from pipeline.workflows.games.positions import replay
 from pipeline.workflows.games.spiel import Table, best_moves
 
 SPEC = SPECS["tic_tac_toe"]

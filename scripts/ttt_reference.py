@@ -12,7 +12,9 @@ import argparse
 import random
 
 from pipeline.config import EvalConfig
-from pipeline.workflows.games.env import SPECS, GameEnv, random_legal, replay, ttt_heuristic
+from pipeline.workflows.games.env import SPECS, GameEnv
+from pipeline.workflows.games.opponents import random_legal, ttt_heuristic
+from pipeline.workflows.games.positions import replay
 from pipeline.workflows.games.spiel import best_moves
 from pipeline.workflows.games.workflow import TicTacToeWorkflow
 

@@ -1,4 +1,4 @@
-"""The arms of a team (`maxit baselines --arm`, `pipeline.run.baselines`, `pipeline.rollout.baselines`)
+"""The arms of a team (`maxit baselines --arm`, `pipeline.run.baselines`, `pipeline.rollout.budget_matched`)
 and the verdict (`pipeline.run.report`): each arm is what it claims (one agent on the team's
 protocol, the team's other policy layout, the single agent doing the job), trains the team's rows,
 is played on the team's held-out problems with the team's draws and calls; vote ties go to the
@@ -19,7 +19,7 @@ import test_baselines as tb
 from fakes import ROLE_MARK, FakeSampler, FakeTokenizer
 from pipeline.errors import ConfigError
 from pipeline.rollout.agent import Agent
-from pipeline.rollout.baselines import baseline_rows, calls_per_call, majority, play
+from pipeline.rollout.budget_matched import baseline_rows, calls_per_call, majority, play
 from pipeline.rollout.workflow import ProtocolWorkflow, SoloWorkflow
 from pipeline.types import Sample
 from pipeline.workflows.grid import GridWorkflow

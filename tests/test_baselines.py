@@ -1,4 +1,4 @@
-"""The budget-matched baselines (`pipeline.rollout.baselines`, `pipeline.run.baselines`, `maxit
+"""The budget-matched baselines (`pipeline.rollout.budget_matched`, `pipeline.run.baselines`, `maxit
 baselines`): the team's calls per problem, the majority vote and its ties, the self-refine loop's
 length and its last answer, the single agent of math, single, grid and any workflow, the table
 written once per store, `maxit report` showing it, and bad input."""
@@ -19,7 +19,7 @@ import pytest
 from fakes import FakeSampler, FakeTask, FakeTokenizer, ROLE_MARK
 from pipeline.errors import ConfigError, DataError
 from pipeline.rollout.agent import Agent
-from pipeline.rollout.baselines import baseline_rows, calls_per_call, majority, play, team_calls
+from pipeline.rollout.budget_matched import baseline_rows, calls_per_call, majority, play, team_calls
 from pipeline.rollout.workflow import REFINE_PROMPT, Env, SoloWorkflow, StepResult, Workflow
 from pipeline.types import Problem, Sample
 from pipeline.workflows.grid import GridWorkflow

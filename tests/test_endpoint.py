@@ -27,7 +27,8 @@ import pytest
 
 from fakes import FakeTokenizer
 from pipeline.errors import ConfigError
-from pipeline.rollout.endpoint import HOST, Endpoint
+from pipeline.rollout.endpoint import Endpoint
+from pipeline.rollout.http_server import HOST
 from pipeline.rollout.loop import RolloutConfig, run_rollouts
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from pipeline.types import Sample
@@ -372,12 +373,12 @@ class RefusesLong(Adder):
 def test_one_request_the_engine_refuses_fails_its_own_episode_only():
     from concurrent.futures import Future
 
-    from pipeline.rollout.endpoint import _Batcher, _Request
+    from pipeline.rollout.batcher import Batcher, BatchedRequest
 
     sampler = RefusesLong()
-    batcher = _Batcher({"shared": sampler})
+    batcher = Batcher({"shared": sampler})
     short, long_ = sampler.tokenizer.encode("12+30="), sampler.tokenizer.encode("1+1=" * 20)
-    reqs = [_Request("shared", ids, 1.0, 4, i, Future()) for i, ids in enumerate([short, long_, short])]
+    reqs = [BatchedRequest("shared", ids, 1.0, 4, i, Future()) for i, ids in enumerate([short, long_, short])]
     batcher._sample(reqs)
     assert reqs[0].future.result(timeout=1).text == "42" and reqs[2].future.result(timeout=1).text == "42"
     with pytest.raises(ValueError, match="context"):

@@ -19,7 +19,9 @@ from pipeline.strategies import IID, Tree  # noqa: E402
 from pipeline.types import Problem  # noqa: E402
 from pipeline.workflows import WORKFLOW_NAMES, load_workflow  # noqa: E402
 from pipeline.workflows.games import evaluation as games_eval  # noqa: E402
-from pipeline.workflows.games.env import REWARDS, SPECS, GameEnv, prompt_text, read_action, replay, ttt_forced, ttt_heuristic  # noqa: E402
+from pipeline.workflows.games.env import REWARDS, SPECS, GameEnv, prompt_text, read_action  # noqa: E402
+from pipeline.workflows.games.opponents import ttt_forced, ttt_heuristic  # noqa: E402
+from pipeline.workflows.games.positions import replay  # noqa: E402
 from pipeline.workflows.games.spiel import Table, best_moves, load_game  # noqa: E402
 from tests.test_grid import ScriptedSampler  # noqa: E402
 
@@ -234,7 +236,7 @@ def test_a_per_side_team_reward_that_leaves_an_agent_out_is_named_on_its_rows(mo
 
 
 def test_evaluation_and_baselines_score_an_outcome_run_as_a_team(monkeypatch):
-    from pipeline.rollout.baselines import play as play_baseline
+    from pipeline.rollout.budget_matched import play as play_baseline
 
     legal, _ = _evaluate(monkeypatch, perfect, first_free)
     outcome, _ = _evaluate(monkeypatch, perfect, first_free, team="outcome")
@@ -458,7 +460,7 @@ def test_ttt_critical_versus_weighs_every_branch_against_the_scripted_player():
     # standard error; were the scripted o's free choice its first free cell, 2/7)
     import random
 
-    from pipeline.workflows.games.env import ttt_heuristic
+    from pipeline.workflows.games.opponents import ttt_heuristic
 
     exact = tc.versus(lambda prompt, legal, best: {c: 1.0 / len(best) for c in best}, [replay(TTT, "0,4", seed="v")])
     rng, won = random.Random(0), 0

@@ -35,7 +35,7 @@ from pipeline.run.rounds import (
 )
 from pipeline.run.timings import OLD_STAGE_LABELS, TIMING_ROWS, read_timings, record_other, record_timings, seconds_column
 from pipeline.store import Tables, table_path
-from pipeline.learn.loss import LossDiagnostics, RatioStats
+from pipeline.learn.loss_diagnostics import LossDiagnostics, RatioStats
 from pipeline.learn.views import build_training_view
 from pipeline.workflows.math import MathWorkflow, SingleWorkflow
 from schemas import PROBLEMS, RATIO_DIAGNOSTICS, STEPS, validate

@@ -627,10 +627,10 @@ def test_a_shared_prompt_prefix_computed_once_gives_the_same_logprobs_and_gradie
     ]
     batch = collate(rows, 0)
     assert shared_prefix_length(batch) == 12  # the shortest prompt (13 tokens) keeps its last token
-    from pipeline.learn.trainer.forward import _model_inputs
+    from pipeline.learn.trainer.forward import model_inputs
 
-    assert "past_key_values" in _model_inputs(model, batch, 8)[0]  # the prefix is shared, not run per row
-    assert "past_key_values" not in _model_inputs(model, batch, 0)[0]
+    assert "past_key_values" in model_inputs(model, batch, 8)[0]  # the prefix is shared, not run per row
+    assert "past_key_values" not in model_inputs(model, batch, 0)[0]
     c_len = batch["completion_ids"].size(1)
     budget = 2 * c_len * model.config.vocab_size if chunked else None
     results = []

@@ -17,7 +17,8 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
 from pipeline.strategies import IID, Feedback, PromptAug, Strategy
 from pipeline.learn.trainer import collate
-from pipeline.learn.views import STATS_METADATA_KEY, ViewConfig, balance_weights, build_training_view, to_dataset, view_hash
+from pipeline.learn.view_weights import balance_weights
+from pipeline.learn.views import STATS_METADATA_KEY, ViewConfig, build_training_view, to_dataset, view_hash
 from schemas import SchemaError, validate
 from tiny import advantage_row, advantages_table, tiny_tokenizer
 
@@ -333,7 +334,7 @@ def test_verifier_replay_labels_dedups_balances_and_replaces_the_verifier_rows(t
     """The replay: every judged answer of the window with its right verdict (a wrong verdict
     relabelled), one row per training prompt (the newest round's), yes/no balanced, strategy
     "replay", reward 1; it replaces the view's own Verifier rows and leaves the Solver's alone."""
-    from pipeline.learn.views import REPLAY_STRATEGY, verifier_replay, with_verifier_replay
+    from pipeline.learn.verifier_replay import REPLAY_STRATEGY, verifier_replay, with_verifier_replay
 
     def v(step_id, rnd, question, verdict, right, ids, global_reward=0.0):
         r = 1.0 if right else 0.0
@@ -381,7 +382,7 @@ def test_verdict_training_on_yes_no_replies_is_refused_for_a_verifier_that_solve
     from pipeline.errors import ConfigError
     from pipeline.tasks.arithmetic import ArithmeticTask
     from pipeline.tasks.prompts import PromptTemplate
-    from pipeline.learn.views import check_verdict_training
+    from pipeline.learn.verdicts import check_verdict_training
 
     relabel = ViewConfig(min_reward=1.0, reward_is_local=True, relabel_verdicts=True)
     replay = ViewConfig(min_reward=1.0, reward_is_local=True, verifier_replay=2)

@@ -57,7 +57,7 @@ Choices, in the order the code makes them:
 The "rs" loss (rejection-sampling expert iteration) replaces 1-3: per-token -logp * w on rows whose
 reward >= threshold, aggregated the same way over those rows only (SFT on the good samples).
 Under "ppo" / "is" / "exit", rows of a strategy named in `LossConfig.sft_strategies` (the
-Verifier's relabelled replay, `pipeline.learn.views.verifier_replay`) are trained the rs way, -logp * w,
+Verifier's relabelled replay, `pipeline.learn.verifier_replay`) are trained the rs way, -logp * w,
 in the same aggregation (under "exit" the row's NLL summed over its tokens, in the row mean):
 their completions were not sampled from q under this context, so they have no ratio.
 Negative advantages are scaled by `LossConfig.negative_weight` (1 = the plain estimator).
@@ -67,32 +67,22 @@ row's, or under "token-tis" a token's). "ppo" / "is": the clip and the ratio see
 (as the proximal anchor) and c replaces its `off_policy_cap` weight; "exit": the row loss is
 -(p_theta / p_old)_i c_i A_i w_i; "rs": each passing row's NLL times c. Step 3 still applies (on
 p_old / q, as with the proximal anchor); rows of `sft_strategies` get no c.
-
-Diagnostics (`LossDiagnostics`) are additive sums, so micro-batches merge exactly: mean log ratio,
-clip fraction (tokens where the clip, or the dual clip, stops the gradient; 0 under "is" / "exit"),
-dual-clip fraction (tokens where the dual clip binds), masked / truncated fraction (rows: step 3's
-and the staleness correction's), truncated-token fraction (the correction "token-tis"),
-effective sample size (sum r)^2 / sum r^2 of the sequence likelihood ratios r_i = exp(sum_t log rho)
-(whatever level step 3 decides on; under "exit" the r_i of its loss), overall, per strategy, per
-agent, per (agent, strategy).
+Diagnostics: `pipeline.learn.loss_diagnostics`; steps 1 and 3: `pipeline.learn.ratios`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from typing import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import torch
 
-from pipeline.config.train import LossConfig, RatioConfig
+from pipeline.config.train import LossConfig
 from pipeline.learn.corrections import LOG_RATIO_CLAMP, Correction, staleness_correction
+from pipeline.learn.loss_diagnostics import LossDiagnostics, batch_diagnostics
+from pipeline.learn.ratios import RowDecisions, sequence_ratios, token_ratios
 
-__all__ = [
-    "LossBatch", "RatioStats", "LossDiagnostics", "LossOutput", "compute_loss", "aggregate", "aggregation_count", "LossConfig", "RatioConfig",
-    "LOG_RATIO_CLAMP",
-]
-
-_MODES = {"none": 0, "mask": 1, "truncate": 2}
+__all__ = ["LossBatch", "LossOutput", "compute_loss", "aggregate", "aggregation_count"]
 
 
 @dataclass(frozen=True)
@@ -120,129 +110,6 @@ class LossBatch:
     old_logp: torch.Tensor | None = None
     """(B, T) log p_old(y_t | x_train, y_<t): the policy at the start of the update (no grad),
     required where `LossConfig.needs_old_logp` (the proximal anchor, a staleness correction)."""
-
-
-@dataclass(frozen=True)
-class RatioStats:
-    """Additive ratio statistics of a set of rows; the properties give the rates."""
-
-    n_rows: int = 0
-    """Rows counted."""
-    n_tokens: int = 0
-    """Completion tokens counted."""
-    sum_log_ratio: float = 0.0
-    """Sum over tokens of log p_train - log q_sample."""
-    n_clipped_tokens: int = 0
-    """Tokens whose gradient the PPO clip stopped (rho < 1-eps_low with A < 0, or rho > 1+eps_high
-    with A > 0, or, with the dual clip, rho > dual_clip with A < 0)."""
-    n_dual_clipped_tokens: int = 0
-    """Tokens where the dual clip bound the loss (A < 0 and rho > dual_clip); also counted in
-    `n_clipped_tokens`."""
-    n_masked_rows: int = 0
-    """Rows zeroed by a sequence-ratio mask or by a staleness correction's mask ("seq-mask",
-    "geo-mask")."""
-    n_truncated_rows: int = 0
-    """Rows whose sequence ratio was truncated to the cap (`RatioConfig` "truncate", or the
-    staleness correction "tis")."""
-    n_truncated_tokens: int = 0
-    """Tokens whose behaviour weight p_old/q the staleness correction "token-tis" truncated."""
-    n_rs_rows: int = 0
-    """Rows the "rs" loss trained on (reward >= threshold)."""
-    sum_seq_ratio: float = 0.0
-    """Sum of sequence ratios s_i (for the effective sample size)."""
-    sum_seq_ratio_sq: float = 0.0
-    """Sum of s_i squared."""
-    sum_kl: float = 0.0
-    """Sum over tokens of the k3 KL estimate (0 when beta = 0)."""
-
-    def merge(self, other: "RatioStats") -> "RatioStats":
-        return RatioStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
-
-    @property
-    def mean_log_ratio(self) -> float:
-        return self.sum_log_ratio / self.n_tokens if self.n_tokens else 0.0
-
-    @property
-    def clip_fraction(self) -> float:
-        return self.n_clipped_tokens / self.n_tokens if self.n_tokens else 0.0
-
-    @property
-    def dual_clip_fraction(self) -> float:
-        return self.n_dual_clipped_tokens / self.n_tokens if self.n_tokens else 0.0
-
-    @property
-    def masked_fraction(self) -> float:
-        return self.n_masked_rows / self.n_rows if self.n_rows else 0.0
-
-    @property
-    def truncated_fraction(self) -> float:
-        return self.n_truncated_rows / self.n_rows if self.n_rows else 0.0
-
-    @property
-    def truncated_token_fraction(self) -> float:
-        return self.n_truncated_tokens / self.n_tokens if self.n_tokens else 0.0
-
-    @property
-    def ess(self) -> float:
-        """Effective sample size (sum s)^2 / sum s^2 (equals n_rows when every ratio is equal)."""
-        return self.sum_seq_ratio**2 / self.sum_seq_ratio_sq if self.sum_seq_ratio_sq > 0 else 0.0
-
-    @property
-    def ess_fraction(self) -> float:
-        return self.ess / self.n_rows if self.n_rows else 0.0
-
-    @property
-    def mean_kl(self) -> float:
-        return self.sum_kl / self.n_tokens if self.n_tokens else 0.0
-
-    def rates(self) -> dict[str, float]:
-        return {
-            "mean_log_ratio": self.mean_log_ratio,
-            "clip_fraction": self.clip_fraction,
-            "dual_clip_fraction": self.dual_clip_fraction,
-            "masked_fraction": self.masked_fraction,
-            "truncated_fraction": self.truncated_fraction,
-            "truncated_token_fraction": self.truncated_token_fraction,
-            "ess_fraction": self.ess_fraction,
-            "kl": self.mean_kl,
-            "rows": float(self.n_rows),
-            "tokens": float(self.n_tokens),
-        }
-
-
-def _merge_maps(a: Mapping[str, RatioStats], b: Mapping[str, RatioStats]) -> dict[str, RatioStats]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = out[k].merge(v) if k in out else v
-    return out
-
-
-@dataclass(frozen=True)
-class LossDiagnostics:
-    """Ratio statistics of a batch (or of many, merged): overall, per strategy, per agent."""
-
-    overall: RatioStats = field(default_factory=RatioStats)
-    by_strategy: Mapping[str, RatioStats] = field(default_factory=dict)
-    by_agent: Mapping[str, RatioStats] = field(default_factory=dict)
-    by_agent_strategy: Mapping[str, RatioStats] = field(default_factory=dict)
-    """Keyed "<agent_id>/<strategy>"."""
-
-    def merge(self, other: "LossDiagnostics") -> "LossDiagnostics":
-        return LossDiagnostics(
-            overall=self.overall.merge(other.overall),
-            by_strategy=_merge_maps(self.by_strategy, other.by_strategy),
-            by_agent=_merge_maps(self.by_agent, other.by_agent),
-            by_agent_strategy=_merge_maps(self.by_agent_strategy, other.by_agent_strategy),
-        )
-
-    def as_metrics(self, prefix: str = "") -> dict[str, float]:
-        """Flat metric names for a logger: `ratio/<rate>`, `strategy/<id>/<rate>`, `agent/<id>/<rate>`."""
-        out = {f"{prefix}ratio/{k}": v for k, v in self.overall.rates().items()}
-        for sid, st in sorted(self.by_strategy.items()):
-            out.update({f"{prefix}strategy/{sid}/{k}": v for k, v in st.rates().items()})
-        for aid, st in sorted(self.by_agent.items()):
-            out.update({f"{prefix}agent/{aid}/{k}": v for k, v in st.rates().items()})
-        return out
 
 
 @dataclass(frozen=True)
@@ -283,41 +150,6 @@ def aggregation_count(mask: torch.Tensor, how: str, rows: torch.Tensor | None = 
     return float(mask.sum()) if how == "token-mean" else float(mask.shape[0])
 
 
-def _ratio_tensors(strategies: Sequence[str], config: LossConfig, like: torch.Tensor):
-    """Per-row (mode code, low, high, sum-level flag) from each row's strategy."""
-    rcs = [config.ratio_for(s) for s in strategies]
-    mode = torch.tensor([_MODES[r.mode] for r in rcs], device=like.device)
-    low = torch.tensor([r.low for r in rcs], dtype=like.dtype, device=like.device)
-    high = torch.tensor([r.high for r in rcs], dtype=like.dtype, device=like.device)
-    use_sum = torch.tensor([r.level == "sum" for r in rcs], device=like.device)
-    return mode, low, high, use_sum
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """What the steps decide per row and per token of a batch, beside its loss (the diagnostics
-    count them)."""
-
-    row_factor: torch.Tensor
-    """(B,) step 3's factor of each row's loss: 0 masked, high / s truncated, else 1 (detached)."""
-    masked: torch.Tensor
-    """(B,) bool: rows a sequence-ratio mask zeroed."""
-    truncated: torch.Tensor
-    """(B,) bool: rows whose sequence ratio was truncated."""
-    seq_ratio: torch.Tensor
-    """(B,) the sequence likelihood ratio r_i = exp(sum_t log rho) (detached; the ESS's)."""
-    rs_rows: torch.Tensor
-    """(B,) 1.0 on rows trained by their NLL (the "rs" rows that passed, `sft_strategies` rows)."""
-    selected: torch.Tensor | None = None
-    """(B,) 0/1 rows `aggregate` counts ("rs": the rows that passed); None: every row."""
-    clipped_tok: torch.Tensor | None = None
-    """(B, T) bool: tokens whose gradient the clip (or the dual clip) stopped; None: none."""
-    dual_tok: torch.Tensor | None = None
-    """(B, T) bool: tokens where the dual clip binds; None: none."""
-    truncated_tok: torch.Tensor | None = None
-    """(B, T) bool: tokens whose behaviour weight the staleness correction truncated; None: none."""
-
-
 def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None = None) -> LossOutput:
     """The loss of one batch under `config`, with its diagnostics (see the module docstring).
     `denominator`: the aggregation count of the whole minibatch (see `aggregation_count`)."""
@@ -329,12 +161,12 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
         )
 
     # 1. token log ratio, zero on padding, clamped so exp() stays finite
-    log_ratio, update_log_ratio, off_log_ratio, off_weight = _token_ratios(batch, config, mask, decoupled)
+    log_ratio, update_log_ratio, off_log_ratio, off_weight = token_ratios(batch.logp, batch.logq, batch.old_logp, config, mask, decoupled)
     rho = torch.exp(update_log_ratio)
     # the staleness correction's detached weight c, from the behaviour weight p_old / q
     corr = None if config.correction == "none" else staleness_correction(off_log_ratio, mask, config)
     # 3. sequence ratio of each row (detached: it only scales rows, like a weight)
-    rows = _sequence_ratios(batch, config, mask, log_ratio, off_log_ratio)
+    rows = sequence_ratios(batch.strategy, config, mask, log_ratio, off_log_ratio)
     # 2. the per-token loss of the kind: PPO clip ("ppo"), the plain ratio ("is"), one sequence
     # ratio per row ("exit"), or the NLL of the rows that passed ("rs")
     weighted_adv = _weighted_advantage(batch, config)
@@ -360,47 +192,7 @@ def compute_loss(batch: LossBatch, config: LossConfig, denominator: float | None
         loss = aggregate(per_token, torch.ones_like(per_token), config.aggregation, denominator=denominator)
     else:
         loss = aggregate(per_token, mask, config.aggregation, rows=rows.selected, denominator=denominator)
-    return LossOutput(loss=loss, diagnostics=_diagnostics(batch, log_ratio, mask, rows, kl))
-
-
-def _token_ratios(batch: LossBatch, config: LossConfig, mask: torch.Tensor, decoupled: bool):
-    """Step 1: (log rho against the sampling logprobs, the log of the update ratio the clip sees,
-    the log ratio step 3 judges rows by, the off-policy weight): decoupled (the proximal anchor, a
-    staleness correction), the clip sees p_theta / p_old, rows are judged by p_old / q, and,
-    without a correction, each token is weighted min(p_old / q, `off_policy_cap`) (with one, the
-    correction decides the weight)."""
-    logq = batch.logq.to(batch.logp.dtype)
-    log_ratio = ((batch.logp - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    off_weight = None
-    if decoupled:
-        old = batch.old_logp.to(batch.logp.dtype)
-        update_log_ratio = ((batch.logp - old) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        with torch.no_grad():
-            off_log_ratio = ((old - logq) * mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-            if config.correction == "none":
-                off_weight = torch.exp(off_log_ratio).clamp(max=config.off_policy_cap)
-    else:
-        update_log_ratio, off_log_ratio = log_ratio, log_ratio.detach()
-    return log_ratio, update_log_ratio, off_log_ratio, off_weight
-
-
-def _sequence_ratios(batch: LossBatch, config: LossConfig, mask: torch.Tensor, log_ratio: torch.Tensor, off_log_ratio: torch.Tensor) -> _Rows:
-    """Step 3: each row's sequence ratio s (geometric mean, or the sum under `level="sum"`) and
-    what its strategy's `RatioConfig` does with it (mask, truncate, nothing)."""
-    mode, low, high, use_sum = _ratio_tensors(batch.strategy, config, batch.logp)
-    with torch.no_grad():
-        seq_sum = off_log_ratio.sum(-1)
-        seq_log = torch.where(use_sum, seq_sum, seq_sum / mask.sum(-1).clamp(min=1.0)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        s = torch.exp(seq_log)
-        masked = (mode == _MODES["mask"]) & ((s < low) | (s > high))
-        truncated = (mode == _MODES["truncate"]) & (s > high)
-        row_factor = torch.ones_like(s)
-        row_factor = torch.where(masked, torch.zeros_like(s), row_factor)
-        row_factor = torch.where(truncated, high / s, row_factor)
-        # the effective sample size is about the whole sequence's likelihood ratio, whatever
-        # level the mask/truncate decision uses
-        seq_ratio = torch.exp(log_ratio.detach().sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return _Rows(row_factor=row_factor, masked=masked, truncated=truncated, seq_ratio=seq_ratio, rs_rows=torch.zeros_like(s))
+    return LossOutput(loss=loss, diagnostics=batch_diagnostics(batch.strategy, batch.agent, log_ratio, mask, rows, kl))
 
 
 def _weighted_advantage(batch: LossBatch, config: LossConfig) -> torch.Tensor:
@@ -420,8 +212,8 @@ def _sft_rows(batch: LossBatch, config: LossConfig, like: torch.Tensor) -> torch
 
 
 def _exit_loss(
-    batch: LossBatch, config: LossConfig, mask, log_ratio, weighted_adv, rows: _Rows, corr: Correction | None = None
-) -> tuple[torch.Tensor, _Rows]:
+    batch: LossBatch, config: LossConfig, mask, log_ratio, weighted_adv, rows: RowDecisions, corr: Correction | None = None
+) -> tuple[torch.Tensor, RowDecisions]:
     """The plan's estimator: one sequence likelihood ratio per row, r_i = exp(sum_t log rho), not
     detached, so d(-r A w) = -r A w * grad sum_t logp; the sum is clamped again. (B, 1): one
     "token" per row holding the row's loss. With a staleness correction `log_ratio` is the update
@@ -430,7 +222,7 @@ def _exit_loss(
     if corr is None:
         rows = replace(rows, seq_ratio=r.detach())
         per_token = (-r * weighted_adv[:, 0] * rows.row_factor)[:, None]
-    else:  # the ESS stays that of p_theta / q (`_sequence_ratios`)
+    else:  # the ESS stays that of p_theta / q (`pipeline.learn.ratios.sequence_ratios`)
         per_token = (-r * weighted_adv[:, 0] * rows.row_factor * corr.row_weight)[:, None]
     sft = _sft_rows(batch, config, rows.row_factor)
     if sft is not None:  # the row's NLL summed over its tokens, in the row mean
@@ -440,7 +232,7 @@ def _exit_loss(
     return per_token, rows
 
 
-def _token_loss(batch: LossBatch, config: LossConfig, mask, rho, off_weight, weighted_adv, rows: _Rows) -> tuple[torch.Tensor, _Rows]:
+def _token_loss(batch: LossBatch, config: LossConfig, mask, rho, off_weight, weighted_adv, rows: RowDecisions) -> tuple[torch.Tensor, RowDecisions]:
     """Step 2 for "ppo" (the clip, and the dual clip) and "is" (no clip): the (B, T) per-token
     loss, times the off-policy weight (proximal anchor) and each row's factor (step 3)."""
     clipped_tok = dual_tok = torch.zeros_like(mask, dtype=torch.bool)
@@ -471,7 +263,7 @@ def _token_loss(batch: LossBatch, config: LossConfig, mask, rho, off_weight, wei
     return per_token, replace(rows, clipped_tok=clipped_tok, dual_tok=dual_tok)
 
 
-def _rs_loss(batch: LossBatch, config: LossConfig, rows: _Rows, corr: Correction | None = None) -> tuple[torch.Tensor, _Rows]:
+def _rs_loss(batch: LossBatch, config: LossConfig, rows: RowDecisions, corr: Correction | None = None) -> tuple[torch.Tensor, RowDecisions]:
     """Rejection sampling: the NLL of the rows that passed, weighted by their sample weight (no
     ratio, so no mask or truncation); with a staleness correction, times its weight c (detached;
     not on the rows of `sft_strategies`, which have no behaviour ratio)."""
@@ -486,7 +278,7 @@ def _rs_loss(batch: LossBatch, config: LossConfig, rows: _Rows, corr: Correction
     )
 
 
-def _corrected_rows(batch: LossBatch, config: LossConfig, rows: _Rows, corr: Correction | None) -> _Rows:
+def _corrected_rows(batch: LossBatch, config: LossConfig, rows: RowDecisions, corr: Correction | None) -> RowDecisions:
     """`rows` with what the staleness correction did, counted on the rows it weights: not those
     trained by their NLL without a ratio (`sft_strategies`), and under "rs" only the rows that
     passed (the others are not trained)."""
@@ -509,56 +301,3 @@ def _k3(batch: LossBatch, mask: torch.Tensor) -> torch.Tensor:
         raise ValueError("LossConfig.beta > 0 needs ref_logp in the batch")
     d = (batch.ref_logp.to(batch.logp.dtype) - batch.logp) * mask
     return torch.exp(d) - d - 1.0
-
-
-def _diagnostics(batch: LossBatch, log_ratio, mask, rows: _Rows, kl) -> LossDiagnostics:
-    none = torch.zeros_like(mask, dtype=torch.bool)
-    clipped_tok = none if rows.clipped_tok is None else rows.clipped_tok
-    dual_tok = none if rows.dual_tok is None else rows.dual_tok
-    truncated_tok = none if rows.truncated_tok is None else rows.truncated_tok
-    masked, truncated, rs_rows, seq_ratio = rows.masked, rows.truncated, rows.rs_rows, rows.seq_ratio
-    with torch.no_grad():
-        cols = torch.stack(
-            [
-                mask.sum(-1),
-                (log_ratio * mask).sum(-1),
-                (clipped_tok.to(mask.dtype)).sum(-1),
-                (dual_tok.to(mask.dtype)).sum(-1),
-                masked.to(mask.dtype),
-                truncated.to(mask.dtype),
-                rs_rows.to(mask.dtype),
-                seq_ratio,
-                seq_ratio * seq_ratio,
-                (kl.detach() * mask).sum(-1),
-                (truncated_tok.to(mask.dtype)).sum(-1),
-            ],
-            dim=1,
-        ).double().cpu().tolist()
-    per_row = [
-        RatioStats(
-            n_rows=1,
-            n_tokens=int(c[0]),
-            sum_log_ratio=c[1],
-            n_clipped_tokens=int(c[2]),
-            n_dual_clipped_tokens=int(c[3]),
-            n_masked_rows=int(c[4]),
-            n_truncated_rows=int(c[5]),
-            n_rs_rows=int(c[6]),
-            sum_seq_ratio=c[7],
-            sum_seq_ratio_sq=c[8],
-            sum_kl=c[9],
-            n_truncated_tokens=int(c[10]),
-        )
-        for c in cols
-    ]
-    overall = RatioStats()
-    by_strategy: dict[str, RatioStats] = {}
-    by_agent: dict[str, RatioStats] = {}
-    by_cell: dict[str, RatioStats] = {}
-    for st, sid, aid in zip(per_row, batch.strategy, batch.agent):
-        overall = overall.merge(st)
-        by_strategy[sid] = by_strategy[sid].merge(st) if sid in by_strategy else st
-        by_agent[aid] = by_agent[aid].merge(st) if aid in by_agent else st
-        cell = f"{aid}/{sid}"
-        by_cell[cell] = by_cell[cell].merge(st) if cell in by_cell else st
-    return LossDiagnostics(overall=overall, by_strategy=by_strategy, by_agent=by_agent, by_agent_strategy=by_cell)

@@ -77,10 +77,10 @@ def check_workflow(workflow: object, strategies: Sequence = ()) -> object:
             raise bad(f"has no method {method}()")
     agents = getattr(workflow, "agents", None)
     if not isinstance(agents, (tuple, list)) or not agents:
-        raise bad("agents must be a non-empty tuple of pipeline.agents.Agent")
+        raise bad("agents must be a non-empty tuple of pipeline.rollout.agent.Agent")
     for a in agents:
         if not isinstance(a, Agent):
-            raise bad(f"agents must be pipeline.agents.Agent records, got {type(a).__name__}")
+            raise bad(f"agents must be pipeline.rollout.agent.Agent records, got {type(a).__name__}")
     ids = [a.agent_id for a in agents]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:

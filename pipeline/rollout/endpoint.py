@@ -31,53 +31,33 @@ after the episode returned, a model that names no agent, a body that is not a ch
 answered with an OpenAI-style error JSON (`{"error": {"message", "type", "param", "code"}}`) and
 marks its episode failed (`EpisodeCalls.fail`): the episode's rows then get a null reward with
 the first error in `reward_error`.
+
+This module records the calls; the HTTP server is `pipeline.rollout.http_server`, the OpenAI wire
+format `pipeline.rollout.openai_api`, the batcher `pipeline.rollout.batcher`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import queue
 import secrets
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Mapping, Sequence
 
 from pipeline.errors import ConfigError
 from pipeline.models.chat import encode_prompt
 from pipeline.rollout.agent import Agent
-from pipeline.rollout.contract import check_messages
+from pipeline.rollout.batcher import Batcher
+from pipeline.rollout.http_server import HOST, EndpointHandler, EndpointServer
+from pipeline.rollout.openai_api import RequestError, chat_messages, completion_response, encode_text, json_body, stream_chunks
 from pipeline.rollout.rows import Episode, Row
 from pipeline.rollout.sampling import RolloutConfig, request_seed
-from pipeline.types import GenerateCall, Message, Sample, Sampler, generate_calls
+from pipeline.types import Sampler
 
-__all__ = ["HOST", "Endpoint", "EpisodeCalls", "RequestError"]
+__all__ = ["Endpoint", "EpisodeCalls"]
 
 log = logging.getLogger(__name__)
-
-HOST = "127.0.0.1"
-"""The endpoint's one address: loopback, so nothing off this machine can call it."""
-
-GATHER_SECONDS = 0.005
-"""The batcher waits this long after the latest request for another before it samples (the
-requests of episodes that call at the same moment go out together)."""
-
-GATHER_MAX_SECONDS = 0.05
-"""...and never longer than this after the first request of a batch."""
-
-
-class RequestError(Exception):
-    """A request the endpoint refuses: its HTTP status and OpenAI-style error fields."""
-
-    def __init__(self, status: int, message: str, code: str, param: str | None = None, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.kind = status, message, code, param, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -118,90 +98,6 @@ class EpisodeCalls:
             return now - self.started - waiting
 
 
-@dataclass(frozen=True)
-class _Request:
-    policy_id: str
-    prompt_ids: list[int]
-    temperature: float
-    max_tokens: int
-    seed: int
-    future: Future
-
-
-class _Batcher(threading.Thread):
-    """Samples the requests of every episode: takes what is queued (waiting `GATHER_SECONDS` for
-    more), sends one engine call per policy, and resolves each request's future with its one
-    sample (or the engine's error)."""
-
-    def __init__(self, samplers: Mapping[str, Sampler]) -> None:
-        super().__init__(daemon=True, name="maxit-endpoint-batcher")
-        self.samplers = samplers
-        self.queue: queue.Queue[_Request | None] = queue.Queue()
-
-    def submit(self, policy_id: str, prompt_ids: list[int], temperature: float, max_tokens: int, seed: int) -> Future:
-        future: Future = Future()
-        self.queue.put(_Request(policy_id, prompt_ids, temperature, max_tokens, seed, future))
-        return future
-
-    def stop(self) -> None:
-        self.queue.put(None)
-
-    def run(self) -> None:
-        while True:
-            first = self.queue.get()
-            if first is None:
-                return
-            batch, stopping = [first], False
-            deadline = time.monotonic() + GATHER_MAX_SECONDS
-            while time.monotonic() < deadline:
-                try:
-                    item = self.queue.get(timeout=GATHER_SECONDS)
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                    break
-                batch.append(item)
-            self._sample(batch)
-            if stopping:
-                return
-
-    def _sample(self, batch: list[_Request]) -> None:
-        try:
-            by_policy: dict[str, list[_Request]] = {}
-            for req in batch:
-                by_policy.setdefault(req.policy_id, []).append(req)
-            for policy_id, reqs in by_policy.items():
-                self._sample_policy(policy_id, reqs)
-        except BaseException as exc:  # noqa: BLE001 - the batcher must outlive any call: no request may wait forever
-            for r in batch:
-                if not r.future.done():
-                    r.future.set_exception(exc)
-
-    def _sample_policy(self, policy_id: str, reqs: list[_Request]) -> None:
-        groups: dict[tuple[float, int], list[_Request]] = {}
-        for req in reqs:
-            groups.setdefault((req.temperature, req.max_tokens), []).append(req)
-        calls = [GenerateCall([r.prompt_ids for r in rs], 1, t, m, [r.seed for r in rs]) for (t, m), rs in groups.items()]
-        try:
-            out = generate_calls(self.samplers[policy_id], calls)
-        except Exception as exc:  # noqa: BLE001 - the engine refused the batch
-            if len(reqs) == 1:
-                reqs[0].future.set_exception(exc)
-                return
-            # one request's fault (a prompt past the context) must not fail the episodes batched
-            # with it: each is asked again alone and answers with its own result or error
-            for r in reqs:
-                self._sample_policy(policy_id, [r])
-            return
-        for rs, drawn in zip(groups.values(), out):
-            for r, samples in zip(rs, drawn):
-                if samples:
-                    r.future.set_result(samples[0])
-                else:
-                    r.future.set_exception(RuntimeError("the engine returned no sample for this request"))
-
-
 class Endpoint:
     """The OpenAI-compatible endpoint of one `run_rollouts` call (see the module doc). Use it as a
     context manager, or `start()` and `stop()`; `open_episode` registers an episode and gives its
@@ -227,19 +123,19 @@ class Endpoint:
         self.hinted = frozenset(hinted)
         self.request_sampling = request_sampling
         self.episodes: dict[str, EpisodeCalls] = {}
-        self._server: ThreadingHTTPServer | None = None
+        self._server: EndpointServer | None = None
         self._thread: threading.Thread | None = None
-        self._batcher: _Batcher | None = None
+        self._batcher: Batcher | None = None
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> "Endpoint":
         endpoint = self
 
-        class Handler(_Handler):
+        class Handler(EndpointHandler):
             owner = endpoint
 
-        self._server = _Server((HOST, 0), Handler)  # bound first: a failed bind leaves no batcher behind
-        self._batcher = _Batcher(self.samplers)
+        self._server = EndpointServer((HOST, 0), Handler)  # bound first: a failed bind leaves no batcher behind
+        self._batcher = Batcher(self.samplers)
         self._batcher.start()
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name="maxit-endpoint")
@@ -317,7 +213,7 @@ class Endpoint:
         with calls.lock:
             if not calls.open:
                 raise RequestError(409, "a call came after the episode's program returned (or was stopped)", "episode_closed")
-        request = _json_body(body)
+        request = json_body(body)
         agent = self._agent(request.get("model"))
         n = request.get("n", 1)
         if n not in (None, 1):
@@ -327,7 +223,7 @@ class Endpoint:
         e = calls.episode
         tok = self.tokenizers[agent.policy_id]
         if kind == "chat":
-            messages = _chat_messages(request.get("messages"))
+            messages = chat_messages(request.get("messages"))
             if agent.agent_id in self.hinted:
                 messages = e.strategy.augment(messages, e.problem)
             with self._encoding[agent.policy_id]:  # a fast tokenizer is not safe across handler threads
@@ -340,7 +236,7 @@ class Endpoint:
                 raise RequestError(400, "'prompt' must be one string", "invalid_prompt", "prompt")
             messages = []
             with self._encoding[agent.policy_id]:
-                prompt_ids = _encode_text(tok, prompt)
+                prompt_ids = encode_text(tok, prompt)
         if not prompt_ids:
             raise RequestError(400, "the prompt renders to no tokens", "invalid_prompt", "prompt" if kind != "chat" else "messages")
         temperature, max_tokens = self._sampling(request, agent.agent_id)
@@ -377,10 +273,10 @@ class Endpoint:
         )
         with calls.lock:
             e.rows.append(row)
-        out = _response(kind, step_id, agent.agent_id, sample, len(prompt_ids))
+        out = completion_response(kind, step_id, agent.agent_id, sample, len(prompt_ids))
         if request.get("stream"):
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            out = {"stream": _chunks(kind, out, include_usage)}
+            out = {"stream": stream_chunks(kind, out, include_usage)}
         return out
 
     def _agent(self, model: object) -> Agent:
@@ -406,155 +302,3 @@ class Endpoint:
                 raise RequestError(400, f"max_tokens must be an integer >= 1, got {m!r}", "invalid_value", "max_tokens")
             max_tokens = m
         return temperature, max_tokens
-
-
-def _json_body(body: bytes) -> dict:
-    try:
-        request = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RequestError(400, f"the request body is not JSON ({err})", "invalid_json") from None
-    if not isinstance(request, dict):
-        raise RequestError(400, f"the request body must be a JSON object, got {type(request).__name__}", "invalid_json")
-    return request
-
-
-def _encode_text(tokenizer, text: str) -> list[int]:
-    """The token ids of a raw completion prompt, as the engine sees it (no special tokens added)."""
-    try:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    except TypeError:  # a tokenizer without the option adds none
-        ids = tokenizer.encode(text)
-    return [int(i) for i in ids]
-
-
-def _chat_messages(raw: object) -> list[Message]:
-    """A request's messages as chat messages: content a string or a list of text parts; the
-    roles system (or developer), user and assistant."""
-    if not isinstance(raw, list) or not raw:
-        raise RequestError(400, "'messages' must be a non-empty list", "invalid_messages", "messages")
-    out = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict):
-            raise RequestError(400, f"messages[{i}] is not an object", "invalid_messages", "messages")
-        content = m.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-                raise RequestError(400, f"messages[{i}].content holds a part that is not text", "invalid_messages", "messages")
-            content = "".join(p["text"] for p in content)
-        role = "system" if m.get("role") == "developer" else m.get("role")
-        out.append({"role": role, "content": content})
-    try:
-        return check_messages(out, "the request")
-    except ValueError as err:
-        raise RequestError(400, str(err).replace("the request returned", "the request holds"), "invalid_messages", "messages") from None
-
-
-def _response(kind: str, step_id: str, model: str, sample: Sample, n_prompt: int) -> dict:
-    usage = {"prompt_tokens": n_prompt, "completion_tokens": len(sample.token_ids), "total_tokens": n_prompt + len(sample.token_ids)}
-    created = int(time.time())
-    if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": sample.text}, "finish_reason": sample.finish_reason, "logprobs": None}
-        return {"id": f"chatcmpl-{step_id}", "object": "chat.completion", "created": created, "model": model, "choices": [choice], "usage": usage}
-    choice = {"index": 0, "text": sample.text, "finish_reason": sample.finish_reason, "logprobs": None}
-    return {"id": f"cmpl-{step_id}", "object": "text_completion", "created": created, "model": model, "choices": [choice], "usage": usage}
-
-
-def _chunks(kind: str, full: dict, include_usage: bool) -> list[dict]:
-    """A response as the chunks of a stream (`stream=True`): the whole completion in one
-    chunk (it is sampled whole), then its finish reason, then the usage when asked for."""
-    choice = full["choices"][0]
-    head = {k: full[k] for k in ("id", "created", "model")}
-    if kind == "chat":
-        head["object"] = "chat.completion.chunk"
-        first = {"index": 0, "delta": {"role": "assistant", "content": choice["message"]["content"]}, "finish_reason": None, "logprobs": None}
-        last = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"], "logprobs": None}
-    else:
-        head["object"] = "text_completion"
-        first = {"index": 0, "text": choice["text"], "finish_reason": None, "logprobs": None}
-        last = {"index": 0, "text": "", "finish_reason": choice["finish_reason"], "logprobs": None}
-    chunks = [{**head, "choices": [first]}, {**head, "choices": [last]}]
-    if include_usage:
-        chunks.append({**head, "choices": [], "usage": full["usage"]})
-    return chunks
-
-
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 1024
-    """Every running episode may connect at once (http.server's default backlog is 5: the rest
-    would be refused)."""
-
-
-class _Handler(BaseHTTPRequestHandler):
-    owner: Endpoint
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
-        log.debug("endpoint: " + format, *args)
-
-    def _route(self) -> tuple[str | None, str]:
-        """(episode key, the path after /v1/) of /ep/<key>/v1/<rest>; (None, rest) of /v1/<rest>."""
-        path = self.path.split("?", 1)[0]
-        parts = [p for p in path.split("/") if p]
-        if len(parts) >= 3 and parts[0] == "ep" and parts[2] == "v1":
-            return parts[1], "/".join(parts[3:])
-        if parts and parts[0] == "v1":
-            return None, "/".join(parts[1:])
-        return None, path
-
-    def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        _key, rest = self._route()
-        if rest == "models":
-            self._send(200, self.owner.models())
-        else:
-            self._send(404, RequestError(404, f"no such route: GET {self.path}", "not_found").body())
-
-    def do_POST(self) -> None:  # noqa: N802
-        key, rest = self._route()
-        kinds = {"chat/completions": "chat", "completions": "completions"}
-        raw = (self.headers.get("Content-Length") or "0").strip()
-        if not raw.isdigit():
-            # the body's end is unknown: answer and drop the connection, whose next bytes cannot be parsed
-            self.close_connection = True
-            calls = self.owner.episodes.get(key or "")
-            if calls is not None:
-                calls.fail(f"a request with a bad Content-Length header {raw[:40]!r}")
-            self._send(400, RequestError(400, f"bad Content-Length header {raw[:40]!r}: a non-negative integer", "invalid_request").body())
-            return
-        length = int(raw)
-        body = self.rfile.read(length) if length > 0 else b""
-        try:
-            if rest not in kinds:
-                raise RequestError(404, f"no such route: POST {self.path} (the endpoint serves /v1/chat/completions and /v1/completions)", "not_found")
-            if key is None:
-                raise RequestError(404, "no episode key: use the client the program was given (its base URL holds the key)", "unknown_episode")
-            payload = self.owner.serve(key, kinds[rest], body)
-        except RequestError as err:
-            self._send(err.status, err.body())
-            return
-        except Exception as exc:  # noqa: BLE001 - a bug here must answer, not hang the client
-            log.exception("endpoint: request failed")
-            calls = self.owner.episodes.get(key or "")
-            if calls is not None:
-                calls.fail(f"the endpoint failed on a request: {type(exc).__name__}: {exc}")
-            self._send(500, RequestError(500, f"{type(exc).__name__}: {exc}", "internal_error", kind="server_error").body())
-            return
-        if "stream" in payload:
-            self._send_stream(payload["stream"])
-        else:
-            self._send(200, payload)
-
-    def _send_stream(self, chunks: list[dict]) -> None:
-        data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)

@@ -36,7 +36,7 @@ the contract where it can be checked before sampling (no agents, repeated ids, a
 naming an unknown agent, a strategy it does not support) is a one-line `ConfigError` naming the
 workflow (`check_workflow`).
 
-The budget-matched baselines (`pipeline.rollout.baselines`) ask a workflow four more things, each
+The budget-matched baselines (`pipeline.rollout.budget_matched`) ask a workflow four more things, each
 with a default: the workflow they score (`scored_as_a_team`: itself, or a competitive game's variant
 with one team reward per episode), its single agent (`single_agent`: ONE agent doing the job; by
 default `SoloWorkflow`, the first agent of the turn order alone taking every seat, which is the
@@ -145,7 +145,7 @@ class Workflow:
             return self.judged_metrics
         return tuple((a, m) for a, m, _ in self.table_metrics)
 
-    # -- the budget-matched baselines (`pipeline.rollout.baselines`) ----------------------------
+    # -- the budget-matched baselines (`pipeline.rollout.budget_matched`) -----------------------
     def scored_as_a_team(self) -> "Workflow":
         """The workflow as the baselines (and a workflow's own evaluation, where it asks) score
         it, with one team reward per episode: itself by default. A competitive game whose

@@ -1,5 +1,5 @@
 """A store's budget-matched baselines and arms: the `baselines` table (round -1, computed once
-per store from the run's starting checkpoints, `pipeline.rollout.baselines`, and the trained team
+per store from the run's starting checkpoints, `pipeline.rollout.budget_matched`, and the trained team
 played the same way at its last complete round), and the trained arms, each a run at the team's
 training rows in a sibling store `<store>-<arm>`, all read beside the team by `maxit report`.
 
@@ -146,7 +146,7 @@ def compute_baselines(store: str | Path, *, engines=None, force: bool = False) -
     that round's checkpoints, when they are registered), on the held-out problems of its
     evaluation. A store without an evaluation, or whose team's calls per problem cannot be
     counted, is a one-line `DataError`."""
-    from pipeline.rollout.baselines import team_calls
+    from pipeline.rollout.budget_matched import team_calls
     from pipeline.run.context import RoundContext
 
     store = Path(store)
@@ -172,7 +172,7 @@ def compute_baselines(store: str | Path, *, engines=None, force: bool = False) -
 def _played(ctx, round_: int, k: float, source: str) -> pl.DataFrame:
     """Round `round_`'s `baselines` rows: with round -1 the untrained team and its single agent's
     baselines, with a trained round the team alone, each with that round's checkpoints."""
-    from pipeline.rollout.baselines import baseline_rows
+    from pipeline.rollout.budget_matched import baseline_rows
     from pipeline.run.rounds import evaluation_config
     from schemas import BASELINES, polars_schema, validate
 
@@ -212,7 +212,7 @@ def compute_arm_baselines(store: str | Path, arm: str, *, engines=None, force: b
     temperature and seed, the team's calls per problem for a single agent's vote and self-refine),
     written once (afresh with `force`) to the sibling's `baselines` table of that round and read
     back; None when the sibling has no complete round."""
-    from pipeline.rollout.baselines import arm_rows
+    from pipeline.rollout.budget_matched import arm_rows
     from pipeline.run.context import RoundContext
     from pipeline.run.rounds import evaluation_config
     from schemas import BASELINES, polars_schema, validate

@@ -39,9 +39,10 @@ from pipeline.config.scale import devices_env
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError
 from pipeline.learn.advantages import compute_advantages
-from pipeline.learn.baselines import ground_truth_view
+from pipeline.learn.ground_truth import ground_truth_view
 from pipeline.learn.staleness import apply_version_threshold
-from pipeline.learn.views import build_training_view, verifier_replay, with_verifier_replay
+from pipeline.learn.verifier_replay import verifier_replay, with_verifier_replay
+from pipeline.learn.views import build_training_view
 from pipeline.models import load_tokenizer
 from pipeline.rollout.loop import RolloutConfig, run_rollouts
 from pipeline.run.context import DEFAULT_MIX, RoundContext, build_workflow, run_strategies
@@ -180,7 +181,7 @@ ROLE_BASELINE_COLUMNS = ("round", "step_id", "uid", "strategy", "agent_id", "tur
 def training_view(advantages, strategies, tokenizer, config: RunConfig, workflow, round_: int, *, earlier=(), problems: pl.DataFrame | None = None):
     """The `training_view` table and its `ViewStats`: the rows of `advantages` that `config.view`
     trains, context-swapped; with `verifier_replay`, the checking agent's rows replaced by its replay
-    over this round and the `earlier` rounds' advantages tables (`pipeline.learn.views.verifier_replay`);
+    over this round and the `earlier` rounds' advantages tables (`pipeline.learn.verifier_replay.verifier_replay`);
     with train_on="ground_truth", as many rows of the task's reference answers to `problems` (the
     step-matched baseline)."""
     view, stats = build_training_view(advantages, strategies, tokenizer, config.view)

@@ -14,8 +14,8 @@ The parts, in the order a run uses them (each module's docstring says more):
   rows and this model (`sized_for`, `train_dtype`);
 - `samplers`: the order rows reach the optimizer (minibatches sorted by length, prompt groups);
 - `forward`: the forward pass (`completion_logps`), a shared prompt prefix computed once;
-- `loop`: the `transformers.Trainer` subclass (`MaxitTrainer`, `batch_loss`, `minibatch_count`)
-  and one run of it (`run_trainer` -> `TrainerRun`);
+- `loop`: the `transformers.Trainer` subclass (`MaxitTrainer`, `batch_loss`, `minibatch_count`);
+- `run`: one run of it (`training_arguments`, `run_trainer` -> `TrainerRun`);
 - `checkpoint`: the checkpoint folder (`CheckpointMeta`, `save_checkpoint`, the optimizer state);
 - `train`: one run, step by step (`train_policy`, `train_from_files`);
 - `process`: the same run as its own process (`python -m pipeline.learn.trainer`: a view file,
@@ -48,10 +48,11 @@ from pipeline.learn.trainer.checkpoint import (
     save_checkpoint,
 )
 from pipeline.learn.trainer.forward import common_prefix, completion_logps, shared_prefix_length
-from pipeline.learn.trainer.loop import MaxitTrainer, TrainerRun, batch_loss, minibatch_count, run_trainer, throughput, training_arguments
+from pipeline.learn.trainer.loop import MaxitTrainer, batch_loss, minibatch_count
 from pipeline.learn.trainer.memory import activation_bytes_per_token, common_prompt_prefix, logit_elements, max_train_length, sized_for, train_dtype
 from pipeline.learn.trainer.process import config_from_dict, config_to_json, result_from_json, result_to_json, train_in_subprocess
 from pipeline.learn.trainer.rows import PolicyRows, collate, padding_fraction, select_policy_rows, select_rows, trainable_rows, view_temperature
+from pipeline.learn.trainer.run import TrainerRun, run_trainer, throughput, training_arguments
 from pipeline.learn.trainer.samplers import GroupShuffleSampler, MinibatchSortedSampler, prefix_groups, prompt_groups, row_sort_keys
 from pipeline.learn.trainer.train import (
     TrainResult,

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.config.train import TrainConfig
 from pipeline.errors import DataError
-from pipeline.learn.trainer.loop import TrainerRun
+from pipeline.learn.trainer.run import TrainerRun
 from pipeline.learn.trainer.rows import PolicyRows
 from pipeline.store import atomic_write_text, jsonable
 

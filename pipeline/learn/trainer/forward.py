@@ -1,7 +1,7 @@
 """The forward pass of a training batch: log p of each completion token at the sampling
 temperature (`completion_logps`), with only the completion positions projected to the vocabulary
 (in chunks under a logits budget), and a prompt prefix that every row shares computed once, as
-one row, whose keys and values the rows then attend to (`_model_inputs`, `_PrefixLayer`).
+one row, whose keys and values the rows then attend to (`model_inputs`, `_PrefixLayer`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 from trl.trainer.utils import selective_log_softmax
 
-__all__ = ["completion_logps", "common_prefix", "shared_prefix_length"]
+__all__ = ["completion_logps", "common_prefix", "shared_prefix_length", "autocast_context", "model_inputs"]
 
 
-def _precision(dtype: torch.dtype | None, device: torch.device):
+def autocast_context(dtype: torch.dtype | None, device: torch.device):
     """bf16 autocast on `device` when `dtype` is bfloat16 (float32 weights, bf16 matmuls), else nothing."""
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
@@ -90,7 +90,7 @@ def _layers_flag(layers: Sequence[Any], name: str, value: bool):
                 delattr(layer, name)
 
 
-def _model_inputs(model, batch: Mapping[str, Any], share_prefix: int) -> tuple[dict[str, Any], contextlib.AbstractContextManager]:
+def model_inputs(model, batch: Mapping[str, Any], share_prefix: int) -> tuple[dict[str, Any], contextlib.AbstractContextManager]:
     """The forward pass's inputs for `batch` (ids, attention mask, positions; with a shared prefix
     the prefix's cache too) and the context the forward runs in. With `share_prefix` > 0 and at least
     that many tokens common to every row's prompt (`shared_prefix_length`), the prefix runs once, as
@@ -143,9 +143,9 @@ def completion_logps(
     runs a few rows at a time, each chunk under activation checkpointing (its logits are
     recomputed in the backward pass instead of kept), so peak memory holds one chunk's logits.
     `share_prefix` > 0: a prompt prefix of at least that many tokens common to all rows is
-    computed once (`_model_inputs`)."""
+    computed once (`model_inputs`)."""
     completion_ids = batch["completion_ids"]
-    inputs, context = _model_inputs(model, batch, share_prefix)
+    inputs, context = model_inputs(model, batch, share_prefix)
     b, c = completion_ids.shape
     if max_logit_elements is None or not _plain_head(model) or b * c * int(model.config.vocab_size) <= max_logit_elements:
         with context:

@@ -17,7 +17,7 @@ from pipeline.config.train import ACTIVATION_VALUES_PER_TOKEN, CHECKPOINTING_PAR
 from pipeline.engines.config import resolve_dtype
 from pipeline.learn.trainer.forward import common_prefix
 
-__all__ = ["logit_elements", "max_train_length", "activation_bytes_per_token", "common_prompt_prefix", "sized_for", "train_dtype"]
+__all__ = ["logit_elements", "max_train_length", "activation_bytes_per_token", "common_prompt_prefix", "sized_for", "train_dtype", "autocast_dtype_of"]
 
 
 def logit_elements(mb: float) -> int | None:
@@ -94,5 +94,6 @@ def train_dtype(config: TrainConfig, model=None, *, cuda: bool | None = None) ->
     return resolve_dtype(config.dtype, n_params, cuda=cuda)
 
 
-def _autocast_dtype(dtype: str) -> torch.dtype | None:
+def autocast_dtype_of(dtype: str) -> torch.dtype | None:
+    """The autocast dtype of a run in precision `dtype` (`train_dtype`): bf16, or None (float32)."""
     return torch.bfloat16 if dtype == "bfloat16" else None

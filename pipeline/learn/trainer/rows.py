@@ -31,6 +31,8 @@ __all__ = [
     "PolicyRows",
     "select_policy_rows",
     "view_temperature",
+    "table_trainable",
+    "table_lengths",
 ]
 
 log = logging.getLogger(__name__)
@@ -134,14 +136,15 @@ def trainable_rows(
     return out
 
 
-def _table_trainable(table: pa.Table, loss: LossConfig) -> list[bool]:
+def table_trainable(table: pa.Table, loss: LossConfig) -> list[bool]:
+    """`trainable_rows` of every row of a view table."""
     reward = table.column("reward").to_pylist() if "reward" in table.column_names else [None] * table.num_rows
     return trainable_rows(
         table.column("advantage").to_pylist(), table.column("sample_weight").to_pylist(), reward, table.column("strategy").to_pylist(), loss
     )
 
 
-def _table_lengths(table: pa.Table) -> list[tuple[int, int]]:
+def table_lengths(table: pa.Table) -> list[tuple[int, int]]:
     """(prompt tokens, completion tokens) of every row of a view table."""
     return list(
         zip(pc.list_value_length(table.column("train_prompt_ids")).to_pylist(), pc.list_value_length(table.column("completion_ids")).to_pylist())

@@ -23,14 +23,14 @@ import torch
 
 from pipeline.config.train import LoraSettings, TrainConfig
 from pipeline.errors import ConfigError, DataError
-from pipeline.learn.loss import LossDiagnostics
+from pipeline.learn.loss_diagnostics import LossDiagnostics
 from pipeline.learn.trainer import resident
 from pipeline.learn.trainer.checkpoint import OPTIMIZER_STATE, checkpoint_meta, checkpoint_metrics, load_optimizer_state, save_checkpoint
-from pipeline.learn.trainer.forward import _precision, completion_logps
-from pipeline.learn.trainer.loop import TrainerRun, run_trainer, training_arguments
+from pipeline.learn.trainer.forward import autocast_context, completion_logps
+from pipeline.learn.trainer.run import TrainerRun, run_trainer, training_arguments
 from pipeline.learn.trainer.ranks import init_ranks, is_main
-from pipeline.learn.trainer.memory import _autocast_dtype, logit_elements, max_train_length, sized_for, train_dtype
-from pipeline.learn.trainer.rows import PolicyRows, _table_trainable, collate, select_policy_rows, view_temperature
+from pipeline.learn.trainer.memory import autocast_dtype_of, logit_elements, max_train_length, sized_for, train_dtype
+from pipeline.learn.trainer.rows import PolicyRows, collate, select_policy_rows, table_trainable, view_temperature
 from pipeline.models import adapter_base
 from pipeline.store import atomic_dir
 
@@ -168,10 +168,10 @@ def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) 
     precision training runs in (`train_dtype`). With `config.skip_zero_rows`, rows whose loss is
     0 (`trainable_rows`) are not forwarded: their anchor, never used, is their sampling logprobs."""
     rows = table.select(["step_id", "train_prompt_ids", "completion_ids", "sampling_logprobs", "advantage", "sample_weight", "strategy", "agent_id"]).to_pylist()
-    trainable = _table_trainable(table, config.loss) if config.skip_zero_rows else [True] * len(rows)
+    trainable = table_trainable(table, config.loss) if config.skip_zero_rows else [True] * len(rows)
     out: list[list[float]] = [list(r["sampling_logprobs"]) for r in rows]
     todo = [i for i, t in enumerate(trainable) if t]
-    autocast = _autocast_dtype(train_dtype(config, model))
+    autocast = autocast_dtype_of(train_dtype(config, model))
     was_training = model.training
     model.eval()
     try:
@@ -179,7 +179,7 @@ def with_old_logprobs(model, table: pa.Table, config: TrainConfig, pad_id: int) 
             for i in range(0, len(todo), config.micro_batch_size):
                 chunk = todo[i : i + config.micro_batch_size]
                 batch = collate([rows[j] for j in chunk], pad_id)
-                with _precision(autocast, batch["prompt_ids"].device):
+                with autocast_context(autocast, batch["prompt_ids"].device):
                     logp = completion_logps(model, batch, config.temperature, logit_elements(config.logits_chunk_mb), config.share_prefix)
                 logp = logp.float()
                 for k, j in enumerate(chunk):

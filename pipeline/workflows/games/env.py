@@ -1,6 +1,7 @@
 """The games' rules as maxit sees them: each game's spec (`GameSpec`: its OpenSpiel name, how
-each player's call is rewarded, the team reward), its problems (dealt and opened positions), the
-scripted opponents, and the environment of one episode (`GameEnv`).
+each player's call is rewarded, the team reward), what a player sees and answers, and the
+environment of one episode (`GameEnv`). Its problems (dealt and opened positions) are
+`pipeline.workflows.games.positions`, the scripted opponents `pipeline.workflows.games.opponents`.
 
 What an agent sees: one user message, its game and seat on the first line ("tic_tac_toe x",
 "bargaining p1") and OpenSpiel's own text observation for that player below it, except that
@@ -31,17 +32,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable
 
 from pipeline.rollout.contract import Env, StepResult
 from pipeline.errors import ConfigError
-from pipeline.tasks.base import split_of
 from pipeline.types import Message
 from pipeline.workflows.games.spiel import Table, best_moves, solved_value
 
-__all__ = ["GameSpec", "GameEnv", "SPECS", "REWARDS", "TEAMS", "PLAYERS", "OPPONENTS", "read_action", "draw_histories", "positions", "position_splits",
-           "position_class", "continuations", "replay", "prompt_text", "ttt_forced"]
+__all__ = ["GameSpec", "GameEnv", "SPECS", "REWARDS", "TEAMS", "PLAYERS", "read_action", "prompt_text", "reward_names"]
 
 PLAYERS = ("player_0", "player_1")
 """The agents: one per seat (OpenSpiel's players 0 and 1)."""
@@ -130,181 +128,6 @@ def read_action(text: str, table: Table) -> int | None:
         return int(t) if int(t) in legal else None
     by_text = {table.action_text(a).strip().lower(): a for a in legal}
     return by_text.get(t.lower())
-
-
-# -- problems: a dealt instance and an opening --------------------------------------------------
-
-
-def replay(spec: GameSpec, history: str, seed: str) -> Table:
-    """The table after `history` (comma-separated actions from the initial state, chance outcomes
-    included); later chance outcomes come from `seed`."""
-    from pipeline.workflows.games.spiel import load_game
-
-    state = load_game(spec.name).new_initial_state()
-    for a in [int(x) for x in history.split(",") if x]:
-        state.apply_action(a)
-    return Table(spec.name, seed, state)
-
-
-@lru_cache(maxsize=None)
-def positions(spec: GameSpec, opening: int) -> tuple[tuple[str, str], ...]:
-    """(position key, history) of every distinct position a problem can start at: each outcome of
-    the game's opening chance nodes (the deal), followed by 0, 2, ... `opening` legal plies, not
-    finished; the key is the position itself (OpenSpiel's text of the state), so two move orders
-    reaching one board are one problem. Sorted by key."""
-    from pipeline.workflows.games.spiel import load_game
-
-    found: dict[str, str] = {}
-    frontier = [load_game(spec.name).new_initial_state()]
-    while frontier and frontier[0].is_chance_node():
-        frontier = [_child(s, a) for s in frontier for a, _ in s.chance_outcomes()]
-    for plies in range(opening + 1):
-        if plies % 2 == 0:
-            for state in frontier:
-                found.setdefault(str(state), ",".join(map(str, state.history())))
-        if plies < opening:
-            frontier = list({str(c): c for s in frontier for a in s.legal_actions() if not (c := _child(s, a)).is_terminal()}.values())
-    return tuple(sorted(found.items()))
-
-
-def _child(state, action: int):
-    child = state.clone()
-    child.apply_action(action)
-    return child
-
-
-def _square_symmetries(side: int) -> tuple[tuple[int, ...], ...]:
-    """The 8 rotations and reflections of a `side` x `side` board, each as the cell every cell goes to."""
-    rotate = lambda i: (i % side) * side + (side - 1 - i // side)  # noqa: E731
-    reflect = lambda i: (i // side) * side + (side - 1 - i % side)  # noqa: E731
-    out, cells = [], list(range(side * side))
-    for _ in range(4):
-        out += [tuple(cells), tuple(reflect(i) for i in cells)]
-        cells = [rotate(i) for i in cells]
-    return tuple(out)
-
-
-def position_class(spec: GameSpec, key: str) -> str:
-    """The problem a position key (`positions`) is: on a square board (`GameSpec.square_board`),
-    the least of its rotations and reflections, so a position and its mirror images are one;
-    elsewhere the key itself."""
-    side = spec.square_board
-    cells = key.replace("\n", "")
-    if not side or len(cells) != side * side:
-        return key
-    images = []
-    for moved in _square_symmetries(side):
-        board = [""] * len(cells)
-        for i, c in enumerate(cells):
-            board[moved[i]] = c
-        images.append("".join(board))
-    return min(images)
-
-
-def continuations(spec: GameSpec, history: str, plies: int) -> set[str]:
-    """The keys of the unfinished positions reached from `history` in 1 .. `plies` more plies."""
-    state, found = replay(spec, history, seed="").state, set()
-    frontier = [state]
-    for _ in range(plies):
-        frontier = [c for s in frontier for a in s.legal_actions() if not (c := _child(s, a)).is_terminal()]
-        found |= {str(c) for c in frontier}
-    return found
-
-
-@lru_cache(maxsize=None)
-def position_splits(spec: GameSpec, opening: int, heldout_fraction: float) -> dict[str, str]:
-    """The split of every problem position (`positions`): position key -> "train" | "heldout";
-    a position in neither split is left out.
-
-    The rule, so that nothing trained on is a held-out problem or leads to one:
-    - held-out problems are positions of the deepest opening level (`opening` plies; every
-      problem a held-out game starts at), whose class (`position_class`: the position up to the
-      board's mirror images) a hash puts on the held-out side;
-    - the other classes of that level are train problems: one level's positions never reach each
-      other, so a training game, which only ever moves forward, never passes a held-out start;
-    - a shallower position is a train problem only when none of its continuations within the
-      opening is held out (a game from it could reach a held-out start), else it is in neither
-      split. (In tic-tac-toe nearly every shallower position leads to some held-out start.)
-    No held-out start is therefore reachable from a train start, and none is a position before
-    one. A held-out game's later positions may be met in training: two openings share their
-    continuations, so no split of starts can keep them apart."""
-    found = positions(spec, opening)
-    if not found:
-        return {}
-    depth = {key: _plies(spec, history) for key, history in found}
-    deepest = max(depth.values())
-    out = {key: split_of(position_class(spec, key), heldout_fraction, salt=f"{spec.name}:") for key, d in depth.items() if d == deepest}
-    held = {key for key, split in out.items() if split == "heldout"}
-    for key, history in found:
-        if depth[key] < deepest and not continuations(spec, history, deepest - depth[key]) & held:
-            out[key] = "train"
-    return out
-
-
-def _plies(spec: GameSpec, history: str) -> int:
-    """Players' moves in `history` (the deal's chance outcomes not counted)."""
-    from pipeline.workflows.games.spiel import load_game
-
-    state, plies = load_game(spec.name).new_initial_state(), 0
-    for a in [int(x) for x in history.split(",") if x]:
-        plies += not state.is_chance_node()
-        state.apply_action(a)
-    return plies
-
-
-def draw_histories(spec: GameSpec, split: str, n: int, seed: int, opening: int, heldout_fraction: float) -> list[str]:
-    """`n` problem histories of `split` at distinct positions (`positions`), in an order drawn from
-    `seed`. A position's split is `position_splits`' (train and held-out never share one, nor
-    does a train position lead to a held-out one); asking for more than the split holds is a
-    `ConfigError` saying how many it holds."""
-    splits = position_splits(spec, opening, heldout_fraction)
-    pool = [h for key, h in positions(spec, opening) if splits.get(key) == split]
-    if n > len(pool):
-        raise ConfigError(f"{spec.name}: {split} has {len(pool)} positions with openings of up to {opening} plies, {n} asked for (ask for fewer: --problems for train, --eval-problems for heldout; or change opening or heldout_fraction)")
-    random.Random(f"{spec.name}:{split}:{seed}").shuffle(pool)
-    return pool[:n]
-
-
-# -- scripted opponents --------------------------------------------------------------------------
-
-
-def random_legal(table: Table, rng: random.Random) -> int:
-    """A uniformly random legal action."""
-    return rng.choice(table.legal())
-
-
-_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
-
-
-def ttt_forced(table: Table) -> tuple[int, str] | None:
-    """The cell tic-tac-toe's mover must play and why: (cell, "win") where a line of its own
-    lacks one cell, else (cell, "block") where the other's does; None when neither."""
-    me = table.agent_selection
-    cells = table.observation(me).replace("\n", "")
-    mine, theirs = ("x", "o") if me == 0 else ("o", "x")
-    legal = table.legal()
-    for mark, why in ((mine, "win"), (theirs, "block")):
-        for line in _LINES:
-            marks = [cells[i] for i in line]
-            if marks.count(mark) == 2 and marks.count(".") == 1:
-                cell = line[marks.index(".")]
-                if cell in legal:
-                    return cell, why
-    return None
-
-
-def ttt_heuristic(table: Table, rng: random.Random) -> int:
-    """Tic-tac-toe's scripted player: complete its own line if it can, else block the other's
-    (`ttt_forced`), else a random legal cell."""
-    forced = ttt_forced(table)
-    return forced[0] if forced is not None else rng.choice(table.legal())
-
-
-OPPONENTS: dict[str, dict[str, Callable[[Table, random.Random], int]]] = {
-    "tic_tac_toe": {"heuristic": ttt_heuristic, "random": random_legal},
-    "bargaining": {"random": random_legal},
-}
-"""Scripted players per game (the first is the evaluation's default)."""
 
 
 # -- the environment ----------------------------------------------------------------------------

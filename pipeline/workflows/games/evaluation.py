@@ -23,7 +23,8 @@ from pipeline.rollout.agent import Agent
 from pipeline.rollout.evaluation import evaluate_workflow
 from pipeline.rollout.workflow import Workflow
 from pipeline.types import Problem
-from pipeline.workflows.games.env import OPPONENTS, PLAYERS, GameEnv
+from pipeline.workflows.games.env import PLAYERS, GameEnv
+from pipeline.workflows.games.opponents import OPPONENTS
 from schemas import EVALUATION, polars_schema, validate
 
 __all__ = ["Versus", "evaluate_game", "versus_results", "BASE_POLICY"]

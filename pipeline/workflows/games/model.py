@@ -8,7 +8,7 @@ as fast as an MLP given the cells (docs/results/games.md); with neither it learn
 times slower.
 
 Warm start: SFT at positions of random games, never at a held-out problem's position nor at one of
-its mirror images (`pipeline.workflows.games.env.position_splits` at the workflow's default opening
+its mirror images (`pipeline.workflows.games.positions.position_splits` at the workflow's default opening
 and `heldout_fraction`: the split the workflow's problems use), every target one cell digit. The first
 `clean_steps` train on the mover's best moves (a move whose minimax result is the best the mover
 can get, `pipeline.workflows.games.spiel.solved_value`); after them a share `noise` of the
@@ -71,7 +71,8 @@ class TTTWarmStartConfig:
 
 def ttt_sft_examples(rng: random.Random, n: int, config: TTTWarmStartConfig) -> list[tuple[list[Message], str]]:
     """`n` (messages, target cell) pairs at positions of random games that are not held-out problems."""
-    from pipeline.workflows.games.env import SPECS, position_splits, prompt_text
+    from pipeline.workflows.games.env import SPECS, prompt_text
+    from pipeline.workflows.games.positions import position_splits
     from pipeline.workflows.games.spiel import Table, best_moves
 
     spec = SPECS["tic_tac_toe"]

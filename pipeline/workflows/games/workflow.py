@@ -4,7 +4,7 @@ both players' calls are rows of the `steps` table.
 
 - `tic_tac_toe` (two-player zero-sum): a problem is a position after an opening of 4 random plies
   (x to move); a held-out position is never a train position, nor a mirror image of one, nor
-  reachable from one (`pipeline.workflows.games.env.position_splits`, which also says why the
+  reachable from one (`pipeline.workflows.games.positions.position_splits`, which also says why the
   shallower openings drop out); its embedded model is `pipeline.workflows.games.model`.
 - `bargaining` (negotiation, general-sum; OpenSpiel's Deal-or-No-Deal): a problem is a dealt
   instance (the pool and each player's private values); players alternate offers until one
@@ -23,7 +23,9 @@ from pipeline.errors import ConfigError
 from pipeline.rollout.agent import Agent
 from pipeline.rollout.workflow import Workflow
 from pipeline.types import Problem
-from pipeline.workflows.games.env import OPPONENTS, PLAYERS, SPECS, GameEnv, GameSpec, draw_histories, replay, reward_names
+from pipeline.workflows.games.env import PLAYERS, SPECS, GameEnv, GameSpec, reward_names
+from pipeline.workflows.games.opponents import OPPONENTS
+from pipeline.workflows.games.positions import draw_histories, replay
 
 __all__ = ["GameWorkflow", "TicTacToeWorkflow", "BargainingWorkflow", "GAME_WORKFLOWS"]
 

@@ -75,7 +75,8 @@ from pipeline.tasks.prompts import REVIEW_PROMPTS
 from pipeline.types import Problem
 from pipeline.workflows.math.orchestra import SOLVER, VERIFIER, default_agents
 from pipeline.workflows.math.review_set import ReviewPair, balanced_review_set, near_miss, review_set_metrics, verdict_of
-from pipeline.workflows.math.workflow import MathEnv, MathWorkflow, SingleWorkflow, _sample_texts, evaluate_team
+from pipeline.workflows.math.evaluation import evaluate_team, sample_texts
+from pipeline.workflows.math.workflow import MathEnv, MathWorkflow, SingleWorkflow
 from schemas import EVALUATION, polars_schema, validate
 
 __all__ = ["ReviewWorkflow", "ReviewEnv", "ReviewPair", "final_attempt", "confirms", "deployed_outcomes", "near_miss", "balanced_review_set", "evaluate_review"]
@@ -291,7 +292,7 @@ def evaluate_review(workflow: ReviewWorkflow, samplers, tokenizers, config, roun
     msgs = [task.verifier_messages(pr.problem, pr.answer) for pr in pairs]
     budget = budget_of(task, config.max_tokens, "eval")
     passes = [(msgs, 1, config.temperature, budget, config.seed + 3), (msgs, 1, 0.0, budget, config.seed + 3)]
-    sampled, greedy = _sample_texts(samplers[verifier.policy_id], tokenizers[verifier.policy_id], passes)
+    sampled, greedy = sample_texts(samplers[verifier.policy_id], tokenizers[verifier.policy_id], passes)
     rows = []
     for suffix, texts in (("", sampled), ("_greedy", greedy)):
         verdicts = [verdict_of(task, t[0]) for t in texts]

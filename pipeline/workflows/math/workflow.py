@@ -17,46 +17,29 @@ right first answer only where the Verifier approves a wrong retry.
 `single`: the Solver answers once (feedback: twice, the task's feedback between); team reward =
 local reward = the reward of its attempt.
 
-Evaluation (`evaluate_team`), on the held-out problems, without hints:
-- Solver `accuracy`: fraction of `samples` x `problems` sampled answers that are right;
-- Solver `accuracy_greedy`: one greedy answer per problem;
-- Solver `accuracy_hint`: as `accuracy` with the prompt-augmentation hint shown (what the hint
-  buys); not measured when no held-out problem has a hint;
-- Verifier `verdict_accuracy`: the Verifier judges each sampled Solver answer; right when its
-  verdict (yes/no) matches the answer's correctness (an unparsable verdict is wrong);
-- Verifier `verdict_balanced_accuracy`: the mean of its verdict accuracy on right answers and on
-  wrong answers (saying "yes" to everything scores 50%); only when both kinds of answers occur;
-- Verifier `verdict_balanced_accuracy_greedy`: the same with its likelier verdict (greedy);
-- Verifier `approve_rate`: fraction of Solver answers it approves;
-- Solver `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
-Answers are scored and verdicts parsed as in the rollouts: guarded (`pipeline.rollout.rewards`) and
-with the one correctness rule `is_correct`.
+The evaluation of the team is `pipeline.workflows.math.evaluation`.
 
-Budget-matched baselines (`pipeline.rollout.baselines`): the single agent is the Solver alone
+Budget-matched baselines (`pipeline.rollout.budget_matched`): the single agent is the Solver alone
 (`single`); its answers compare by the number the reward reads (or the task's `answer_key`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import ClassVar, Mapping, Sequence
-
-import polars as pl
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from pipeline.rollout.agent import SHARED_POLICY, Agent
+from pipeline.workflows.math.evaluation import evaluate_team
 from pipeline.workflows.math.orchestra import FEEDBACK_TURNS, SOLVER, VERIFIER, MathOrchestra, Utterance, default_agents, solver_view, verifier_view
 from pipeline.errors import ConfigError
-from pipeline.models.chat import encode_prompt
-from pipeline.rollout.rewards import Outcome, is_correct, parse_verdicts, score_attempts, verifier_local_reward
+from pipeline.rollout.rewards import Outcome, verifier_local_reward
 from pipeline.tasks.answers import last_number
 from pipeline.tasks.base import budget_of
-from pipeline.strategies import Feedback, PromptAug
-from pipeline.types import GenerateCall, Problem, Sampler, generate_calls
-from schemas import EVALUATION, validate
+from pipeline.strategies import Feedback
+from pipeline.types import Problem
 from pipeline.rollout.workflow import Env, StepResult, Workflow, finite_reward
 
-__all__ = ["MathWorkflow", "SingleWorkflow", "MathEnv", "evaluate_team"]
+__all__ = ["MathWorkflow", "SingleWorkflow", "MathEnv"]
 
 
 class _Scores:
@@ -289,116 +272,3 @@ class SingleWorkflow(MathWorkflow):
 
     def single_agent(self) -> "SingleWorkflow":
         return self
-
-
-def _correct(task, problems: Sequence[Problem], texts: Sequence[Sequence[str]], timeout: float | None) -> list[list[bool]]:
-    """Per problem, whether each text is a right answer (guarded reward, the one correctness rule)."""
-    items = [(p, t) for p, per in zip(problems, texts) for t in per]
-    flat = iter(is_correct(o) for o in score_attempts(task, items, timeout))
-    return [[next(flat) for _ in per] for per in texts]
-
-
-def _sample_texts(sampler: Sampler, tokenizer, passes: Sequence[tuple[Sequence, int, float, int, int]]) -> list[list[list[str]]]:
-    """The texts of independent sampling passes (messages, n, temperature, max_tokens, seed), in
-    order, run together where the engine batches calls (`generate_calls`)."""
-    calls = [GenerateCall([encode_prompt(tokenizer, m) for m in messages], n, temperature, max_tokens, seed) for messages, n, temperature, max_tokens, seed in passes]
-    return [[[s.text for s in per_prompt] for per_prompt in out] for out in generate_calls(sampler, calls)]
-
-
-def evaluate_team(
-    task,
-    agents: Sequence,
-    samplers: Mapping[str, Sampler],
-    tokenizers: Mapping[str, object],
-    config: EvalConfig,
-    round_: int,
-    problems: Sequence[Problem] | None = None,
-) -> pl.DataFrame:
-    """The `evaluation` rows of one round. `samplers`/`tokenizers` map policy_id -> engine/tokenizer
-    (loaded with that round's checkpoints)."""
-    solver = next((a for a in agents if a.role == SOLVER), None)
-    verifier = next((a for a in agents if a.role == VERIFIER), None)
-    if solver is None:
-        raise ConfigError(f"evaluate_team needs an agent with role {SOLVER!r}")
-    problems = list(problems) if problems is not None else task.problems("heldout", config.problems, config.seed)
-    config = replace(config, max_tokens=budget_of(task, config.max_tokens, "eval"))
-    rows: list[dict] = []
-
-    def add(agent, metric: str, value: float, n: int) -> None:
-        rows.append(
-            {"round": round_, "policy_id": agent.policy_id, "agent_id": agent.agent_id, "split": "heldout", "metric": metric, "value": float(value), "n": int(n)}
-        )
-
-    texts, correct = _solver_metrics(task, problems, samplers[solver.policy_id], tokenizers[solver.policy_id], config, partial(add, solver))
-    if verifier is not None:
-        v_sampler, v_tok = samplers[verifier.policy_id], tokenizers[verifier.policy_id]
-        _verifier_metrics(task, problems, texts, correct, v_sampler, v_tok, config, partial(add, verifier), partial(add, solver))
-    df = pl.DataFrame(rows, schema={"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "split": pl.String, "metric": pl.String, "value": pl.Float64, "n": pl.Int64})
-    return validate(df, EVALUATION)
-
-
-def _solver_metrics(task, problems: list[Problem], sampler: Sampler, tokenizer, config: EvalConfig, add) -> tuple[list[list[str]], list[list[bool]]]:
-    """The Solver's `accuracy` (sampled), `accuracy_greedy` and `accuracy_hint` (with the
-    problems' hints shown, when `config.hint` and they have any), added with `add(metric, value,
-    n)`; returns the sampled answers and whether each is right (what the Verifier judges)."""
-    plain = [task.solver_messages(p) for p in problems]
-    hint = config.hint and any(p.hint for p in problems)  # without hints the prompts are the plain ones
-    passes = [(plain, config.samples, config.temperature, config.max_tokens, config.seed)]
-    if config.greedy:
-        passes.append((plain, 1, 0.0, config.max_tokens, config.seed))
-    if hint:
-        aug = PromptAug()
-        hinted = [aug.augment(m, p) for m, p in zip(plain, problems)]
-        passes.append((hinted, config.samples, config.temperature, config.max_tokens, config.seed + 1))
-    outs = iter(_sample_texts(sampler, tokenizer, passes))
-    texts = next(outs)
-    correct = _correct(task, problems, texts, config.reward_timeout)
-    flat = [c for per in correct for c in per]
-    add("accuracy", sum(flat) / len(flat), len(flat))
-    if config.greedy:
-        ok = [per[0] for per in _correct(task, problems, next(outs), config.reward_timeout)]
-        add("accuracy_greedy", sum(ok) / len(ok), len(ok))
-    if hint:
-        hflat = [c for per in _correct(task, problems, next(outs), config.reward_timeout) for c in per]
-        add("accuracy_hint", sum(hflat) / len(hflat), len(hflat))
-    return texts, correct
-
-
-def _verifier_metrics(task, problems, texts, correct, sampler: Sampler, tokenizer, config: EvalConfig, add, add_solver) -> None:
-    """The Verifier judging every sampled Solver answer: its `verdict_accuracy`,
-    `verdict_balanced_accuracy` (sampled and, with `greedy`, the same answers judged with the
-    likelier verdict: how well it discriminates, without sampling noise) and `approve_rate`
-    (`add`), and the Solver's `accuracy_approved`, its accuracy on the answers approved
-    (`add_solver`)."""
-    pairs = [(p, t, c) for p, per, cs in zip(problems, texts, correct) for t, c in zip(per, cs)]
-    vmsgs = [verifier_view(task, p, t) for p, t, _ in pairs]
-    vpasses = [(vmsgs, 1, config.temperature, config.max_tokens, config.seed + 2)]
-    if config.greedy:
-        vpasses.append((vmsgs, 1, 0.0, config.max_tokens, config.seed + 2))
-    vouts = _sample_texts(sampler, tokenizer, vpasses)
-    parsed, right, balanced = _judge(task, vouts[0], pairs, config.reward_timeout)
-    approved = [v is True for v in parsed]
-    add("verdict_accuracy", sum(right) / len(right), len(right))
-    if balanced is not None:
-        add("verdict_balanced_accuracy", balanced, len(right))
-    if config.greedy:
-        _, _, balanced_greedy = _judge(task, vouts[1], pairs, config.reward_timeout)
-        if balanced_greedy is not None:
-            add("verdict_balanced_accuracy_greedy", balanced_greedy, len(right))
-    add("approve_rate", sum(approved) / len(approved), len(approved))
-    n_app = sum(approved)
-    if n_app:
-        acc_app = sum(c for a, (_, _, c) in zip(approved, pairs) if a) / n_app
-        add_solver("accuracy_approved", acc_app, n_app)
-
-
-def _judge(task, verdicts: Sequence[Sequence[str]], pairs, timeout: float | None) -> tuple[list[bool | None], list[bool], float | None]:
-    """The Verifier's parsed verdicts on every (problem, answer, right) pair, which were right,
-    and the balanced accuracy (None unless there are right and wrong answers)."""
-    truth = [c for _, _, c in pairs]
-    parsed = [o.value if o.ok else None for o in parse_verdicts(task, [v[0] for v in verdicts], timeout, [t for _, t, _ in pairs])]
-    right = [v is not None and v == c for v, c in zip(parsed, truth)]
-    on_right = [r for r, c in zip(right, truth) if c]
-    on_wrong = [r for r, c in zip(right, truth) if not c]
-    balanced = (sum(on_right) / len(on_right) + sum(on_wrong) / len(on_wrong)) / 2 if on_right and on_wrong else None
-    return parsed, right, balanced

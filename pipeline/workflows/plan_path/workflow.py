@@ -9,7 +9,7 @@ with the move to take written on every cell of one shortest path from the start.
 The tree strategy copies the environment at every candidate (`PlanPathEnv.copy`: a few scalars;
 the puzzle is shared and immutable). Feedback is not supported.
 
-Budget-matched baselines (`pipeline.rollout.baselines`): `single_agent()` is one agent doing the
+Budget-matched baselines (`pipeline.rollout.budget_matched`): `single_agent()` is one agent doing the
 job without the tool (`team=single`): the tool's prompt, its path committed directly, one call a
 turn; answers compare by the path a text writes (`read_path`).
 """
