@@ -419,7 +419,7 @@ class Evaluator:
         t0 = time.perf_counter()
         df = evaluate_team(self.task, self.agents, {POLICY: self.sampler}, {POLICY: self.tokenizer}, self.config, 0)
         values = {m: (v, n) for m, v, n in df.select("metric", "value", "n").iter_rows()}
-        texts = sample_texts(self.sampler, self.tokenizer, self.prompts, 1, 0.0, self.greedy_tokens, self.config.seed)
+        (texts,) = sample_texts(self.sampler, self.tokenizer, [(self.prompts, 1, 0.0, self.greedy_tokens, self.config.seed)])
         right = [bool(per[0]) for per in right_answers(self.task, self.problems, texts, self.config.reward_timeout)]
         if merged is not None:
             self.current = None  # the folder is reused for the next adapter
