@@ -52,9 +52,9 @@ def cmd_baselines(args) -> int:
     from assets.launch import console_to_log
     from pipeline.errors import ConfigError
     from pipeline.run.baselines import ARMS, arm_settings, arm_store, compute_arm_baselines, compute_baselines, team_of
-    from pipeline.run.experiments import LOG_FILE
-    from pipeline.run.report import baselines_markdown
-    from pipeline.run.verdict import verdict_across
+    from pipeline.run.experiment_record import LOG_FILE
+    from pipeline.reporting.markdown import baselines_markdown
+    from pipeline.reporting.verdict import verdict_across
 
     arms = list(dict.fromkeys([*args.arm, *(["single"] if args.trained_single else [])]))
     for arm in arms:
@@ -97,7 +97,7 @@ def _run_arm(store, sibling, arm: str, settings, team_rows: dict[int, int]) -> N
     from assets.launch import console_to_log
     from assets.resources import close_engines
     from pipeline.engines import vllm_available
-    from pipeline.run.experiments import LOG_FILE, record_experiment
+    from pipeline.run.experiment_record import LOG_FILE, record_experiment
     from pipeline.store import Tables
     from pipeline.store.lock import acquire, command_line, token_in_env
 

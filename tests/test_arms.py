@@ -1,5 +1,5 @@
 """The arms of a team (`maxit baselines --arm`, `pipeline.run.baselines`, `pipeline.rollout.baselines`)
-and the verdict (`pipeline.run.report`): each arm is what it claims (one agent on the team's
+and the verdict (`pipeline.reporting.verdict`): each arm is what it claims (one agent on the team's
 protocol, the team's other policy layout, the single agent doing the job), trains the team's rows,
 is played on the team's held-out problems with the team's draws and calls; vote ties go to the
 most likely sample; the verdict says pays / does not pay / no difference against 2 standard errors
@@ -210,8 +210,8 @@ def test_an_arm_trains_exactly_the_teams_rows_of_each_round(tmp_path, fake_token
 def test_trained_arms_are_played_on_the_teams_problems_and_draws_and_judged(tmp_path, fake_tokenizer, monkeypatch, capsys):
     from maxit.baseline_commands import _run_arm
     from pipeline.run.baselines import arm_settings, arm_store, compute_arm_baselines, compute_baselines
-    from pipeline.run.report import baselines_markdown
-    from pipeline.run.verdict import arm_results
+    from pipeline.reporting.markdown import baselines_markdown
+    from pipeline.reporting.verdict import arm_results
 
     store = tb.team_store(tmp_path, workflow="grid", calls=True, problems=16)
     compute_baselines(store, engines=tb.FakePool(tb.GridOracle(0.6)))
@@ -251,13 +251,13 @@ def test_trained_arms_are_played_on_the_teams_problems_and_draws_and_judged(tmp_
 
 
 def result(arm: str, success: float, n: int = 400, round_: int = 4):
-    from pipeline.run.verdict import ArmResult
+    from pipeline.reporting.verdict import ArmResult
 
     return ArmResult(arm, {"team": "the team", "single": "the trained single agent, 1 call", "protocol": "the protocol"}[arm], round_, success, n, 2.0)
 
 
 def test_one_stores_verdict_weighs_the_difference_against_two_standard_errors(monkeypatch):
-    import pipeline.run.verdict as report
+    import pipeline.reporting.verdict as report
 
     monkeypatch.setattr(report, "arm_results", lambda store: ({4: result("team", 0.80)}, [result("single", 0.70), result("protocol", 0.79)]))
     lines = report.verdict_lines("S")
@@ -272,7 +272,7 @@ def test_one_stores_verdict_weighs_the_difference_against_two_standard_errors(mo
 
 
 def test_the_verdict_over_seeds_is_no_difference_inside_the_seed_spread(monkeypatch):
-    import pipeline.run.verdict as report
+    import pipeline.reporting.verdict as report
 
     seeds = {
         "A": ({4: result("team", 0.80)}, [result("single", 0.70), result("protocol", 0.79)]),

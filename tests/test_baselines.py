@@ -238,7 +238,7 @@ class FakePool:
 def team_store(tmp_path: Path, workflow: str = "math", calls: bool = False, **settings) -> Path:
     """A store as `maxit run` leaves it after round 0: its record (a model folder of its own), the
     evaluation of rounds -1 and 0 and round 0's iid steps (two calls per trajectory)."""
-    from pipeline.run.experiments import record_experiment
+    from pipeline.run.experiment_record import record_experiment
     from pipeline.rollout.synthetic import synthetic_steps
     from pipeline.run.settings import Settings
     from pipeline.store import table_path, write_table
@@ -266,7 +266,7 @@ def fake_tokenizer(monkeypatch):
 
 def test_store_baselines_written_once_and_shown_by_the_report(tmp_path, fake_tokenizer):
     from pipeline.run.baselines import compute_baselines, read_baselines
-    from pipeline.run.report import baselines_summary, markdown_round_table
+    from pipeline.reporting.markdown import baselines_summary, markdown_round_table
 
     from pipeline.store.registry import PolicyRegistry
 
@@ -407,7 +407,7 @@ def test_the_trained_single_agents_rounds_train_the_teams_rows(tmp_path, fake_to
     staged.clear()
     _run_single(store, sibling, *trained_single_settings(store))  # resumed: complete rounds are kept
     assert staged == [] and "round 1 already complete" in capfd.readouterr().out
-    from pipeline.run.report import baselines_summary
+    from pipeline.reporting.markdown import baselines_summary
 
     frame, _ = baselines_summary(store)
     note = frame.filter(pl.col("who") == "trained single agent, round 1")["note"][0]

@@ -141,7 +141,7 @@ def test_scale_out_and_tracking_settings_have_a_place_in_the_tree():
     # the settings keep their attributes (the run layer reads them)
     assert (s.shards, s.tensor_parallel_size, s.data_parallel_size, s.train_processes, s.fsdp, s.report_to) == (3, 2, 4, 2, "hybrid_shard", ("tensorboard", "mlflow"))
     assert RunConfig().scale == ScaleConfig() and RunConfig().tracking == TrackingConfig() == Settings(report_to=("none",)).run_config().tracking
-    from pipeline.run.tracking import TARGETS
+    from pipeline.reporting.tracking import TARGETS
 
     assert TRACKERS == tuple(TARGETS)  # the trackers the config accepts are those the run layer logs to
 

@@ -18,7 +18,8 @@ import pytest
 
 from pipeline.engines import vllm_available
 from pipeline.run import LINE_WIDTH
-from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, experiments_table, read_experiment, record_experiment
+from pipeline.reporting.experiments import experiments_table
+from pipeline.run.experiment_record import EXPERIMENT_FILE, LOG_FILE, read_experiment, record_experiment
 from pipeline.run.timings import SUBSTAGES, TIMING_ROWS, record_timings
 from pipeline.store import Tables, table_path
 from schemas import validate

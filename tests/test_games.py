@@ -202,8 +202,8 @@ def test_the_reports_rollout_success_reads_the_first_players_side_of_an_outcome_
     one reward per side, the first agent's (player_0), not whoever moved last; a store of such a run
     has no trained single agent (one agent playing both seats has no reward per side)."""
     from pipeline.run.baselines import trained_single_settings
-    from pipeline.run.experiments import record_experiment
-    from pipeline.run.report import trajectory_success
+    from pipeline.run.experiment_record import record_experiment
+    from pipeline.reporting.report import trajectory_success
     from pipeline.run.settings import Settings
 
     wf = load_workflow("tic_tac_toe", team="outcome")
@@ -475,7 +475,7 @@ def test_a_games_best_round_and_regressions_judge_its_wins_not_its_losses_or_dra
     the `--start-from best` checkpoint and are what the regression warning names; the loss and draw
     rates, whose fall is progress, are neither averaged in nor named."""
     from pipeline.run.context import RoundContext
-    from pipeline.run.regression import round_regressions
+    from pipeline.reporting.regression import round_regressions
     from pipeline.run.settings import Settings
     from pipeline.store import Tables
     from pipeline.workflows.games.workflow import TicTacToeWorkflow

@@ -395,7 +395,7 @@ def test_a_store_recorded_before_the_settings_were_made_from_the_tree_loads_as_t
     from dataclasses import fields
     from pathlib import Path
 
-    from pipeline.run.experiments import stored_settings
+    from pipeline.run.experiment_record import stored_settings
     from pipeline.store.files import jsonable
 
     record = json.loads((Path(__file__).parent / "data" / "experiment_6669ec1.json").read_text())

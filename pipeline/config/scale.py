@@ -17,7 +17,7 @@ DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 """The variable by which a process is given its accelerators (`engine_devices`, `trainer_devices`)."""
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
-"""The experiment trackers a run can log its rounds to (`pipeline.run.tracking`)."""
+"""The experiment trackers a run can log its rounds to (`pipeline.reporting.tracking`)."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class TrackingConfig:
         group="evaluation", metavar="TRACKER"))
     """Trackers by name (`TRACKERS`), offline and inside the store; () or ("none",) = none.
     Whether a tracker's packages are installed is checked when a run starts
-    (`pipeline.run.tracking.check_targets`), not here: a config may be built on another machine."""
+    (`pipeline.reporting.tracking.check_targets`), not here: a config may be built on another machine."""
 
     def __post_init__(self) -> None:
         if isinstance(self.report_to, str):

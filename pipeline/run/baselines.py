@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
-from pipeline.run.experiments import EXPERIMENT_FILE, complete_rounds, is_store, read_experiment, stored_settings
+from pipeline.run.experiment_record import EXPERIMENT_FILE, complete_rounds, is_store, read_experiment, stored_settings
 from pipeline.store import BASE_ROUND
 
 __all__ = ["ARMS", "compute_baselines", "compute_arm_baselines", "read_baselines", "arm_store", "single_store", "arm_settings", "trained_single_settings",

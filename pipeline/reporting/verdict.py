@@ -11,7 +11,7 @@ from typing import Sequence
 
 import polars as pl
 
-from pipeline.run.experiments import complete_rounds, is_store
+from pipeline.run.experiment_record import complete_rounds, is_store
 from pipeline.store import BASE_ROUND
 
 __all__ = ["ArmResult", "PLAYED_ARMS", "arm_results", "played_arms", "verdict_lines", "verdict_across"]
