@@ -59,7 +59,7 @@ def arms(stores: list[Path]) -> list[tuple[str, list[float], list[float | None]]
 def rows_by_round(stores: list[Path]) -> list[str]:
     """Markdown lines: per round, the team's training rows and each trained arm's (the arms some
     store has)."""
-    from pipeline.run.baselines import ARMS, arm_store, train_rows
+    from pipeline.run.arms import ARMS, arm_store, train_rows
 
     team = [train_rows(s) for s in stores]
     arms = {arm: [train_rows(arm_store(s, arm)) for s in stores] for arm in ARMS}

@@ -183,6 +183,29 @@ def test_experiment_record_keeps_creation_and_previous_settings(tmp_path):
     assert table["settings"][0] == "seed=3"
 
 
+def test_an_arm_store_recorded_before_the_arms_moved_reads_as_their_module(tmp_path):
+    """An arm's store records the factory of its workflow; one written when the arms were
+    `pipeline.run.baselines` reads as `pipeline.run.arms`, so its team is rebuilt and a resumed run
+    sees no changed workflow."""
+    import json
+
+    from pipeline.run.experiment_record import settings_changes, stored_settings
+    from pipeline.run.settings import Settings
+
+    settings = Settings(workflow="pipeline.run.arms:arm_workflow", workflow_options=("of=grid", "arm=single"))
+    record = record_experiment(tmp_path, settings, "hf")
+    record["settings"]["workflow"] = "pipeline.run.baselines:arm_workflow"
+    record["previous_settings"] = {**record["settings"], "workflow": "pipeline.run.baselines:single_workflow"}
+    (tmp_path / EXPERIMENT_FILE).write_text(json.dumps(record))
+    read = read_experiment(tmp_path)
+    assert read["settings"]["workflow"] == "pipeline.run.arms:arm_workflow"
+    assert read["previous_settings"]["workflow"] == "pipeline.run.arms:single_workflow"
+    assert stored_settings(read).run_config().workflow == "pipeline.run.arms:arm_workflow"
+    (tmp_path / "round=0").mkdir()
+    (tmp_path / "round=0" / "evaluation.parquet").write_bytes(b"")
+    assert settings_changes(tmp_path, settings) == []
+
+
 def test_experiment_record_keeps_the_preset_values_in_effect(tmp_path):
     """A store says what its run used even where the settings left it to the loss's preset
     (a preset may change between versions)."""

@@ -201,7 +201,7 @@ def test_the_reports_rollout_success_reads_the_first_players_side_of_an_outcome_
     """`maxit report`'s success_<strategy> (`trajectory_success`) takes one number per episode: with
     one reward per side, the first agent's (player_0), not whoever moved last; a store of such a run
     has no trained single agent (one agent playing both seats has no reward per side)."""
-    from pipeline.run.baselines import trained_single_settings
+    from pipeline.run.arms import trained_single_settings
     from pipeline.run.experiment_record import record_experiment
     from pipeline.reporting.report import trajectory_success
     from pipeline.run.settings import Settings

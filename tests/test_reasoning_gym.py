@@ -307,7 +307,7 @@ def test_the_embedded_model_starts_from_the_math_model_and_its_key_names_that_mo
 def test_the_teams_single_agent_is_the_solver_on_the_same_dataset_and_model():
     # the trained single agent (`maxit baselines --trained-single`) starts from the single agent's
     # default model: the dataset's embedded model, not the math workflow's
-    from pipeline.run.baselines import single_workflow
+    from pipeline.run.arms import single_workflow
     from pipeline.workflows.reasoning_gym import SingleSolver
 
     team = load_workflow("reasoning_gym", dataset="basic_arithmetic")

@@ -14,7 +14,7 @@ from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
 from pipeline.reporting.report import percent_columns, round_summary, table_metrics_of, workflow_metrics_of
 from pipeline.reporting.verdict import played_arms, verdict_lines
-from pipeline.run.baselines import ARMS, arm_store, read_baselines, train_rows
+from pipeline.run.arms import ARMS, arm_store, read_baselines, train_rows
 from pipeline.run.experiment_record import EXPERIMENT_FILE, complete_rounds, is_store, read_experiment
 from pipeline.store import BASE_ROUND
 

@@ -35,6 +35,14 @@ EXPERIMENT_FILE = "experiment.json"
 LOG_FILE = "maxit.log"
 """The store's log of engine and library output (warnings, vLLM and Dagster log lines)."""
 
+MOVED_WORKFLOWS = {
+    "pipeline.run.baselines:arm_workflow": "pipeline.run.arms:arm_workflow",
+    "pipeline.run.baselines:single_workflow": "pipeline.run.arms:single_workflow",
+}
+"""Workflow paths that records written by earlier versions hold, and where each lives now: an arm's
+store records the factory its workflow was built with (`pipeline.run.arms`, once `baselines`)."""
+
+
 def now_iso() -> str:
     """The local time now, ISO 8601 to the second, with its UTC offset."""
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -81,9 +89,16 @@ def read_experiment(store: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
+    # a workflow path of an earlier version is read as where it lives now, so the store's team can
+    # be rebuilt and a resumed run does not see its own workflow as a changed setting
+    for key in ("settings", "previous_settings"):
+        workflow = (record.get(key) or {}).get("workflow") if isinstance(record, dict) else None
+        if workflow in MOVED_WORKFLOWS:
+            record[key]["workflow"] = MOVED_WORKFLOWS[workflow]
+    return record
 
 
 def stored_settings(record: Mapping) -> "Settings":

@@ -75,7 +75,7 @@ def arm_workflow(of: str = "math", arm: str = "single", **options):
     """Arm `arm` (single | protocol | wide) of the workflow `of` built with `options`: its single
     agent (`Workflow.single_agent`; wide: the same, its options holding the model's `model_scale`)
     or its protocol played by one agent (`ProtocolWorkflow`). What `maxit run
-    --workflow pipeline.run.baselines:arm_workflow --workflow-options of=NAME arm=ARM ...` trains.
+    --workflow pipeline.run.arms:arm_workflow --workflow-options of=NAME arm=ARM ...` trains.
     The math workflows take their task by name here (`task`, `task_file`, `prompt_file`), as
     `maxit run` builds it."""
     from pipeline.rollout.workflow import ProtocolWorkflow
@@ -338,7 +338,7 @@ def arm_settings(store: str | Path, arm: str, problems: int | None = None):
         options = [f"of={settings.workflow}", f"arm={arm}", *settings.workflow_options, *([f"model_scale={len(team.agents)}"] if arm == "wide" else [])]
         if settings.workflow in ("math", "single"):  # its task by name, as maxit run builds it (a task file is a setting of its own)
             options += [f"task={settings.task}"] + ([f"prompt_file={settings.prompt_file}"] if settings.prompt_file else [])
-        changed = replace(settings, workflow="pipeline.run.baselines:arm_workflow", workflow_options=tuple(options), problems=problems)
+        changed = replace(settings, workflow="pipeline.run.arms:arm_workflow", workflow_options=tuple(options), problems=problems)
     config = changed.run_config()
     try:
         run_strategies(config, build_workflow(config))  # a strategy the arm cannot run is named before anything is written
