@@ -178,7 +178,8 @@ def add_rollout_parser(sub) -> None:
 def cmd_rollout(args) -> int:
     import polars as pl
 
-    from pipeline.run.rounds import RoundContext, stage_problems, stage_rollouts
+    from pipeline.run.context import RoundContext
+    from pipeline.run.rounds import stage_problems, stage_rollouts
     from pipeline.run.settings import settings_from_args
 
     settings = settings_from_args(args)
@@ -191,7 +192,7 @@ def cmd_rollout(args) -> int:
     local_store(args.store)
     ctx = RoundContext(args.store, config)
     try:
-        stage_rollouts(ctx, args.round, stage_problems(ctx, args.round), ctx.start_checkpoints(args.round))
+        stage_rollouts(ctx, args.round, stage_problems(ctx, args.round), ctx.checkpoints.start_checkpoints(args.round))
     finally:
         ctx.engines.close()
     ctx.tables.publish(args.round)  # problems, steps, timings: one object each

@@ -494,7 +494,7 @@ def test_a_games_best_round_and_regressions_judge_its_wins_not_its_losses_or_dra
         rows = [("success", selfplay)] + [(f"{k}_vs_{opp}", v) for opp in ("scripted", "base") for k, v in (("win", win), ("draw", draw), ("loss", loss))]
         frame = pl.DataFrame([{"round": r, "policy_id": "shared", "agent_id": "team", "split": "heldout", "metric": m, "value": v, "n": 800} for m, v in rows])
         tables.write(r, "evaluation", frame.cast({"round": pl.Int32}))
-    assert ctx.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "1").resolve()
+    assert ctx.checkpoints.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "1").resolve()
 
     ev = pl.concat([tables.read(r, "evaluation") for r in (-1, 0, 1)])
     ev = ev.with_columns(value=pl.when((pl.col("round") == 1) & (pl.col("metric") == "success")).then(0.5).otherwise(pl.col("value")))
@@ -511,7 +511,7 @@ def test_a_round_with_replay_draws_nearly_all_of_a_finite_train_split():
     a quarter of them replayed from earlier rounds, still draws as many distinct problems, the
     replayed first (the draw used to ask the split for problems + replayed, more than it holds,
     and stopped the run at round 1)."""
-    from pipeline.run.rounds import draw_problems
+    from pipeline.run.problems import draw_problems
 
     workflow = load_workflow("tic_tac_toe")
     with pytest.raises(ConfigError, match=r"train has (\d+) positions"):

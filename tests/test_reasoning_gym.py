@@ -119,7 +119,7 @@ def play(name: str, team: str, strategies, n: int = 4, programs=None, **options)
     problems = wf.problems("train", n, 0)
     sampler = Script({p.question: wf.task.reference(p) for p in problems}, programs)
     steps = pl.from_arrow(run_rollouts(problems, wf, strategies, sampler, RolloutConfig(round=0)))
-    from pipeline.run.rounds import problems_table
+    from pipeline.run.problems import problems_table
 
     return wf, steps, problems_table(problems, 0)
 

@@ -199,7 +199,7 @@ def _sampler_of(ctx, round_: int, workflows):
     for the agents of `workflows` (a team and the variants played beside it)."""
     from pipeline.models.loading import load_tokenizer
 
-    checkpoints = ctx.trained_checkpoints(round_)
+    checkpoints = ctx.checkpoints.trained_checkpoints(round_)
     policy_of = {a.agent_id: a.policy_id for w in workflows for a in w.agents}
     samplers = ctx.samplers(checkpoints)
     tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
