@@ -84,12 +84,11 @@ class RunConfig:
     shared_policy: bool = field(default=True, metadata=setting(
         "shared_policy", "the workflow's agents share one policy (False: each has its own)", group="team and task",
         negative_flag=("--separate-policies", "each agent of the workflow gets its own policy (default: one shared policy)")))
-    """The workflow's agents share one policy ("shared"), or each has its own (named after it)."""
+    """The shared policy's id is "shared"; a policy of its own is named after its agent."""
 
     # --- Parameters that control sampling ------------------------------------------------------
     engine: Literal["auto", "vllm", "hf"] = field(default="auto", metadata=setting(
         "engine", "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task"))
-    """"vllm", "hf", or "auto" (vLLM when importable)."""
     problems: int = field(default=128, metadata=setting(
         "problems",
         "training problems drawn per round (a workflow may run with its own when the flag is left out: tic_tac_toe 256; maxit run says so)",
@@ -126,7 +125,6 @@ class RunConfig:
     """Turns at most per episode (math: DrMAS's `max_loop_num`); None = the workflow's own."""
     seed: int = field(default=0, metadata=setting(
         "seed", "seed of the problem draws and of sampling (each round derives its own)", group="sampling"))
-    """Seed of the problem draws and of sampling (each round derives its own)."""
     problem_replay: float = field(default=0.25, metadata=setting(
         "problem_replay",
         "share of each round's training problems drawn again from earlier rounds' problems whose unhinted first attempts failed most "

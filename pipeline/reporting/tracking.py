@@ -56,9 +56,11 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from pipeline import store as st
+from pipeline.config.scale import TrackingConfig
 from pipeline.errors import ConfigError, DataError, MaxitError
 from pipeline.reporting.round_scalars import RoundScalars, collect_round, settings_values
 from pipeline.run.experiment_record import read_experiment
+from pipeline.run.settings import flag_named
 from pipeline.store import BASE_ROUND
 
 __all__ = ["TARGETS", "STATE_FILE", "check_targets", "log_round"]
@@ -68,7 +70,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "mlflow": ("mlflow", "sqlalchemy", "alembic"),  # its SQLite backend needs the last two
     "wandb": ("wandb",),
 }
-"""Each tracker and the Python packages it needs."""
+"""The Python packages each tracker the config takes (`TRACKERS`) needs."""
 
 INSTALL = {"tensorboard": "pip install tensorboard", "mlflow": "pip install 'maxit[track]'", "wandb": "pip install 'maxit[track]'"}
 
@@ -85,15 +87,15 @@ MLFLOW_EXPERIMENT = "maxit"
 
 
 def check_targets(targets: Sequence[str]) -> tuple[str, ...]:
-    """The targets, checked: each must be one of `TARGETS` with its packages installed ("none"
-    alone means no target). Raises a one-line `ConfigError` naming `--report-to X` and what to
+    """The targets, checked: their names by the field that holds them (`TrackingConfig.report_to`:
+    each one of `TRACKERS`, "none" alone meaning no target, repeats dropped), then each one's
+    packages installed. Raises a one-line `ConfigError` naming `--report-to X` and what to
     install. Returns the targets without repeats, in their order."""
-    targets = tuple(dict.fromkeys(targets))
-    if targets == ("none",):
-        return ()
+    try:
+        targets = TrackingConfig(report_to=tuple(targets)).report_to
+    except ConfigError as err:
+        raise ConfigError(flag_named(str(err))) from None
     for target in targets:
-        if target not in TARGETS:
-            raise ConfigError(f"--report-to {target}: unknown target; choose from {', '.join(TARGETS)} (or none)")
         missing = [p for p in TARGETS[target] if importlib.util.find_spec(p) is None]
         if missing:
             raise ConfigError(f"--report-to {target}: package {', '.join(missing)} is not installed; {INSTALL[target]}")
