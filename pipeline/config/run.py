@@ -8,7 +8,7 @@ loss). Each field a user sets declares its setting (flag, help, group) in its me
 (`pipeline.config.fields`); the CLI flags and the Dagster launchpad (`pipeline.run.settings.Settings`)
 are made from those declarations and come back here through `RunConfig.for_algorithm`; the
 stages' modules re-export their configs (`pipeline.learn.views.ViewConfig`,
-`pipeline.rollout.evaluation.EvalConfig`, `pipeline.run.rounds.RunConfig`).
+`pipeline.rollout.evaluation.EvalConfig`).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class RunConfig:
         "share of each round's training problems drawn again from earlier rounds' problems whose unhinted first attempts failed most "
         "(the lowest success first); 0 = every problem fresh", group="sampling"))
     """Share of each round's training problems drawn again from earlier rounds' problems that the
-    first agent's unhinted first attempts got wrong most often (`pipeline.run.rounds.replay_candidates`):
+    first agent's unhinted first attempts got wrong most often (`pipeline.run.problems.replay_candidates`):
     difficulty that follows the team, as the fresh draw gets easier for it. 0 = every problem
     fresh. 0.25, the default, was chosen over twenty rounds of the main job on three seeds
     (docs/results/long-runs.md)."""
@@ -141,7 +141,7 @@ class RunConfig:
     """Which checkpoint round r samples with and trains from: "last", the latest round's; "best",
     the round's (the starting model included) whose held-out evaluation scored highest on the mean
     of the workflow's judged metrics (`Workflow.judged()`: its higher-is-better table metrics;
-    `pipeline.run.context.best_round`), so that a round that made
+    `pipeline.run.checkpoints.best_round`), so that a round that made
     things worse is not built on. Selecting on the held-out split makes its later figures optimistic."""
 
     max_staleness: int = field(default=0, metadata=setting(
