@@ -13,7 +13,8 @@ from dataclasses import fields
 import dagster as dg
 from pydantic import Field, create_model
 
-from pipeline.run.rounds import RoundContext, RunConfig
+from pipeline.config import RunConfig
+from pipeline.run.context import RoundContext
 from pipeline.run.settings import Settings, settings_fields
 
 

@@ -29,14 +29,14 @@ from typing import IO, Iterator
 import polars as pl
 
 from pipeline.errors import MaxitError, RunInterrupted
-from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, record_experiment
+from pipeline.run.experiment_record import EXPERIMENT_FILE, LOG_FILE, record_experiment
 from pipeline.store.lifeline import preexec, run_lifeline, stop_orphans
 from pipeline.run.ray_shards import check_ray, ray_session
-from pipeline.run.report import reward_error_lines, round_line, round_summary
-from pipeline.run.rounds import BASE_ROUND, round_complete
+from pipeline.reporting.report import reward_error_lines, round_line, round_summary
+from pipeline.run.rounds import round_complete
 from pipeline.run.timings import record_other
-from pipeline.run.tracking import check_targets, log_round
-from pipeline.store import Tables, UrlStore, atomic_write_text, is_url
+from pipeline.reporting.tracking import check_targets, log_round
+from pipeline.store import BASE_ROUND, Tables, UrlStore, atomic_write_text, is_url
 from pipeline.store.lock import StoreLocked, command_line, token_in_env
 from pipeline.store.lock import acquire as acquire_writer_lock
 

@@ -77,7 +77,9 @@ def main(argv=None) -> int:
     from pipeline.config import RunConfig
     from pipeline.engines import make_sampler
     from pipeline.rollout.evaluation import EvalConfig
-    from pipeline.run.rounds import build_workflow, draw_problems, rollout_config, run_strategies, sample_steps
+    from pipeline.run.context import build_workflow, run_strategies
+    from pipeline.run.problems import draw_problems
+    from pipeline.run.rounds import rollout_config, sample_steps
     from pipeline.workflows.math import evaluate_team
 
     config = RunConfig(task_file=args.task_file, problems=args.problems, samples=args.samples, max_tokens=args.max_tokens)

@@ -47,7 +47,7 @@ def store_rows(store: Path) -> list[dict]:
     import polars as pl
 
     from pipeline.engines.config import model_parameters, resolve_dtype
-    from pipeline.run.experiments import read_experiment, stored_settings
+    from pipeline.run.experiment_record import read_experiment, stored_settings
     from pipeline.learn.trainer import trainable_rows
 
     settings = stored_settings(read_experiment(store))

@@ -1,4 +1,4 @@
-"""`maxit baselines`: a store's budget-matched baselines (`pipeline.run.baselines`), computed once
+"""`maxit baselines`: a store's budget-matched baselines (`pipeline.run.arms`), computed once
 into its `baselines` table and printed beside the team with the verdict; with `--arm ARM`
 (repeatable: single, protocol, separate, shared, wide; `--trained-single` is `--arm single`), the run of
 that arm at the team's training rows into the sibling store `<store>-ARM`, then the arm played
@@ -51,10 +51,10 @@ def cmd_baselines(args) -> int:
 
     from assets.launch import console_to_log
     from pipeline.errors import ConfigError
-    from pipeline.run.baselines import ARMS, arm_settings, arm_store, compute_arm_baselines, compute_baselines, team_of
-    from pipeline.run.experiments import LOG_FILE
-    from pipeline.run.report import baselines_markdown
-    from pipeline.run.verdict import verdict_across
+    from pipeline.run.arms import ARMS, arm_settings, arm_store, compute_arm_baselines, compute_baselines, team_of
+    from pipeline.run.experiment_record import LOG_FILE
+    from pipeline.reporting.markdown import baselines_markdown
+    from pipeline.reporting.verdict import verdict_across
 
     arms = list(dict.fromkeys([*args.arm, *(["single"] if args.trained_single else [])]))
     for arm in arms:
@@ -97,11 +97,11 @@ def _run_arm(store, sibling, arm: str, settings, team_rows: dict[int, int]) -> N
     from assets.launch import console_to_log
     from assets.resources import close_engines
     from pipeline.engines import vllm_available
-    from pipeline.run.experiments import LOG_FILE, record_experiment
+    from pipeline.run.experiment_record import LOG_FILE, record_experiment
     from pipeline.store import Tables
     from pipeline.store.lock import acquire, command_line, token_in_env
 
-    from pipeline.run.baselines import ARMS
+    from pipeline.run.arms import ARMS
 
     rounds = len(team_rows)
     name = ARMS[arm]
@@ -133,7 +133,7 @@ def _single_round(instance, tables, r: int, settings, engine: str, rows: int) ->
 
     from assets.launch import materialize_round
     from assets.overlap import SAMPLE_STAGES
-    from pipeline.run.baselines import match_rows, match_seed
+    from pipeline.run.arms import match_rows, match_seed
     from pipeline.run.rounds import round_complete
 
     if round_complete(tables, r):

@@ -97,9 +97,9 @@ def cmd_run(args) -> int:
 
     from assets.config import RunSettings
     from assets.launch import run_rounds
-    from pipeline.run.report import console_table
+    from pipeline.reporting.report import console_table
     from pipeline.run.settings import settings_from_args
-    from pipeline.run.tracking import check_targets
+    from pipeline.reporting.tracking import check_targets
 
     settings = settings_from_args(args)
     config = settings.run_config()  # validate every flag before anything starts
@@ -137,7 +137,7 @@ def say_own_defaults(command: str, args) -> None:
 def regressed_lines(summary) -> list[str]:
     """A line for each round of the round table whose held-out metrics fell from their best by
     more than two standard errors (its `regressed` column), the last round's first."""
-    from pipeline.run.report import REGRESSED_COLUMN
+    from pipeline.reporting.report import REGRESSED_COLUMN
 
     if REGRESSED_COLUMN not in summary.columns:
         return []
@@ -154,7 +154,7 @@ def regressed_lines(summary) -> list[str]:
 
 def _note_settings_changes(args, settings) -> None:
     """A note when the store last ran with other settings and holds complete rounds."""
-    from pipeline.run.experiments import settings_changes
+    from pipeline.run.experiment_record import settings_changes
     from pipeline.store import is_url
 
     changes = [] if args.restart or is_url(args.store) else settings_changes(args.store, settings)
@@ -178,7 +178,8 @@ def add_rollout_parser(sub) -> None:
 def cmd_rollout(args) -> int:
     import polars as pl
 
-    from pipeline.run.rounds import RoundContext, stage_problems, stage_rollouts
+    from pipeline.run.context import RoundContext
+    from pipeline.run.rounds import stage_problems, stage_rollouts
     from pipeline.run.settings import settings_from_args
 
     settings = settings_from_args(args)
@@ -191,7 +192,7 @@ def cmd_rollout(args) -> int:
     local_store(args.store)
     ctx = RoundContext(args.store, config)
     try:
-        stage_rollouts(ctx, args.round, stage_problems(ctx, args.round), ctx.start_checkpoints(args.round))
+        stage_rollouts(ctx, args.round, stage_problems(ctx, args.round), ctx.checkpoints.start_checkpoints(args.round))
     finally:
         ctx.engines.close()
     ctx.tables.publish(args.round)  # problems, steps, timings: one object each
@@ -243,7 +244,7 @@ def cmd_runs(args) -> int:
     import polars as pl
 
     from pipeline.errors import ConfigError
-    from pipeline.run.experiments import experiments_table
+    from pipeline.reporting.experiments import experiments_table
     from pipeline.store import is_url
 
     for root in args.root or []:
@@ -279,8 +280,8 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args) -> int:
-    from pipeline.run.html_report import build_report
-    from pipeline.run.report import markdown_round_table
+    from pipeline.reporting.html_report import build_report
+    from pipeline.reporting.markdown import markdown_round_table
     from pipeline.store import check_writable
 
     if args.out is None and not args.markdown:
@@ -289,8 +290,8 @@ def cmd_report(args) -> int:
         check_writable(args.out, "--out")
     local = [local_store(s) for s in args.store]
     if args.markdown:
-        from pipeline.run.report import baselines_summary
-        from pipeline.run.verdict import verdict_across
+        from pipeline.reporting.markdown import baselines_summary
+        from pipeline.reporting.verdict import verdict_across
 
         # every table is made before any is printed: a bad store leaves stdout empty
         tables = [markdown_round_table(path, label=name) for path, name in zip(local, args.store)]

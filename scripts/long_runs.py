@@ -156,10 +156,10 @@ def target_table(stores: list[Path], last: int = 5) -> pl.DataFrame:
 
 
 def regression_rows(stores: list[Path]) -> pl.DataFrame:
-    """Per store, what `maxit run` and `maxit report` name (`pipeline.run.regression.round_regressions`
+    """Per store, what `maxit run` and `maxit report` name (`pipeline.reporting.regression.round_regressions`
     over the store's workflow's table metrics): the last round's warnings and the rounds with any."""
-    from pipeline.run.regression import round_regressions
-    from pipeline.run.report import table_metrics_of
+    from pipeline.reporting.regression import round_regressions
+    from pipeline.reporting.report import table_metrics_of
 
     out = []
     for s in stores:

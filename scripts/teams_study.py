@@ -5,10 +5,10 @@
 Each STORE is a team's store (one seed) on which `maxit baselines --store STORE` and
 `maxit baselines --store STORE --arm ARM ...` ran (`--trained-single` is `--arm single`). Prints,
 as markdown, one row per arm of `maxit report`'s baselines block
-(`pipeline.run.report.baselines_summary`) with its success in percent over the stores, mean and
+(`pipeline.reporting.markdown.baselines_summary`) with its success in percent over the stores, mean and
 (min..max), and the calls per held-out problem; then the training rows of the team and of each
 trained arm per round, summed over the policies, mean and (min..max) over the stores; then the
-verdict over the stores (`pipeline.run.verdict.verdict_across`: against which arm the team pays,
+verdict over the stores (`pipeline.reporting.verdict.verdict_across`: against which arm the team pays,
 by how much, "no difference" inside the seed spread). An arm a store lacks is an error naming the
 store.
 """
@@ -37,7 +37,7 @@ def _spread(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
 
 def arms(stores: list[Path]) -> list[tuple[str, list[float], list[float | None]]]:
     """(arm, success per store, calls per store) in the order of the first store's block."""
-    from pipeline.run.report import baselines_summary
+    from pipeline.reporting.markdown import baselines_summary
 
     table: dict[str, tuple[list[float], list[float | None]]] = {}
     for store in stores:
@@ -59,7 +59,7 @@ def arms(stores: list[Path]) -> list[tuple[str, list[float], list[float | None]]
 def rows_by_round(stores: list[Path]) -> list[str]:
     """Markdown lines: per round, the team's training rows and each trained arm's (the arms some
     store has)."""
-    from pipeline.run.baselines import ARMS, arm_store, train_rows
+    from pipeline.run.arms import ARMS, arm_store, train_rows
 
     team = [train_rows(s) for s in stores]
     arms = {arm: [train_rows(arm_store(s, arm)) for s in stores] for arm in ARMS}
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {_spread(success)} | {sum(known) / len(known):.2f} |" if known else f"| {name} | {_spread(success)} |  |")
     print()
     print("\n".join(rows_by_round(args.stores)))
-    from pipeline.run.verdict import verdict_across
+    from pipeline.reporting.verdict import verdict_across
 
     print()
     print("\n".join(verdict_across(args.stores)))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.run.experiments import EXPERIMENT_FILE, record_experiment
+from pipeline.run.experiment_record import EXPERIMENT_FILE, record_experiment
 from pipeline.run.settings import Settings
 from pipeline.store import jsonable
 

@@ -1,5 +1,5 @@
-"""The arms of a team (`maxit baselines --arm`, `pipeline.run.baselines`, `pipeline.rollout.budget_matched`)
-and the verdict (`pipeline.run.report`): each arm is what it claims (one agent on the team's
+"""The arms of a team (`maxit baselines --arm`, `pipeline.run.arms`, `pipeline.rollout.budget_matched`)
+and the verdict (`pipeline.reporting.verdict`): each arm is what it claims (one agent on the team's
 protocol, the team's other policy layout, the single agent doing the job), trains the team's rows,
 is played on the team's held-out problems with the team's draws and calls; vote ties go to the
 most likely sample; the verdict says pays / does not pay / no difference against 2 standard errors
@@ -107,7 +107,7 @@ def test_the_protocol_is_the_teams_seats_by_one_agent_with_the_teams_calls_and_d
 
 def test_tool_plans_single_agent_answers_directly_and_its_protocol_runs_the_program():
     pytest.importorskip("reasoning_gym")
-    from pipeline.run.baselines import arm_workflow
+    from pipeline.run.arms import arm_workflow
     from pipeline.workflows import load_workflow
     from pipeline.workflows.reasoning_gym.tool_plan import TOOL
 
@@ -123,14 +123,14 @@ def test_tool_plans_single_agent_answers_directly_and_its_protocol_runs_the_prog
 
 
 def test_arm_settings_name_the_arms_workflow_layout_problems_and_the_teams_rows(tmp_path, fake_tokenizer):
-    from pipeline.run.baselines import arm_settings, compute_baselines
+    from pipeline.run.arms import arm_settings, compute_baselines
     from pipeline.run.context import build_workflow
 
     store = tb.team_store(tmp_path, workflow="grid", calls=True, problems=64)
     compute_baselines(store, engines=tb.FakePool(tb.GridOracle(0.6)))
     tb.trained(store, {0: 40, 1: 52})
     settings, rows = arm_settings(store, "protocol")
-    assert (settings.workflow, settings.workflow_options[:2], settings.problems, rows) == ("pipeline.run.baselines:arm_workflow", ("of=grid", "arm=protocol"), 64, {0: 40, 1: 52})
+    assert (settings.workflow, settings.workflow_options[:2], settings.problems, rows) == ("pipeline.run.arms:arm_workflow", ("of=grid", "arm=protocol"), 64, {0: 40, 1: 52})
     built = build_workflow(settings.run_config())
     assert isinstance(built, ProtocolWorkflow) and built.seats == (PLANNER, MOVER) and built.policy_ids == ("shared",)
     settings, rows = arm_settings(store, "separate")
@@ -185,7 +185,7 @@ def stand_in_stages(monkeypatch, staged: list) -> None:
 @pytest.mark.parametrize("arm", ["protocol", "separate"])
 def test_an_arm_trains_exactly_the_teams_rows_of_each_round(tmp_path, fake_tokenizer, monkeypatch, capfd, arm):
     from maxit.baseline_commands import _run_arm
-    from pipeline.run.baselines import arm_settings, arm_store, compute_baselines, train_rows
+    from pipeline.run.arms import arm_settings, arm_store, compute_baselines, train_rows
 
     store = tb.team_store(tmp_path, workflow="grid", calls=True, problems=16)
     compute_baselines(store, engines=tb.FakePool(tb.GridOracle(0.6)))
@@ -202,16 +202,16 @@ def test_an_arm_trains_exactly_the_teams_rows_of_each_round(tmp_path, fake_token
 
         assert {rec.policy_id for rec in PolicyRegistry(sibling).records()} == {PLANNER, MOVER}
     else:
-        assert recorded["workflow"] == "pipeline.run.baselines:arm_workflow" and "arm=protocol" in recorded["workflow_options"]
+        assert recorded["workflow"] == "pipeline.run.arms:arm_workflow" and "arm=protocol" in recorded["workflow_options"]
     out = capfd.readouterr().out
     assert "round 0: trained 37 of its 100 rows (the team's round 0: 37 rows)" in out
 
 
 def test_trained_arms_are_played_on_the_teams_problems_and_draws_and_judged(tmp_path, fake_tokenizer, monkeypatch, capsys):
     from maxit.baseline_commands import _run_arm
-    from pipeline.run.baselines import arm_settings, arm_store, compute_arm_baselines, compute_baselines
-    from pipeline.run.report import baselines_markdown
-    from pipeline.run.verdict import arm_results
+    from pipeline.run.arms import arm_settings, arm_store, compute_arm_baselines, compute_baselines
+    from pipeline.reporting.markdown import baselines_markdown
+    from pipeline.reporting.verdict import arm_results
 
     store = tb.team_store(tmp_path, workflow="grid", calls=True, problems=16)
     compute_baselines(store, engines=tb.FakePool(tb.GridOracle(0.6)))
@@ -251,13 +251,13 @@ def test_trained_arms_are_played_on_the_teams_problems_and_draws_and_judged(tmp_
 
 
 def result(arm: str, success: float, n: int = 400, round_: int = 4):
-    from pipeline.run.verdict import ArmResult
+    from pipeline.reporting.verdict import ArmResult
 
     return ArmResult(arm, {"team": "the team", "single": "the trained single agent, 1 call", "protocol": "the protocol"}[arm], round_, success, n, 2.0)
 
 
 def test_one_stores_verdict_weighs_the_difference_against_two_standard_errors(monkeypatch):
-    import pipeline.run.verdict as report
+    import pipeline.reporting.verdict as report
 
     monkeypatch.setattr(report, "arm_results", lambda store: ({4: result("team", 0.80)}, [result("single", 0.70), result("protocol", 0.79)]))
     lines = report.verdict_lines("S")
@@ -272,7 +272,7 @@ def test_one_stores_verdict_weighs_the_difference_against_two_standard_errors(mo
 
 
 def test_the_verdict_over_seeds_is_no_difference_inside_the_seed_spread(monkeypatch):
-    import pipeline.run.verdict as report
+    import pipeline.reporting.verdict as report
 
     seeds = {
         "A": ({4: result("team", 0.80)}, [result("single", 0.70), result("protocol", 0.79)]),
@@ -290,7 +290,7 @@ def test_the_verdict_over_seeds_is_no_difference_inside_the_seed_spread(monkeypa
 def test_the_wide_arm_is_the_single_agent_on_a_model_of_the_teams_parameters(tmp_path, fake_tokenizer, monkeypatch):
     import pipeline.workflows.grid.model as grid_model
     from pipeline.models.build import ModelConfig, count_parameters, untrained_model
-    from pipeline.run.baselines import arm_settings, compute_baselines
+    from pipeline.run.arms import arm_settings, compute_baselines
     from pipeline.run.context import build_workflow
 
     store = tb.team_store(tmp_path, workflow="grid", calls=True, problems=64)

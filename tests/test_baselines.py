@@ -1,4 +1,4 @@
-"""The budget-matched baselines (`pipeline.rollout.budget_matched`, `pipeline.run.baselines`, `maxit
+"""The budget-matched baselines (`pipeline.rollout.budget_matched`, `pipeline.run.arms`, `maxit
 baselines`): the team's calls per problem, the majority vote and its ties, the self-refine loop's
 length and its last answer, the single agent of math, single, grid and any workflow, the table
 written once per store, `maxit report` showing it, and bad input."""
@@ -238,7 +238,7 @@ class FakePool:
 def team_store(tmp_path: Path, workflow: str = "math", calls: bool = False, **settings) -> Path:
     """A store as `maxit run` leaves it after round 0: its record (a model folder of its own), the
     evaluation of rounds -1 and 0 and round 0's iid steps (two calls per trajectory)."""
-    from pipeline.run.experiments import record_experiment
+    from pipeline.run.experiment_record import record_experiment
     from pipeline.rollout.synthetic import synthetic_steps
     from pipeline.run.settings import Settings
     from pipeline.store import table_path, write_table
@@ -265,8 +265,8 @@ def fake_tokenizer(monkeypatch):
 
 
 def test_store_baselines_written_once_and_shown_by_the_report(tmp_path, fake_tokenizer):
-    from pipeline.run.baselines import compute_baselines, read_baselines
-    from pipeline.run.report import baselines_summary, markdown_round_table
+    from pipeline.run.arms import compute_baselines, read_baselines
+    from pipeline.reporting.markdown import baselines_summary, markdown_round_table
 
     from pipeline.store.registry import PolicyRegistry
 
@@ -299,7 +299,7 @@ def test_store_baselines_written_once_and_shown_by_the_report(tmp_path, fake_tok
 
 
 def test_store_baselines_for_grid_count_the_evaluations_calls(tmp_path, fake_tokenizer):
-    from pipeline.run.baselines import compute_baselines, trained_single_settings
+    from pipeline.run.arms import compute_baselines, trained_single_settings
 
     store = team_store(tmp_path, workflow="grid", calls=True)
     table = compute_baselines(store, engines=FakePool(GridOracle(0.6)))
@@ -309,7 +309,7 @@ def test_store_baselines_for_grid_count_the_evaluations_calls(tmp_path, fake_tok
     assert table["calls_source"][0].startswith("evaluation: agents' `calls`")
     assert by[("best_of_k", "success")]["value"] is not None and by[("self_refine", "success")]["value"] is not None
     settings, rounds = trained_single_settings(store)
-    assert settings.workflow == "pipeline.run.baselines:arm_workflow" and settings.workflow_options[:2] == ("of=grid", "arm=single") and rounds == {0: 40}
+    assert settings.workflow == "pipeline.run.arms:arm_workflow" and settings.workflow_options[:2] == ("of=grid", "arm=single") and rounds == {0: 40}
     from pipeline.run.context import build_workflow
 
     single = build_workflow(settings.run_config())
@@ -333,7 +333,7 @@ def trained(store: Path, rows: dict[int, int], policies: tuple[str, ...] = ("sha
 
 
 def test_trained_single_of_math_is_the_single_workflow_at_the_teams_rows(tmp_path, fake_tokenizer):
-    from pipeline.run.baselines import compute_baselines, train_rows, trained_single_settings
+    from pipeline.run.arms import compute_baselines, train_rows, trained_single_settings
 
     store = team_store(tmp_path, problems=64)
     compute_baselines(store, engines=FakePool(ArithmeticSampler()))
@@ -352,7 +352,7 @@ def test_trained_single_of_math_is_the_single_workflow_at_the_teams_rows(tmp_pat
 def test_match_rows_keeps_a_seeded_subset_of_exactly_the_teams_rows():
     import pyarrow as pa
 
-    from pipeline.run.baselines import match_rows, match_seed
+    from pipeline.run.arms import match_rows, match_seed
 
     view = pa.table({"step_id": [f"s{i}" for i in range(50)], "x": list(range(50))}).replace_schema_metadata({"k": "v"})
     kept = match_rows(view, 20, match_seed(0, 1))
@@ -376,7 +376,7 @@ def test_the_trained_single_agents_rounds_train_the_teams_rows(tmp_path, fake_to
     import assets.launch as launch
     from maxit.baseline_commands import _run_single
     from pipeline.learn.views import STATS_METADATA_KEY
-    from pipeline.run.baselines import compute_baselines, single_store, train_rows, trained_single_settings
+    from pipeline.run.arms import compute_baselines, single_store, train_rows, trained_single_settings
     from pipeline.store import Tables
 
     store = team_store(tmp_path, problems=8)
@@ -407,7 +407,7 @@ def test_the_trained_single_agents_rounds_train_the_teams_rows(tmp_path, fake_to
     staged.clear()
     _run_single(store, sibling, *trained_single_settings(store))  # resumed: complete rounds are kept
     assert staged == [] and "round 1 already complete" in capfd.readouterr().out
-    from pipeline.run.report import baselines_summary
+    from pipeline.reporting.markdown import baselines_summary
 
     frame, _ = baselines_summary(store)
     note = frame.filter(pl.col("who") == "trained single agent, round 1")["note"][0]
@@ -443,7 +443,7 @@ def test_bad_input_is_one_line(tmp_path):
 
 
 def test_a_team_whose_calls_cannot_be_counted_is_named(tmp_path, fake_tokenizer):
-    from pipeline.run.baselines import compute_baselines
+    from pipeline.run.arms import compute_baselines
 
     store = team_store(tmp_path)
     (store / "round=0" / "steps.parquet").unlink()

@@ -129,7 +129,7 @@ def test_a_task_smaller_than_the_flags_ask_is_said_before_the_run(tmp_path):
     import json
 
     from maxit.cli import small_splits
-    from pipeline.run.rounds import build_workflow
+    from pipeline.run.context import build_workflow
     from pipeline.run.settings import Settings
 
     task = tmp_path / "small.jsonl"

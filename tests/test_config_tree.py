@@ -141,7 +141,7 @@ def test_scale_out_and_tracking_settings_have_a_place_in_the_tree():
     # the settings keep their attributes (the run layer reads them)
     assert (s.shards, s.tensor_parallel_size, s.data_parallel_size, s.train_processes, s.fsdp, s.report_to) == (3, 2, 4, 2, "hybrid_shard", ("tensorboard", "mlflow"))
     assert RunConfig().scale == ScaleConfig() and RunConfig().tracking == TrackingConfig() == Settings(report_to=("none",)).run_config().tracking
-    from pipeline.run.tracking import TARGETS
+    from pipeline.reporting.tracking import TARGETS
 
     assert TRACKERS == tuple(TARGETS)  # the trackers the config accepts are those the run layer logs to
 
@@ -294,3 +294,73 @@ def test_a_field_added_to_the_tree_is_a_flag_with_its_help_and_a_launchpad_field
     # the same name declared on two fields is refused, naming it
     with pytest.raises(TypeError, match=r"\['eval_probe'\] declared on more than one field"):
         settings_class(Twice)
+
+
+# -- a setting's help, written once ------------------------------------------------------------------
+
+
+def field_docstrings() -> dict[tuple[str, str], str]:
+    """(config class, field) -> the docstring written under the field, read from pipeline/config."""
+    import ast
+    from pathlib import Path
+
+    out = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "pipeline" / "config").glob("*.py")):
+        for cls in (n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if isinstance(n, ast.ClassDef)):
+            for node, after in zip(cls.body, cls.body[1:]):
+                if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                        and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                    out[(cls.name, node.target.id)] = after.value.value
+    return out
+
+
+def help_problems(found, docstrings: dict[tuple[str, str], str]) -> list[str]:
+    """What is wrong with the help of the settings `found` (`fields.walk`): a setting without help,
+    a help given to two settings, a field whose docstring restates its setting's help (the help
+    is the one text of what the setting does; the docstring may only add to it)."""
+    import difflib
+    import re
+
+    def words(text: str) -> str:
+        return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+    problems, first = [], {}
+    for f in found:
+        name, text = f.setting.name, words(f.setting.help)
+        if not text:
+            problems.append(f"{name}: no help")
+            continue
+        if text in first:
+            problems.append(f"{name}: the same help as {first[text]}")
+        first.setdefault(text, name)
+        doc = docstrings.get((f.owner.__name__, f.field_name))
+        if doc and f.setting.key is None and difflib.SequenceMatcher(None, text, words(doc)).ratio() >= 0.8:
+            problems.append(f"{name}: the docstring of {f.owner.__name__}.{f.field_name} restates its help")
+    return problems
+
+
+def test_every_setting_has_its_help_written_once():
+    from pipeline.config.fields import walk
+
+    found = list(walk(RunConfig))
+    assert len(found) > 60
+    assert help_problems(found, field_docstrings()) == []
+
+
+def test_the_help_check_names_a_missing_a_shared_and_a_restated_help():
+    from pipeline.config.fields import Found, Setting
+
+    class Demo:
+        pass
+
+    def found(name: str, text: str) -> Found:
+        return Found(Setting(name, text, "sampling"), name, Demo, name, int, 0, False)
+
+    docstrings = {("Demo", "seed"): "Seed of the problem draws and of sampling.", ("Demo", "samples"): "Counted per problem, not per round."}
+    settings = [found("seed", "seed of the problem draws and of sampling"), found("samples", "samples per problem"),
+                found("problems", " "), found("draws", "Samples per problem.")]
+    assert help_problems(settings, docstrings) == [
+        "seed: the docstring of Demo.seed restates its help",
+        "problems: no help",
+        "draws: the same help as samples",
+    ]

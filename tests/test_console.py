@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from pipeline.run import LINE_WIDTH
-from pipeline.run.report import console_table, reward_error_lines, round_line
+from pipeline.reporting.report import console_table, reward_error_lines, round_line
 from pipeline.rollout.synthetic import synthetic_steps
 from pipeline.store import Tables, cache_root
 from pipeline.workflows.math import MathWorkflow

@@ -253,7 +253,9 @@ def test_a_round_under_the_role_baseline_passes_the_advantages_check(tmp_path, d
 
 def test_ground_truth_baseline_round_is_step_matched(tmp_path, default_model_dir):
     """The SFT-on-ground-truth baseline trains as many rows as the rollouts' view would have."""
-    from pipeline.run.rounds import EnginePool, RoundContext, run_round_stages
+    from pipeline.engines.pool import EnginePool
+    from pipeline.run.context import RoundContext
+    from pipeline.run.rounds import run_round_stages
 
     ctx = RoundContext(tmp_path, small_settings(default_model_dir, train_on="ground_truth").run_config(), EnginePool("hf"))
     try:

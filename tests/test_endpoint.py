@@ -206,7 +206,7 @@ def test_a_hostile_program_fails_its_own_episodes_and_the_round_goes_on(tmp_path
 
 
 def test_the_console_names_a_program_s_first_error_and_the_query_that_lists_them(tmp_path):
-    from pipeline.run.report import reward_error_lines
+    from pipeline.reporting.report import reward_error_lines
     from pipeline.store import Tables
 
     spec, _ = program_file(tmp_path, "console_prog", HOSTILE)

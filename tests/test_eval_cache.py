@@ -23,7 +23,8 @@ def cache(tmp_path, monkeypatch):
 
 
 def _base(tmp_path, name, model_dir, **settings):
-    from pipeline.run.rounds import BASE_ROUND, evaluate_base
+    from pipeline.run.rounds import evaluate_base
+    from pipeline.store import BASE_ROUND
 
     ctx, sampler = _context(tmp_path / name, model_dir, **settings)
     frame = evaluate_base(ctx)

@@ -18,7 +18,8 @@ import pytest
 
 from pipeline.engines import vllm_available
 from pipeline.run import LINE_WIDTH
-from pipeline.run.experiments import EXPERIMENT_FILE, LOG_FILE, experiments_table, read_experiment, record_experiment
+from pipeline.reporting.experiments import experiments_table
+from pipeline.run.experiment_record import EXPERIMENT_FILE, LOG_FILE, read_experiment, record_experiment
 from pipeline.run.timings import SUBSTAGES, TIMING_ROWS, record_timings
 from pipeline.store import Tables, table_path
 from schemas import validate
@@ -180,6 +181,29 @@ def test_experiment_record_keeps_creation_and_previous_settings(tmp_path):
     table = experiments_table([tmp_path])
     assert table["store"].to_list() == [str(tmp_path)] and table["rounds"].to_list() == [0]
     assert table["settings"][0] == "seed=3"
+
+
+def test_an_arm_store_recorded_before_the_arms_moved_reads_as_their_module(tmp_path):
+    """An arm's store records the factory of its workflow; one written when the arms were
+    `pipeline.run.baselines` reads as `pipeline.run.arms`, so its team is rebuilt and a resumed run
+    sees no changed workflow."""
+    import json
+
+    from pipeline.run.experiment_record import settings_changes, stored_settings
+    from pipeline.run.settings import Settings
+
+    settings = Settings(workflow="pipeline.run.arms:arm_workflow", workflow_options=("of=grid", "arm=single"))
+    record = record_experiment(tmp_path, settings, "hf")
+    record["settings"]["workflow"] = "pipeline.run.baselines:arm_workflow"
+    record["previous_settings"] = {**record["settings"], "workflow": "pipeline.run.baselines:single_workflow"}
+    (tmp_path / EXPERIMENT_FILE).write_text(json.dumps(record))
+    read = read_experiment(tmp_path)
+    assert read["settings"]["workflow"] == "pipeline.run.arms:arm_workflow"
+    assert read["previous_settings"]["workflow"] == "pipeline.run.arms:single_workflow"
+    assert stored_settings(read).run_config().workflow == "pipeline.run.arms:arm_workflow"
+    (tmp_path / "round=0").mkdir()
+    (tmp_path / "round=0" / "evaluation.parquet").write_bytes(b"")
+    assert settings_changes(tmp_path, settings) == []
 
 
 def test_experiment_record_keeps_the_preset_values_in_effect(tmp_path):

@@ -203,9 +203,9 @@ def test_the_reports_rollout_success_reads_the_first_players_side_of_an_outcome_
     """`maxit report`'s success_<strategy> (`trajectory_success`) takes one number per episode: with
     one reward per side, the first agent's (player_0), not whoever moved last; a store of such a run
     has no trained single agent (one agent playing both seats has no reward per side)."""
-    from pipeline.run.baselines import trained_single_settings
-    from pipeline.run.experiments import record_experiment
-    from pipeline.run.report import trajectory_success
+    from pipeline.run.arms import trained_single_settings
+    from pipeline.run.experiment_record import record_experiment
+    from pipeline.reporting.report import trajectory_success
     from pipeline.run.settings import Settings
 
     wf = load_workflow("tic_tac_toe", team="outcome")
@@ -477,7 +477,7 @@ def test_a_games_best_round_and_regressions_judge_its_wins_not_its_losses_or_dra
     the `--start-from best` checkpoint and are what the regression warning names; the loss and draw
     rates, whose fall is progress, are neither averaged in nor named."""
     from pipeline.run.context import RoundContext
-    from pipeline.run.regression import round_regressions
+    from pipeline.reporting.regression import round_regressions
     from pipeline.run.settings import Settings
     from pipeline.store import Tables
     from pipeline.workflows.games.workflow import TicTacToeWorkflow
@@ -496,7 +496,7 @@ def test_a_games_best_round_and_regressions_judge_its_wins_not_its_losses_or_dra
         rows = [("success", selfplay)] + [(f"{k}_vs_{opp}", v) for opp in ("scripted", "base") for k, v in (("win", win), ("draw", draw), ("loss", loss))]
         frame = pl.DataFrame([{"round": r, "policy_id": "shared", "agent_id": "team", "split": "heldout", "metric": m, "value": v, "n": 800} for m, v in rows])
         tables.write(r, "evaluation", frame.cast({"round": pl.Int32}))
-    assert ctx.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "1").resolve()
+    assert ctx.checkpoints.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "1").resolve()
 
     ev = pl.concat([tables.read(r, "evaluation") for r in (-1, 0, 1)])
     ev = ev.with_columns(value=pl.when((pl.col("round") == 1) & (pl.col("metric") == "success")).then(0.5).otherwise(pl.col("value")))
@@ -513,7 +513,7 @@ def test_a_round_with_replay_draws_nearly_all_of_a_finite_train_split():
     a quarter of them replayed from earlier rounds, still draws as many distinct problems, the
     replayed first (the draw used to ask the split for problems + replayed, more than it holds,
     and stopped the run at round 1)."""
-    from pipeline.run.rounds import draw_problems
+    from pipeline.run.problems import draw_problems
 
     workflow = load_workflow("tic_tac_toe")
     with pytest.raises(ConfigError, match=r"train has (\d+) positions"):

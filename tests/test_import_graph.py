@@ -140,6 +140,7 @@ LAYERS = (
     ("pipeline.learn",),
     ("pipeline.workflows",),
     ("pipeline.run",),
+    ("pipeline.reporting",),
     ("assets",),
     ("maxit",),
 )
@@ -147,8 +148,8 @@ LAYERS = (
 named here that holds it) and any part on a lower floor; parts on one floor do not import each
 other. Ground: records, errors, schemas. Then what knows no stage (strategies, tables and
 checkpoints on disk, the sandbox, tasks); the one config tree; models and engines; the stages
-(rollouts, then learning); the teams, which use both; the run layer that composes them; Dagster
-and the CLI on top."""
+(rollouts, then learning); the teams, which use both; the run layer that composes them; the
+reports that read its stores back; Dagster and the CLI on top."""
 
 
 def part_of(module: str) -> tuple[int, str]:

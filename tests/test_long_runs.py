@@ -11,8 +11,11 @@ from assets.config import RunSettings
 from maxit.cli import build_parser, main
 from pipeline.config import RunConfig
 from pipeline.errors import ConfigError
-from pipeline.run.context import RoundContext, best_round
-from pipeline.run.rounds import build_workflow, draw_problems, replay_candidates, stage_problems
+from pipeline.run.checkpoints import best_round
+from pipeline.run.context import RoundContext
+from pipeline.run.context import build_workflow
+from pipeline.run.problems import draw_problems, replay_candidates
+from pipeline.run.rounds import stage_problems
 from pipeline.run.settings import Settings, settings_from_args
 from pipeline.store import Tables
 
@@ -154,11 +157,11 @@ def test_a_round_starts_from_the_best_evaluated_checkpoint(tmp_path):
     for r, acc in ((-1, 0.4), (0, 0.9), (1, 0.7)):
         row = {"round": r, "policy_id": "shared", "agent_id": "solver", "split": "heldout", "metric": "accuracy", "value": acc, "n": 400}
         tables.write(r, "evaluation", pl.DataFrame([row]).cast({"round": pl.Int32}))
-    assert make("last").start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "1").resolve()
+    assert make("last").checkpoints.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "1").resolve()
     best = make("best")
-    assert best.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "0").resolve()
-    assert best.start_checkpoints(1)["shared"] == (tmp_path / "ckpt" / "0").resolve()
-    assert best.start_checkpoints(0)["shared"] == (tmp_path / "ckpt" / "-1").resolve()
+    assert best.checkpoints.start_checkpoints(2)["shared"] == (tmp_path / "ckpt" / "0").resolve()
+    assert best.checkpoints.start_checkpoints(1)["shared"] == (tmp_path / "ckpt" / "0").resolve()
+    assert best.checkpoints.start_checkpoints(0)["shared"] == (tmp_path / "ckpt" / "-1").resolve()
 
 
 def test_the_policy_stage_trains_each_round_at_its_decayed_rate(tmp_path, monkeypatch):

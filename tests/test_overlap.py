@@ -322,21 +322,21 @@ def test_the_row_staleness_filter_counts_from_the_checkpoint_the_round_trains_fr
         rows = [{"round": r, "policy_id": "shared", "agent_id": "team", "split": "heldout", "metric": m, "value": value, "n": 800}
                 for m in ("success", "win_vs_scripted", "win_vs_base")]
         tables.write(r, "evaluation", pl.DataFrame(rows).cast({"round": pl.Int32}))
-    assert ctx.trained_rounds(2) == {"shared": 0}
-    assert ctx.staleness_plan(2, ctx.start_checkpoints(2)) == ({"shared": 0}, {"shared": 0})
+    assert ctx.checkpoints.trained_rounds(2) == {"shared": 0}
+    assert ctx.checkpoints.staleness_plan(2, ctx.checkpoints.start_checkpoints(2)) == ({"shared": 0}, {"shared": 0})
 
     seen = {}
     monkeypatch.setattr(rounds, "load_tokenizer", lambda path: None)
     monkeypatch.setattr(rounds, "_stage", lambda ctx, r, stage, compute, table=None: compute())
 
-    def view(rows, strategies, tokenizer, config, workflow, round_, earlier=(), problems=None):
-        seen["rows"], seen["earlier"] = rows, earlier
-        return "view"
+    def view(rows, strategies, tokenizer, config):  # the rows the threshold kept, as the view is built of them
+        seen["rows"] = rows
+        return "view", None
 
-    monkeypatch.setattr(rounds, "training_view", view)
+    monkeypatch.setattr(rounds, "build_training_view", view)
     own = pl.DataFrame({"step_id": ["a", "b"], "round": [2, 2], "policy_id": ["shared"] * 2, "policy_round": [0, 0], "sample_weight": [1.0, 1.0]},
                        schema_overrides={"round": pl.Int32, "policy_round": pl.Int32})
-    assert rounds.stage_training_view(ctx, 2, own) == "view"
+    assert rounds.stage_training_view(ctx, 2, own) == ("view", None)
     assert seen["rows"]["step_id"].to_list() == ["a", "b"]
 
 
@@ -386,7 +386,7 @@ def test_a_resumed_run_samples_a_recorded_round_with_its_recorded_checkpoint():
 
 
 def test_the_sampling_record_picks_the_checkpoint_and_is_checked(tmp_path):
-    """`RoundContext.sample_checkpoints` samples with the recorded round's checkpoints (round
+    """`RoundCheckpoints.sample_checkpoints` samples with the recorded round's checkpoints (round
     r-1-K's where none is recorded); a broken record is an error naming its file."""
     from pipeline.errors import DataError
     from pipeline.learn.staleness import sampling_plan_path, write_sampling_plan
@@ -400,13 +400,13 @@ def test_the_sampling_record_picks_the_checkpoint_and_is_checked(tmp_path):
         folder = tmp_path / "ckpt" / str(r)
         folder.mkdir(parents=True)
         ctx.registry.register(r, "shared", folder)
-    assert ctx.sample_checkpoints(3)["shared"].name == "0"  # 3-1-2
+    assert ctx.checkpoints.sample_checkpoints(3)["shared"].name == "0"  # 3-1-2
     write_sampling_plan(tables.root, 3, 2, "bound", 2)
-    assert ctx.sample_checkpoints(3)["shared"].name == "2"
-    assert ctx.staleness_plan(3, ctx.sample_checkpoints(3)) == ({"shared": 2}, {"shared": 0})
+    assert ctx.checkpoints.sample_checkpoints(3)["shared"].name == "2"
+    assert ctx.checkpoints.staleness_plan(3, ctx.checkpoints.sample_checkpoints(3)) == ({"shared": 2}, {"shared": 0})
     sampling_plan_path(tables.root, 3).write_text('{"sampled_with_round": 3}')
     with pytest.raises(DataError, match=r"round=3/sampling.json: sampled_with_round must be a round in \[-1, 2\]"):
-        ctx.sample_checkpoints(3)
+        ctx.checkpoints.sample_checkpoints(3)
 
 
 @pytest.mark.slow  # two runs of three overlapped rounds: minutes on two cores

@@ -180,7 +180,9 @@ def test_each_algorithm_runs_a_whole_round(tmp_path, default_model_dir, algorith
     import polars as pl
 
     from pipeline.store.registry import PolicyRegistry
-    from pipeline.run.rounds import EnginePool, RoundContext, run_round_stages
+    from pipeline.engines.pool import EnginePool
+    from pipeline.run.context import RoundContext
+    from pipeline.run.rounds import run_round_stages
 
     settings = Settings(algorithm=algorithm, model_dir=str(default_model_dir), problems=6, samples=2, eval_problems=8, eval_samples=1,
                         epochs=1, minibatch_size=64, micro_batch_size=32)

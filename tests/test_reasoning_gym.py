@@ -119,7 +119,7 @@ def play(name: str, team: str, strategies, n: int = 4, programs=None, **options)
     problems = wf.problems("train", n, 0)
     sampler = Script({p.question: wf.task.reference(p) for p in problems}, programs)
     steps = pl.from_arrow(run_rollouts(problems, wf, strategies, sampler, RolloutConfig(round=0)))
-    from pipeline.run.rounds import problems_table
+    from pipeline.run.problems import problems_table
 
     return wf, steps, problems_table(problems, 0)
 
@@ -307,7 +307,7 @@ def test_the_embedded_model_starts_from_the_math_model_and_its_key_names_that_mo
 def test_the_teams_single_agent_is_the_solver_on_the_same_dataset_and_model():
     # the trained single agent (`maxit baselines --trained-single`) starts from the single agent's
     # default model: the dataset's embedded model, not the math workflow's
-    from pipeline.run.baselines import single_workflow
+    from pipeline.run.arms import single_workflow
     from pipeline.workflows.reasoning_gym import SingleSolver
 
     team = load_workflow("reasoning_gym", dataset="basic_arithmetic")

@@ -10,8 +10,9 @@ import pytest
 
 from maxit.run_commands import regressed_lines
 from pipeline.errors import DataError
-from pipeline.run.regression import Regression, balanced_accuracy_se, regressions, round_regressions, standard_error, with_standard_errors
-from pipeline.run.report import REGRESSED_COLUMN, markdown_round_table, round_line, round_summary
+from pipeline.reporting.regression import Regression, balanced_accuracy_se, regressions, round_regressions, standard_error, with_standard_errors
+from pipeline.reporting.markdown import markdown_round_table
+from pipeline.reporting.report import REGRESSED_COLUMN, round_line, round_summary
 from pipeline.workflows.math import MathWorkflow
 from test_report import make_store
 

@@ -15,9 +15,10 @@ import polars as pl
 import pytest
 
 from pipeline.run import LINE_WIDTH
-from pipeline.run.experiments import record_experiment
-from pipeline.run.html_report import build_report, store_metrics
-from pipeline.run.report import console_table, markdown_round_table, reward_error_lines, round_line, round_summary, table_metrics_of
+from pipeline.run.experiment_record import record_experiment
+from pipeline.reporting.html_report import build_report, store_metrics
+from pipeline.reporting.markdown import markdown_round_table
+from pipeline.reporting.report import console_table, reward_error_lines, round_line, round_summary, table_metrics_of
 from pipeline.run.timings import record_timings
 from pipeline.store import Tables, table_path, write_table
 from pipeline.rollout.synthetic import synthetic_steps
@@ -308,7 +309,7 @@ def test_settings_changes_names_what_a_continued_store_changes(tmp_path):
     nothing for a new store, the same settings, or a store whose rounds never completed."""
     from dataclasses import replace
 
-    from pipeline.run.experiments import settings_changes
+    from pipeline.run.experiment_record import settings_changes
     from pipeline.run.settings import Settings
 
     store = tmp_path / "s"

@@ -16,24 +16,21 @@ from fakes import FakeSampler, FakeTask, FakeTokenizer
 from pipeline.learn.advantages import compute_advantages
 from pipeline.config import RunConfig
 from pipeline.errors import ConfigError, DataError
+from pipeline.run.context import RoundContext, run_strategies
+from pipeline.run.problems import draw_problems, problems_from_table
 from pipeline.run.rounds import (
     _stage,
-    STAGES,
-    RoundContext,
     advantages_frame,
-    draw_problems,
     evaluation_config,
-    problems_from_table,
     ratio_diagnostics_table,
     registry_metrics,
     rollout_config,
-    run_strategies,
     sample_steps,
     stage_advantages,
     stage_rollouts,
     training_view,
 )
-from pipeline.run.timings import OLD_STAGE_LABELS, TIMING_ROWS, read_timings, record_other, record_timings, seconds_column
+from pipeline.run.timings import OLD_STAGE_LABELS, STAGES, TIMING_ROWS, read_timings, record_other, record_timings, seconds_column
 from pipeline.store import Tables, table_path
 from pipeline.learn.loss_diagnostics import LossDiagnostics, RatioStats
 from pipeline.learn.views import build_training_view

@@ -10,7 +10,7 @@ import pytest
 from assets.config import RunSettings
 from maxit.cli import build_parser, main
 from pipeline.errors import ConfigError
-from pipeline.run.rounds import RunConfig
+from pipeline.config import RunConfig
 from pipeline.run.settings import LOSS_PRESETS, Settings, setting_help, settings_from_args
 
 
@@ -123,7 +123,7 @@ def test_bad_values_name_the_setting():
 
 
 def test_strategy_options_reach_the_strategies(tmp_path):
-    from pipeline.run.rounds import RoundContext
+    from pipeline.run.context import RoundContext
 
     config = Settings(feedback_first_attempt="skip", feedback_train_context="attempt").run_config()
     ctx = RoundContext(tmp_path, config)
@@ -206,7 +206,8 @@ class _BudgetSampler:
 
 
 def _context(tmp_path, model_dir, **settings):
-    from pipeline.run.rounds import EnginePool, RoundContext
+    from pipeline.engines.pool import EnginePool
+    from pipeline.run.context import RoundContext
 
     sampler = _BudgetSampler()
 
@@ -239,7 +240,8 @@ def test_budgets_are_the_tasks_unless_set():
     ids=["arithmetic", "file", "max_tokens", "eval_max_tokens"],
 )
 def test_budgets_reach_the_rollout_and_evaluation_stages(tmp_path, tiny_model_dir, settings, rollout_budget, eval_budget):
-    from pipeline.run.rounds import BASE_ROUND, stage_evaluation, stage_problems, stage_rollouts
+    from pipeline.run.rounds import stage_evaluation, stage_problems, stage_rollouts
+    from pipeline.store import BASE_ROUND
 
     ctx, sampler = _context(tmp_path, tiny_model_dir, **settings)
     stage_rollouts(ctx, 0, stage_problems(ctx, 0))
@@ -395,7 +397,7 @@ def test_a_store_recorded_before_the_settings_were_made_from_the_tree_loads_as_t
     from dataclasses import fields
     from pathlib import Path
 
-    from pipeline.run.experiments import stored_settings
+    from pipeline.run.experiment_record import stored_settings
     from pipeline.store.files import jsonable
 
     record = json.loads((Path(__file__).parent / "data" / "experiment_6669ec1.json").read_text())

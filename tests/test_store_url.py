@@ -55,7 +55,7 @@ def results(store, rounds) -> dict:
     their stages, not the engine starts and swaps, which depend on what the process had before
     (a resumed run on a fresh machine builds an engine a one-process run already has; round -1
     taken from the evaluation cache builds none)."""
-    from pipeline.run.rounds import SUBSTAGES
+    from pipeline.run.timings import SUBSTAGES
 
     out = {}
     for r in rounds:

@@ -1,4 +1,4 @@
-"""`pipeline.run.tracking`: a finished round logged to TensorBoard, MLflow and W&B (offline), read
+"""`pipeline.reporting.tracking`: a finished round logged to TensorBoard, MLflow and W&B (offline), read
 back with each tool's own reader and compared with the store's tables.
 
 One real round (`maxit run --rounds 1` on the default model, the smallest budget the other
@@ -24,7 +24,8 @@ import pytest
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError, MaxitError
-from pipeline.run.tracking import STATE_FILE, check_targets, log_round, ratio_scalars, reward_scalars
+from pipeline.reporting.round_scalars import ratio_scalars, reward_scalars
+from pipeline.reporting.tracking import STATE_FILE, check_targets, log_round
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = ("tensorboard", "mlflow", "wandb")
@@ -86,7 +87,7 @@ def expected(store: Path, round_: int) -> dict[str, float]:
     from pipeline.workflows.math import MathWorkflow  # the one-round store runs the default math workflow
 
     try:
-        from pipeline.run.report import round_summary
+        from pipeline.reporting.report import round_summary
     except ImportError:
         from assets.launch import round_summary
     summary = round_summary(store, [round_], MathWorkflow.table_metrics).row(0, named=True)
@@ -315,7 +316,7 @@ def test_a_resumed_process_appends_the_next_round_to_the_same_runs(store):
     state = json.loads((store / STATE_FILE).read_text())
     code = textwrap.dedent(
         f"""
-        from pipeline.run.tracking import log_round
+        from pipeline.reporting.tracking import log_round
         print(log_round({str(store)!r}, 0, {list(ALL)!r}))
         """
     )

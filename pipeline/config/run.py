@@ -8,7 +8,7 @@ loss). Each field a user sets declares its setting (flag, help, group) in its me
 (`pipeline.config.fields`); the CLI flags and the Dagster launchpad (`pipeline.run.settings.Settings`)
 are made from those declarations and come back here through `RunConfig.for_algorithm`; the
 stages' modules re-export their configs (`pipeline.learn.views.ViewConfig`,
-`pipeline.rollout.evaluation.EvalConfig`, `pipeline.run.rounds.RunConfig`).
+`pipeline.rollout.evaluation.EvalConfig`).
 """
 
 from __future__ import annotations
@@ -84,12 +84,11 @@ class RunConfig:
     shared_policy: bool = field(default=True, metadata=setting(
         "shared_policy", "the workflow's agents share one policy (False: each has its own)", group="team and task",
         negative_flag=("--separate-policies", "each agent of the workflow gets its own policy (default: one shared policy)")))
-    """The workflow's agents share one policy ("shared"), or each has its own (named after it)."""
+    """The shared policy's id is "shared"; a policy of its own is named after its agent."""
 
     # --- Parameters that control sampling ------------------------------------------------------
     engine: Literal["auto", "vllm", "hf"] = field(default="auto", metadata=setting(
         "engine", "rollout engine: vllm, hf, or auto (vLLM when importable)", group="team and task"))
-    """"vllm", "hf", or "auto" (vLLM when importable)."""
     problems: int = field(default=128, metadata=setting(
         "problems",
         "training problems drawn per round (a workflow may run with its own when the flag is left out: tic_tac_toe 256; maxit run says so)",
@@ -126,13 +125,12 @@ class RunConfig:
     """Turns at most per episode (math: DrMAS's `max_loop_num`); None = the workflow's own."""
     seed: int = field(default=0, metadata=setting(
         "seed", "seed of the problem draws and of sampling (each round derives its own)", group="sampling"))
-    """Seed of the problem draws and of sampling (each round derives its own)."""
     problem_replay: float = field(default=0.25, metadata=setting(
         "problem_replay",
         "share of each round's training problems drawn again from earlier rounds' problems whose unhinted first attempts failed most "
         "(the lowest success first); 0 = every problem fresh", group="sampling"))
     """Share of each round's training problems drawn again from earlier rounds' problems that the
-    first agent's unhinted first attempts got wrong most often (`pipeline.run.rounds.replay_candidates`):
+    first agent's unhinted first attempts got wrong most often (`pipeline.run.problems.replay_candidates`):
     difficulty that follows the team, as the fresh draw gets easier for it. 0 = every problem
     fresh. 0.25, the default, was chosen over twenty rounds of the main job on three seeds
     (docs/results/long-runs.md)."""
@@ -143,7 +141,7 @@ class RunConfig:
     """Which checkpoint round r samples with and trains from: "last", the latest round's; "best",
     the round's (the starting model included) whose held-out evaluation scored highest on the mean
     of the workflow's judged metrics (`Workflow.judged()`: its higher-is-better table metrics;
-    `pipeline.run.context.best_round`), so that a round that made
+    `pipeline.run.checkpoints.best_round`), so that a round that made
     things worse is not built on. Selecting on the held-out split makes its later figures optimistic."""
 
     max_staleness: int = field(default=0, metadata=setting(

@@ -17,7 +17,7 @@ DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 """The variable by which a process is given its accelerators (`engine_devices`, `trainer_devices`)."""
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
-"""The experiment trackers a run can log its rounds to (`pipeline.run.tracking`)."""
+"""The experiment trackers a run can log its rounds to (`pipeline.reporting.tracking`)."""
 
 
 @dataclass(frozen=True)
@@ -29,15 +29,10 @@ class ScaleConfig:
         "rollout shards per round: problems split by a stable hash of uid, each shard its own Dagster step and engine; "
         "above 1 the round runs on Dagster's multiprocess executor (one process per shard); the rows do not depend on it",
         group="scale-out"))
-    """Rollout shards per round: the problems split by a stable hash of their uid, each shard its
-    own Dagster step and engine; above 1 the round runs on Dagster's multiprocess executor (one
-    process per shard). The rows do not depend on it."""
     tensor_parallel_size: int = field(default=1, metadata=setting(
         "tensor_parallel_size", "GPUs each vLLM engine splits its layers over (vLLM's tensor_parallel_size; planned: untested without GPUs)", group="scale-out"))
-    """GPUs each vLLM engine splits its layers over (vLLM's `tensor_parallel_size`)."""
     data_parallel_size: int = field(default=1, metadata=setting(
         "data_parallel_size", "engine replicas behind each vLLM engine (vLLM's data_parallel_size; planned: untested without GPUs)", group="scale-out"))
-    """Engine replicas behind each vLLM engine (vLLM's `data_parallel_size`)."""
     train_processes: int = field(default=1, metadata=setting(
         "train_processes",
         "processes that train each policy (1: in the step's own process; more: a torch.distributed process group started by torchrun, "
@@ -67,16 +62,13 @@ class ScaleConfig:
         "trainer_cores",
         "with --max-staleness: the CPU cores the trainer's process is pinned to (e.g. 1, or 2-3); the sampler keeps the others. "
         "None = both share every core", group="scale-out"))
-    """Overlapped rounds (`RunConfig.max_staleness` > 0) on a CPU: the cores the trainer's process
-    is pinned to, e.g. "1" or "2-3,6" (the sampler and its engines get the others); None: both
-    share every core."""
+    """A core list as `parse_cores` reads it, e.g. "2-3,6"; the sampler's engines get the others."""
 
     engine_devices: str | None = field(default=None, metadata=setting(
         "engine_devices",
         "the accelerators (CUDA device indices, e.g. 0,1) the run's process and its engines see (CUDA_VISIBLE_DEVICES); "
         "None = every device", group="scale-out"))
-    """The accelerators (CUDA device indices, e.g. "0,1") the run's own process and so its
-    engines see (`CUDA_VISIBLE_DEVICES`, set before the first engine starts); None: every device."""
+    """Set in the run's own process before its first engine starts."""
     trainer_devices: str | None = field(default=None, metadata=setting(
         "trainer_devices",
         "the accelerators the trainer's own processes see (the trainer lane of --max-staleness, or torchrun's ranks of "
@@ -169,7 +161,7 @@ class TrackingConfig:
         group="evaluation", metavar="TRACKER"))
     """Trackers by name (`TRACKERS`), offline and inside the store; () or ("none",) = none.
     Whether a tracker's packages are installed is checked when a run starts
-    (`pipeline.run.tracking.check_targets`), not here: a config may be built on another machine."""
+    (`pipeline.reporting.tracking.check_targets`), not here: a config may be built on another machine."""
 
     def __post_init__(self) -> None:
         if isinstance(self.report_to, str):

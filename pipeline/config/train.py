@@ -43,7 +43,6 @@ class LoraSettings:
     r: int = field(default=16, metadata=setting("lora_rank", "LoRA rank r (with --lora)", group="training"))
     """Adapter rank."""
     alpha: float = field(default=32.0, metadata=setting("lora_alpha", "LoRA scaling alpha (with --lora; the update is scaled by alpha / r)", group="training"))
-    """Scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = 0.0
     """Dropout on the adapter input."""
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -69,7 +68,6 @@ class TrainConfig:
     epochs: int = field(default=2, metadata=setting("epochs", "passes over each round's training rows", group="training"))
     """Passes over the rows; each row is seen exactly once per epoch."""
     minibatch_size: int = field(default=256, metadata=setting("minibatch_size", "rows per optimizer step", group="training"))
-    """Rows per optimizer step."""
     micro_batch_size: int = field(default=64, metadata=setting("micro_batch_size", "rows per forward/backward pass", group="training"))
     """Rows per forward/backward; gradients are accumulated over minibatch_size / micro_batch_size of them."""
     temperature: float = 1.0

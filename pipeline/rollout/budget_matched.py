@@ -21,7 +21,7 @@ seed, played in lockstep so each step is one batched engine call):
 - `self_refine`: at each of its calls, `m` calls in a row, each after the first seeing its
   previous attempt (`Workflow.refine_messages`); the last attempt is the one played.
 
-The trained arms (`arm_rows`, `pipeline.run.baselines`): a team's arm trained at its rows in a
+The trained arms (`arm_rows`, `pipeline.run.arms`): a team's arm trained at its rows in a
 sibling store (the single agent, the team's protocol played by one agent, the team on the other
 policy layout, a single agent of the team's parameters) is played the same way from its last
 round's checkpoints: on the team's held-out problems, samples and seeds, so every arm and the

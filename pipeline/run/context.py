@@ -4,22 +4,19 @@ checkpoint registry, the engines and the team, built once and handed to every st
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping
-
-import polars as pl
+from typing import Mapping
 
 from pipeline.config import DEFAULT_MIX, RunConfig
 from pipeline.engines.pool import EnginePool
-from pipeline.errors import ConfigError, DataError
-from pipeline.learn.staleness import read_sampling_plan
-from pipeline.store import BASE_ROUND, Tables
+from pipeline.run.checkpoints import RoundCheckpoints
+from pipeline.store import Tables
 from pipeline.store.registry import PolicyRegistry
 from pipeline.strategies import make_strategy
 from pipeline.tasks import build_task
 from pipeline.types import Sampler
 from pipeline.workflows import check_workflow, load_workflow
 
-__all__ = ["RoundContext", "build_workflow", "run_strategies", "best_round", "DEFAULT_MIX"]
+__all__ = ["RoundContext", "build_workflow", "run_strategies"]
 
 
 def build_workflow(config: RunConfig):
@@ -32,17 +29,6 @@ def build_workflow(config: RunConfig):
         settings.setdefault("task_file", config.task_file)
     settings.setdefault("max_loop_num", config.max_loop_num)
     return load_workflow(config.workflow, shared_policy=config.shared_policy, **settings)
-
-
-def best_round(evaluation: pl.DataFrame, metrics: Iterable[tuple[str, str]]) -> int | None:
-    """The round of `evaluation` rows with the highest mean over the (agent_id, metric) pairs of
-    `metrics` that it has (the latest round among equals); None without any such row."""
-    pairs = pl.DataFrame([{"agent_id": a, "metric": m} for a, m in metrics], schema={"agent_id": pl.String, "metric": pl.String})
-    rows = evaluation.join(pairs, on=["agent_id", "metric"], how="inner")
-    if rows.is_empty():
-        return None
-    score = rows.group_by("round").agg(pl.col("value").mean()).sort(["value", "round"], descending=True)
-    return int(score["round"][0])
 
 
 def run_strategies(config: RunConfig, workflow) -> dict:
@@ -82,6 +68,8 @@ class RoundContext:
         """Where round r finds round r-1's checkpoints (default: the store's own registry)."""
         self._workflow = build_workflow(config)
         self._strategies = run_strategies(config, self._workflow)
+        self.checkpoints = RoundCheckpoints(self.registry, self.tables, config, self._workflow)
+        """Which checkpoint each policy of a round trains from, samples with and was trained to."""
 
     def __repr__(self) -> str:
         return f"RoundContext({self.tables!r}, workflow={self.config.workflow!r})"
@@ -118,103 +106,10 @@ class RoundContext:
         return self._strategies
 
     # -- checkpoints ------------------------------------------------------------------------
-    def base_model(self) -> Path:
-        if self.config.model_dir:
-            path = Path(self.config.model_dir)
-            if not (path / "config.json").is_file():
-                raise ConfigError(f"model_dir {path} is not a local HF model directory (no config.json)")
-            return path
-        path = self.workflow().default_model()
-        if path is None:
-            raise ConfigError(f"workflow {self.config.workflow!r} has no embedded model: give a starting checkpoint with --model-dir")
-        return Path(path)
-
-    def start_checkpoints(self, round_: int) -> dict[str, Path]:
-        """policy_id -> the latest checkpoint registered before round `round_` (registering the
-        base model as round -1 on first use), or with `start_from="best"` the checkpoint of the
-        best evaluated round before it (`best_round`): what round `round_` trains from and, unless
-        its driver passes older ones, samples with."""
-        reg = self.registry
-        out = {}
-        for pid in self.policy_ids:
-            path = reg.latest(pid, round_)
-            if path is None:
-                reg.base(pid, self.base_model())
-                path = reg.latest(pid, round_)
-            out[pid] = path
-        if self.config.start_from == "best" and round_ > 0:
-            done = [self.tables.read(r, "evaluation") for r in range(BASE_ROUND, round_) if self.tables.exists(r, "evaluation")]
-            best = best_round(pl.concat(done), self.workflow().judged()) if done else None
-            for pid in out if best is not None else ():
-                rec = reg.get(best, pid)
-                if rec is not None:
-                    out[pid] = Path(rec.path)
-        return out
-
     def sample_checkpoints(self, round_: int) -> dict[str, Path]:
-        """policy_id -> the checkpoint round `round_` samples with: its start checkpoints in
-        synchronous rounds; with `max_staleness` K > 0 those of the round recorded for it when its
-        sampling started (`read_sampling_plan`: the overlapped driver records the freshest
-        registered, or round r-1-K's with the "exact" schedule), and round r-1-K's where nothing
-        is recorded (the starting model's before round K+1). A recorded round's checkpoint that
-        is not registered is an error naming it."""
-        k = self.config.max_staleness
-        if k == 0:
-            return self.start_checkpoints(round_)
-        recorded = read_sampling_plan(self.tables.root, round_)
-        source = max(BASE_ROUND, round_ - 1 - k) if recorded is None else recorded
-        if source == BASE_ROUND:
-            return self.start_checkpoints(0)
-        out = {}
-        for pid in self.policy_ids:
-            rec = self.registry.get(source, pid)
-            if rec is None:
-                raise DataError(
-                    f"round {round_} samples with round {source}'s checkpoint of policy {pid!r} (--max-staleness {k}), "
-                    "which is not registered yet"
-                )
-            out[pid] = Path(rec.path)
-        return out
-
-    def trained_rounds(self, round_: int) -> dict[str, int]:
-        """policy_id -> the round of the checkpoint round `round_` trains from: round r-1's with
-        `max_staleness` > 0 (registered by the time round r trains, maybe not yet when its rows
-        are made), else the round of its start checkpoint (`start_checkpoints`: the latest before
-        it, or with `start_from="best"` the best evaluated round's)."""
-        if self.config.max_staleness:
-            return {pid: max(BASE_ROUND, round_ - 1) for pid in self.policy_ids}
-        out = {}
-        for pid, path in self.start_checkpoints(round_).items():
-            trained = self.registry.round_of(pid, path)
-            out[pid] = BASE_ROUND if trained is None else trained
-        return out
-
-    def staleness_plan(self, round_: int, checkpoints: Mapping[str, Path]) -> tuple[dict[str, int], dict[str, int]]:
-        """(policy_id -> the round of the checkpoint in `checkpoints` that samples it, policy_id ->
-        how many rounds it is older than the checkpoint round `round_` trains, `trained_rounds`):
-        the `policy_round` and `staleness` of the round's rows. A checkpoint the registry does
-        not hold has neither."""
-        sampled, staleness = {}, {}
-        trained = self.trained_rounds(round_)
-        for pid, path in checkpoints.items():
-            policy_round = self.registry.round_of(pid, path)
-            if policy_round is None:
-                continue
-            sampled[pid] = policy_round
-            staleness[pid] = max(0, trained.get(pid, policy_round) - policy_round)
-        return sampled, staleness
-
-    def trained_checkpoints(self, round_: int) -> dict[str, Path]:
-        """policy_id -> the checkpoint trained in `round_` (-1: the base model)."""
-        if round_ == BASE_ROUND:
-            return self.start_checkpoints(0)
-        out = {}
-        for pid in self.policy_ids:
-            rec = self.registry.get(round_, pid)
-            if rec is None:
-                raise DataError(f"round {round_} has no registered checkpoint for policy {pid!r}; materialize its policy first")
-            out[pid] = Path(rec.path)
-        return out
+        """policy_id -> the checkpoint round `round_` samples with (`RoundCheckpoints.sample_checkpoints`),
+        as the rollouts asset asks for it."""
+        return self.checkpoints.sample_checkpoints(round_)
 
     def samplers(self, checkpoints: Mapping[str, Path]) -> dict[str, Sampler]:
         """policy_id -> its engine, pointed at its checkpoint. A run that trains LoRA adapters

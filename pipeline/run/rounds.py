@@ -3,7 +3,7 @@
     problems(r) -> rollouts(r) -> advantages(r) -> training_view(r) -> policy(r) -> evaluation(r)
 
 Each stage is two parts. Its middle is a function of frames and configs to a frame, with no
-store and no clock: `draw_problems`, `sample_steps` (with `rollout_config`), `advantages_frame`,
+store and no clock: `draw_problems` (`pipeline.run.problems`), `sample_steps` (with `rollout_config`), `advantages_frame`,
 `training_view`, the workflow's evaluation (with `evaluation_config`); the policy stage's middle,
 the training runs, writes checkpoints and is the exception (`ratio_diagnostics_table` and
 `registry_metrics` are its pure parts). Its `stage_*` function reads what the middle needs and, in
@@ -14,8 +14,11 @@ function's, its timings row's and its round-table column's (`STAGES`).
 
 Round r trains from the checkpoints the policy registry holds for the latest round before r (the
 base model for round 0) and samples with the checkpoints its driver passes (`stage_rollouts`'s
-`checkpoints`: the same ones, `RoundContext.start_checkpoints`, unless a driver that overlaps
-rounds passes older ones), registers round r's checkpoints, and evaluates them. A round is
+`checkpoints`: the same ones unless a driver that overlaps rounds passes older ones), registers
+round r's checkpoints, and evaluates them; which checkpoint is which is
+`pipeline.run.checkpoints.RoundCheckpoints` (the context's `checkpoints`). A stage hands its
+middle the parts of the context it needs (the config, the tables, the workflow, the checkpoints),
+not the context. A round is
 complete when its `evaluation` table exists: it is written last, atomically, after the
 checkpoints are registered, so a run killed at any point resumes by re-running the first
 incomplete round from scratch (its tables are replaced, never appended to: no lost or duplicated
@@ -29,14 +32,13 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import polars as pl
 import pyarrow as pa
 
 from pipeline.config import RunConfig
 from pipeline.config.scale import devices_env
-from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError
 from pipeline.learn.advantages import compute_advantages
 from pipeline.learn.ground_truth import ground_truth_view
@@ -45,45 +47,13 @@ from pipeline.learn.verifier_replay import verifier_replay, with_verifier_replay
 from pipeline.learn.views import build_training_view
 from pipeline.models import load_tokenizer
 from pipeline.rollout.loop import RolloutConfig, run_rollouts
-from pipeline.run.context import DEFAULT_MIX, RoundContext, build_workflow, run_strategies
-from pipeline.run.timings import STAGES, SUBSTAGES, read_timings, record_timings
+from pipeline.run.checkpoints import RoundCheckpoints
+from pipeline.run.context import RoundContext
+from pipeline.run.problems import REPLAY_STEP_COLUMNS, draw_problems, problems_from_table, replay_candidates
+from pipeline.run.timings import STAGES, read_timings, record_timings
 from pipeline.store import BASE_ROUND, Tables, checkpoint_dir
-from pipeline.types import Problem, Sampler
-from schemas import PROBLEMS, RATIO_DIAGNOSTICS, polars_schema
-
-__all__ = [
-    "RunConfig",
-    "RoundContext",
-    "EnginePool",
-    "STAGES",
-    "SUBSTAGES",
-    "BASE_ROUND",
-    "DEFAULT_MIX",
-    "draw_problems",
-    "replay_candidates",
-    "rollout_config",
-    "sample_steps",
-    "advantages_frame",
-    "training_view",
-    "registry_metrics",
-    "ratio_diagnostics_table",
-    "evaluation_config",
-    "problems_table",
-    "problems_from_table",
-    "sample_round",
-    "stage_problems",
-    "stage_rollouts",
-    "stage_advantages",
-    "stage_training_view",
-    "stage_policy",
-    "stage_evaluation",
-    "round_staleness",
-    "evaluate_base",
-    "run_round_stages",
-    "round_complete",
-    "build_workflow",
-    "run_strategies",
-]
+from pipeline.types import Sampler
+from schemas import RATIO_DIAGNOSTICS, polars_schema
 
 log = logging.getLogger(__name__)
 
@@ -91,65 +61,10 @@ log = logging.getLogger(__name__)
 # -- the stages' middles: frames and configs in, a frame out; no store, no clock ----------------
 
 
-def problems_table(problems: Sequence[Problem], round_: int) -> pl.DataFrame:
-    return pl.DataFrame(
-        {
-            "round": [round_] * len(problems),
-            "uid": [p.uid for p in problems],
-            "question": [p.question for p in problems],
-            "answer": [p.answer for p in problems],
-            "split": [p.split for p in problems],
-            "hint": [p.hint for p in problems],
-        },
-        schema=polars_schema(PROBLEMS),
-    )
-
-
-def problems_from_table(df: pl.DataFrame) -> list[Problem]:
-    return [Problem(uid=r["uid"], question=r["question"], answer=r["answer"], split=r["split"], hint=r["hint"]) for r in df.iter_rows(named=True)]
-
-
-def draw_problems(workflow, n: int, seed: int, round_: int, replay: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Round r's training problems: `n` of the workflow's train split, drawn with `seed`; with
-    `replay` (`replay_candidates`' rows, at most `n` of them used), those first and fresh problems
-    after them, none twice."""
-    if replay is None or replay.is_empty():
-        return problems_table(workflow.problems("train", n, seed), round_)
-    again = problems_from_table(replay.head(n))
-    taken = {p.uid for p in again}
-    try:
-        drawn = workflow.problems("train", n + len(again), seed)
-    except ConfigError:
-        # a finite train split (a game's positions) may hold n problems but not n + the replayed;
-        # n distinct fresh ones still leave n - len(again) that are not replayed. The n + len(again)
-        # draw stays first so that a split large enough draws what it always drew.
-        drawn = workflow.problems("train", n, seed)
-    fresh = [p for p in drawn if p.uid not in taken]
-    return problems_table(again + fresh[: n - len(again)], round_)
-
-
-REPLAY_STEP_COLUMNS = ("round", "uid", "step", "strategy", "active", "local_reward")
-"""The `steps` columns `replay_candidates` reads."""
-
-
-def replay_candidates(problems: pl.DataFrame, steps: pl.DataFrame, n: int) -> pl.DataFrame:
-    """Up to `n` earlier training problems worth drawing again: those whose first attempts
-    (schedule step 0, of every strategy but the hinted `prompt_aug`) were not all right in the
-    latest round that drew them, the lowest success first, then the newest round, then by uid.
-    `problems`: earlier rounds' `problems` rows; `steps`: their `steps` rows (at least
-    `REPLAY_STEP_COLUMNS`). Returns `problems` rows (the latest round's copy of each)."""
-    first = steps.filter((pl.col("step") == 0) & (pl.col("strategy") != "prompt_aug") & pl.col("active") & pl.col("local_reward").is_not_null())
-    success = first.group_by("round", "uid").agg(success=pl.col("local_reward").mean())
-    latest = success.sort("round").group_by("uid").last()
-    hard = latest.filter(pl.col("success") < 1).sort(["success", "round", "uid"], descending=[False, True, False]).head(n)
-    rows = problems.sort("round").group_by("uid").last()
-    return hard.select("uid").join(rows, on="uid", how="inner", maintain_order="left").select(problems.columns)
-
-
 def rollout_config(config: RunConfig, workflow, round_: int, seed: int, policy_rounds=None, staleness=None) -> RolloutConfig:
     """How round r samples: the run's temperature and reward mix; the run's completion budget,
     else each agent's own (`workflow.max_tokens`), else `RolloutConfig`'s; the rounds of the
-    checkpoints that sample each policy and their staleness (`RoundContext.staleness_plan`)."""
+    checkpoints that sample each policy and their staleness (`RoundCheckpoints.staleness_plan`)."""
     return RolloutConfig(
         policy_rounds=dict(policy_rounds or {}),
         staleness=dict(staleness or {}),
@@ -178,12 +93,21 @@ ROLE_BASELINE_COLUMNS = ("round", "step_id", "uid", "strategy", "agent_id", "tur
 """The earlier rounds' `advantages` columns the role baseline reads."""
 
 
-def training_view(advantages, strategies, tokenizer, config: RunConfig, workflow, round_: int, *, earlier=(), problems: pl.DataFrame | None = None):
+def training_view(advantages, strategies, tokenizer, config: RunConfig, workflow, round_: int, *, earlier=(), problems: pl.DataFrame | None = None,
+                  trained: Mapping[str, int] | None = None):
     """The `training_view` table and its `ViewStats`: the rows of `advantages` that `config.view`
-    trains, context-swapped; with `verifier_replay`, the checking agent's rows replaced by its replay
+    trains, context-swapped; with `max_row_staleness`, the version threshold applied to them and to
+    the `earlier` rounds' rows, counted from `trained` (policy_id -> the round of the checkpoint it
+    trains from, as the rows' `staleness` is); with `verifier_replay`, the checking agent's rows replaced by its replay
     over this round and the `earlier` rounds' advantages tables (`pipeline.learn.verifier_replay.verifier_replay`);
     with train_on="ground_truth", as many rows of the task's reference answers to `problems` (the
     step-matched baseline)."""
+    references = problems_from_table(problems) if config.train_on == "ground_truth" else None
+    if config.max_row_staleness is not None:
+        if trained is None:
+            raise ConfigError("training_view: max_row_staleness counts from the rounds the policies train from; pass trained")
+        advantages = apply_version_threshold(advantages, trained, config.max_row_staleness, config.stale_row_weight)
+        earlier = [apply_version_threshold(e, trained, config.max_row_staleness, config.stale_row_weight) for e in earlier]
     view, stats = build_training_view(advantages, strategies, tokenizer, config.view)
     if config.view.verifier_replay and config.train_on == "rollouts":
         checker = getattr(workflow, "verifier_id", None)
@@ -199,7 +123,7 @@ def training_view(advantages, strategies, tokenizer, config: RunConfig, workflow
             raise ConfigError(f"train_on='ground_truth' trains on a task's reference answers; workflow {workflow.name!r} has no such task")
         first = next(a for a in workflow.agents if a.agent_id == workflow.turn_order[0])
         view = ground_truth_view(
-            problems_from_table(problems), task, tokenizer, view.num_rows, round_,
+            references, task, tokenizer, view.num_rows, round_,
             policy_id=first.policy_id, agent_id=first.agent_id, temperature=config.temperature,
         )
     return view, stats
@@ -294,17 +218,18 @@ def stage_problems(ctx: RoundContext, round_: int) -> pl.DataFrame:
 def sample_round(ctx: RoundContext, round_: int, problems: pl.DataFrame, checkpoints: Mapping[str, Path]) -> pa.Table:
     """The rollouts stage's middle with its engines: the team on `problems` (round r's, or a
     shard's share of them) under every strategy, sampled by engines pointed at `checkpoints`."""
-    workflow = ctx.workflow()
-    config = rollout_config(ctx.config, workflow, round_, ctx.round_seed(round_, 2), *ctx.staleness_plan(round_, checkpoints))
-    return sample_steps(problems, workflow, ctx.strategy_objects().values(), ctx.samplers(checkpoints), config)
+    workflow, strategies = ctx.workflow(), ctx.strategy_objects()
+    policy_rounds, staleness = ctx.checkpoints.staleness_plan(round_, checkpoints)
+    config = rollout_config(ctx.config, workflow, round_, ctx.round_seed(round_, 2), policy_rounds, staleness)
+    return sample_steps(problems, workflow, strategies.values(), ctx.samplers(checkpoints), config)
 
 
 def stage_rollouts(ctx: RoundContext, round_: int, problems: pl.DataFrame, checkpoints: Mapping[str, Path] | None = None) -> pa.Table:
     """Sample the team on round r's problems under every strategy with `checkpoints` (policy_id ->
-    checkpoint, as its driver passes them; None: the round's, `RoundContext.sample_checkpoints`:
+    checkpoint, as its driver passes them; None: the round's, `RoundCheckpoints.sample_checkpoints`:
     its start checkpoints, or round r-1-K's with `max_staleness` K) -> the `steps` table."""
     if checkpoints is None:
-        checkpoints = ctx.sample_checkpoints(round_)
+        checkpoints = ctx.checkpoints.sample_checkpoints(round_)
     return _stage(ctx, round_, "rollouts", lambda: sample_round(ctx, round_, problems, checkpoints), "steps")
 
 
@@ -325,25 +250,26 @@ def stage_advantages(ctx: RoundContext, round_: int, steps) -> pl.DataFrame:
 def stage_training_view(ctx: RoundContext, round_: int, advantages):
     """Round r's `training_view` table (and its `ViewStats`), rendered with the tokenizer of the
     checkpoints the round trains from."""
-    c, tables = ctx.config, ctx.tables
+    return _stage(ctx, round_, "training_view", lambda: round_view(
+        ctx.config, ctx.tables, ctx.checkpoints, ctx.workflow(), ctx.strategy_objects(), round_, advantages), "training_view")
 
-    def compute():
-        # the checkpoints it sampled with are registered even when the ones it trains are not yet
-        # (overlapped rounds); a run's checkpoints share one tokenizer
-        tokenizer = load_tokenizer(next(iter(ctx.sample_checkpoints(round_).values())))
-        earlier = []
-        if c.view.verifier_replay and c.train_on == "rollouts":
-            earlier = [tables.read(r, "advantages") for r in range(round_ - 1, max(-1, round_ - c.view.verifier_replay), -1) if tables.exists(r, "advantages")]
-        problems = tables.read(round_, "problems") if c.train_on == "ground_truth" else None
-        rows = advantages
-        if c.max_row_staleness is not None:  # the version threshold, on the round's rows and the replayed ones
-            # measured from the checkpoint each policy trains from, as the rows' `staleness` is
-            trained = ctx.trained_rounds(round_)
-            rows = apply_version_threshold(rows, trained, c.max_row_staleness, c.stale_row_weight)
-            earlier = [apply_version_threshold(e, trained, c.max_row_staleness, c.stale_row_weight) for e in earlier]
-        return training_view(rows, ctx.strategy_objects(), tokenizer, c, ctx.workflow(), round_, earlier=earlier, problems=problems)
 
-    return _stage(ctx, round_, "training_view", compute, "training_view")
+def round_view(config: RunConfig, tables: Tables, checkpoints: RoundCheckpoints, workflow, strategies, round_: int, advantages):
+    """The training view stage's middle with its reads: round r's advantages (and with
+    `verifier_replay` the earlier rounds' it replays) as `training_view` renders them, with the
+    tokenizer of the checkpoints the round sampled with and, for the version threshold, the rounds
+    of those it trains from."""
+    # the checkpoints it sampled with are registered even when the ones it trains are not yet
+    # (overlapped rounds); a run's checkpoints share one tokenizer
+    sampled = checkpoints.sample_checkpoints(round_)
+    trained = checkpoints.trained_rounds(round_) if config.max_row_staleness is not None else None
+    earlier = []
+    if config.view.verifier_replay and config.train_on == "rollouts":
+        replayed = range(round_ - 1, max(-1, round_ - config.view.verifier_replay), -1)
+        earlier = [tables.read(r, "advantages") for r in replayed if tables.exists(r, "advantages")]
+    problems = tables.read(round_, "problems") if config.train_on == "ground_truth" else None
+    tokenizer = load_tokenizer(next(iter(sampled.values())))
+    return training_view(advantages, strategies, tokenizer, config, workflow, round_, earlier=earlier, problems=problems, trained=trained)
 
 
 def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
@@ -367,7 +293,7 @@ def stage_policy(ctx: RoundContext, round_: int, view) -> dict:
         # overlapped rounds: the next round's rollouts sample meanwhile, with engines that are not
         # this stage's to close (the trainer lane is a process of its own: `assets.lane`)
         overlapped = ctx.config.max_staleness > 0
-        parents = ctx.start_checkpoints(round_)
+        parents = ctx.checkpoints.start_checkpoints(round_)
         # Engines that the new checkpoints would rebuild anyway (full weights: the default swap
         # builds a new engine) are closed first, so training does not hold a live engine's memory
         # as well; keeping them saves no time. LoRA-serving engines stay on a GPU, where a new
@@ -412,7 +338,7 @@ def stage_evaluation(ctx: RoundContext, round_: int) -> pl.DataFrame:
     """Evaluate round r's checkpoints (round -1: the starting checkpoints) on the held-out split."""
 
     def compute():
-        checkpoints = ctx.trained_checkpoints(round_)
+        checkpoints = ctx.checkpoints.trained_checkpoints(round_)
         samplers = ctx.samplers(checkpoints)
         tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
         return ctx.workflow().evaluate(samplers, tokenizers, evaluation_config(ctx.config), round_)
@@ -430,7 +356,7 @@ def evaluate_base(ctx: RoundContext) -> pl.DataFrame:
         return ctx.tables.read(BASE_ROUND, "evaluation")
     if not ctx.config.evaluation.reuse_base:
         return stage_evaluation(ctx, BASE_ROUND)
-    key = eval_cache.base_evaluation_key(ctx.config, ctx.trained_checkpoints(BASE_ROUND), evaluation_config(ctx.config), ctx.engines.options)
+    key = eval_cache.base_evaluation_key(ctx.config, ctx.checkpoints.trained_checkpoints(BASE_ROUND), evaluation_config(ctx.config), ctx.engines.options)
     cached = eval_cache.load(key)
     if cached is not None:
         log.info("round -1: the starting checkpoints' evaluation reused from %s", eval_cache.cache_path(key))

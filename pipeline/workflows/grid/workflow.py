@@ -19,7 +19,7 @@ Embedded model (`default_model`): `pipeline.workflows.grid.model`, a tiny Llama 
 tokenizer warm-started on the game in code, one build per game options; what the team learns in
 five default rounds is in docs/results/grid.md.
 
-Budget-matched baselines and arms (`pipeline.rollout.budget_matched`, `pipeline.run.baselines`): the
+Budget-matched baselines and arms (`pipeline.rollout.budget_matched`, `pipeline.run.arms`): the
 single agent is ONE agent committing a move each turn: the planner's prompt (the grid and its
 position, all a move needs), its letter committed as the move, one call per turn (`single_agent`);
 answers compare by the move letter. The team's protocol played by one agent (the planner's id in

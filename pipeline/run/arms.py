@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
-from pipeline.run.experiments import EXPERIMENT_FILE, complete_rounds, is_store, read_experiment, stored_settings
+from pipeline.run.experiment_record import EXPERIMENT_FILE, complete_rounds, is_store, read_experiment, stored_settings
 from pipeline.store import BASE_ROUND
 
 __all__ = ["ARMS", "compute_baselines", "compute_arm_baselines", "read_baselines", "arm_store", "single_store", "arm_settings", "trained_single_settings",
@@ -75,7 +75,7 @@ def arm_workflow(of: str = "math", arm: str = "single", **options):
     """Arm `arm` (single | protocol | wide) of the workflow `of` built with `options`: its single
     agent (`Workflow.single_agent`; wide: the same, its options holding the model's `model_scale`)
     or its protocol played by one agent (`ProtocolWorkflow`). What `maxit run
-    --workflow pipeline.run.baselines:arm_workflow --workflow-options of=NAME arm=ARM ...` trains.
+    --workflow pipeline.run.arms:arm_workflow --workflow-options of=NAME arm=ARM ...` trains.
     The math workflows take their task by name here (`task`, `task_file`, `prompt_file`), as
     `maxit run` builds it."""
     from pipeline.rollout.workflow import ProtocolWorkflow
@@ -199,7 +199,7 @@ def _sampler_of(ctx, round_: int, workflows):
     for the agents of `workflows` (a team and the variants played beside it)."""
     from pipeline.models.loading import load_tokenizer
 
-    checkpoints = ctx.trained_checkpoints(round_)
+    checkpoints = ctx.checkpoints.trained_checkpoints(round_)
     policy_of = {a.agent_id: a.policy_id for w in workflows for a in w.agents}
     samplers = ctx.samplers(checkpoints)
     tokenizers = {pid: load_tokenizer(path) for pid, path in checkpoints.items()}
@@ -338,7 +338,7 @@ def arm_settings(store: str | Path, arm: str, problems: int | None = None):
         options = [f"of={settings.workflow}", f"arm={arm}", *settings.workflow_options, *([f"model_scale={len(team.agents)}"] if arm == "wide" else [])]
         if settings.workflow in ("math", "single"):  # its task by name, as maxit run builds it (a task file is a setting of its own)
             options += [f"task={settings.task}"] + ([f"prompt_file={settings.prompt_file}"] if settings.prompt_file else [])
-        changed = replace(settings, workflow="pipeline.run.baselines:arm_workflow", workflow_options=tuple(options), problems=problems)
+        changed = replace(settings, workflow="pipeline.run.arms:arm_workflow", workflow_options=tuple(options), problems=problems)
     config = changed.run_config()
     try:
         run_strategies(config, build_workflow(config))  # a strategy the arm cannot run is named before anything is written

@@ -1,6 +1,6 @@
 """A store as an experiment: its record (`experiment.json`: the settings `maxit run` last ran it
-with), the settings a new run changes, and the list of experiments under some folders
-(`maxit runs`).
+with), the settings a new run changes, and which rounds it completed. The list of experiments
+under some folders (`maxit runs`) is `pipeline.reporting.experiments`.
 
 A store is one experiment: its tables (`round=<r>/*.parquet`), checkpoints, policy registry,
 Dagster instance (`.dagster/`), console log (`maxit.log`) and `experiment.json`."""
@@ -11,9 +11,8 @@ import datetime as _dt
 import json
 from dataclasses import fields
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping
 
-import polars as pl
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
@@ -27,10 +26,7 @@ __all__ = [
     "stored_settings",
     "settings_changes",
     "is_store",
-    "find_stores",
-    "changed_settings",
     "complete_rounds",
-    "experiments_table",
 ]
 
 EXPERIMENT_FILE = "experiment.json"
@@ -38,6 +34,14 @@ EXPERIMENT_FILE = "experiment.json"
 
 LOG_FILE = "maxit.log"
 """The store's log of engine and library output (warnings, vLLM and Dagster log lines)."""
+
+MOVED_WORKFLOWS = {
+    "pipeline.run.baselines:arm_workflow": "pipeline.run.arms:arm_workflow",
+    "pipeline.run.baselines:single_workflow": "pipeline.run.arms:single_workflow",
+}
+"""Workflow paths that records written by earlier versions hold, and where each lives now: an arm's
+store records the factory its workflow was built with (`pipeline.run.arms`, once `baselines`)."""
+
 
 def now_iso() -> str:
     """The local time now, ISO 8601 to the second, with its UTC offset."""
@@ -85,9 +89,16 @@ def read_experiment(store: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise DataError(f"{path}: not valid JSON ({err})") from None
+    # a workflow path of an earlier version is read as where it lives now, so the store's team can
+    # be rebuilt and a resumed run does not see its own workflow as a changed setting
+    for key in ("settings", "previous_settings"):
+        workflow = (record.get(key) or {}).get("workflow") if isinstance(record, dict) else None
+        if workflow in MOVED_WORKFLOWS:
+            record[key]["workflow"] = MOVED_WORKFLOWS[workflow]
+    return record
 
 
 def stored_settings(record: Mapping) -> "Settings":
@@ -148,36 +159,6 @@ def is_store(path: Path) -> bool:
     return path.is_dir() and ((path / EXPERIMENT_FILE).is_file() or any(path.glob("round=*")))
 
 
-def find_stores(roots: Iterable[str | Path], max_depth: int = 3) -> list[Path]:
-    """Stores under `roots` (each root itself, or folders up to `max_depth` levels below it),
-    sorted by path; a store's own sub-folders are not searched."""
-    found: list[Path] = []
-
-    def walk(path: Path, depth: int) -> None:
-        if is_store(path):
-            found.append(path)
-            return
-        if depth >= max_depth or not path.is_dir():
-            return
-        for child in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            walk(child, depth + 1)
-
-    for root in roots:
-        walk(Path(root), 0)
-    return sorted(set(found))
-
-
-def changed_settings(values: Mapping) -> str:
-    """The settings that differ from `Settings()`'s defaults, as "name=value" pairs."""
-    from pipeline.run.settings import Settings
-
-    defaults = st.jsonable(Settings())
-    changed = [f"{f.name}={values[f.name]}" for f in fields(Settings) if f.name in values and values[f.name] != defaults.get(f.name)]
-    unknown = sorted(set(values) - set(defaults))  # settings of an older or newer maxit
-    changed += [f"{k}={values[k]}" for k in unknown]
-    return " ".join(changed) or "(defaults)"
-
-
 def complete_rounds(store: Path) -> list[int]:
     """The store's complete rounds (those with an `evaluation` table), from 0 up."""
     return sorted(
@@ -185,35 +166,3 @@ def complete_rounds(store: Path) -> list[int]:
         for p in store.glob("round=*/evaluation.parquet")
         if p.parent.name.split("=", 1)[1].lstrip("-").isdigit() and int(p.parent.name.split("=", 1)[1]) >= 0
     )
-
-
-def experiments_table(roots: Sequence[str | Path]) -> pl.DataFrame:
-    """One row per store under `roots`: its complete rounds, the last one's held-out accuracy
-    (math: the Solver's; other workflows: team success) and balanced verdict accuracy, when it last ran, and its settings (those that
-    differ from the defaults)."""
-    rows = []
-    for store in find_stores(roots):
-        rec = read_experiment(store) or {}
-        done = complete_rounds(store)
-        last = done[-1] if done else None
-        acc = bal = None
-        if last is not None:
-            ev = st.Tables(store).read(last, "evaluation")
-            get = lambda m: ev.filter(pl.col("metric") == m)["value"]  # noqa: E731
-            acc = next((float(get(m)[0]) for m in ("accuracy", "success") if get(m).len()), None)
-            bal = float(get("verdict_balanced_accuracy")[0]) if get("verdict_balanced_accuracy").len() else None
-        rows.append(
-            {
-                "store": str(store),
-                "rounds": len(done),
-                "last_round": last,
-                "heldout": acc,
-                "verifier_bal_acc": bal,
-                "updated": rec.get("updated", ""),
-                "engine": rec.get("engine", ""),
-                "settings": changed_settings(rec["settings"]) if "settings" in rec else "(no experiment.json)",
-            }
-        )
-    schema = {"store": pl.String, "rounds": pl.Int64, "last_round": pl.Int64, "heldout": pl.Float64, "verifier_bal_acc": pl.Float64,
-              "updated": pl.String, "engine": pl.String, "settings": pl.String}
-    return pl.DataFrame(rows, schema=schema)

@@ -17,8 +17,9 @@ import polars as pl
 
 from pipeline import store as st
 from pipeline.errors import ConfigError, DataError
-from pipeline.run.experiments import EXPERIMENT_FILE, changed_settings, now_iso, complete_rounds, is_store, read_experiment
-from pipeline.run.report import trajectory_success
+from pipeline.reporting.experiments import changed_settings
+from pipeline.reporting.report import trajectory_success
+from pipeline.run.experiment_record import EXPERIMENT_FILE, complete_rounds, is_store, now_iso, read_experiment
 from pipeline.run.timings import OLD_STAGE_LABELS, STAGES
 
 __all__ = ["store_metrics", "build_report", "HEADLINE_METRICS", "AGENT_METRICS"]
@@ -262,8 +263,8 @@ def _baselines_tables(labels: Sequence[str], stores: Sequence[Path]) -> str:
     """Each store's team beside its budget-matched baselines and trained arms (`baselines_summary`)
     and its verdict (`verdict_lines`), or a line saying how to compute them; with several stores
     that have baselines, the verdict over them (`verdict_across`: a team's seeds)."""
-    from pipeline.run.report import baselines_summary
-    from pipeline.run.verdict import verdict_across, verdict_lines
+    from pipeline.reporting.markdown import baselines_summary
+    from pipeline.reporting.verdict import verdict_across, verdict_lines
 
     def lines_html(lines: Sequence[str]) -> str:
         return "<p>" + "<br>".join(html.escape(line) for line in lines) + "</p>"

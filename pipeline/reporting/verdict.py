@@ -11,7 +11,7 @@ from typing import Sequence
 
 import polars as pl
 
-from pipeline.run.experiments import complete_rounds, is_store
+from pipeline.run.experiment_record import complete_rounds, is_store
 from pipeline.store import BASE_ROUND
 
 __all__ = ["ArmResult", "PLAYED_ARMS", "arm_results", "played_arms", "verdict_lines", "verdict_across"]
@@ -49,7 +49,7 @@ class ArmResult:
 
 def played_arms(sibling: Path, arm: str) -> list[ArmResult]:
     """The played rows of arm `arm`'s sibling store (its `baselines` table, last round), success known."""
-    from pipeline.run.baselines import read_baselines
+    from pipeline.run.arms import read_baselines
 
     table = read_baselines(sibling)
     if table is None:
@@ -70,7 +70,7 @@ def arm_results(store: str | Path) -> tuple[dict[int, ArmResult], list[ArmResult
     """(round -> the trained team played as the baselines are at that round, the trained arms
     played at their last rounds): every row the verdict compares, from the store's `baselines`
     table and its arms' sibling stores (`<store>-<arm>`)."""
-    from pipeline.run.baselines import ARMS, arm_store, read_baselines
+    from pipeline.run.arms import ARMS, arm_store, read_baselines
 
     table = read_baselines(store)
     team: dict[int, ArmResult] = {}
@@ -107,7 +107,7 @@ def verdict_lines(store: str | Path, name: str | None = None) -> list[str]:
     played on the team's held-out problems and draws) the trained team pays, does not pay, or
     makes no difference (within two standard errors), by how much; a line saying how to train the
     arms when it has none."""
-    from pipeline.run.baselines import ARMS, arm_store
+    from pipeline.run.arms import ARMS, arm_store
 
     name = name or str(store)
     team, arms = arm_results(store)
