@@ -40,7 +40,7 @@ def test_the_one_lane_process_is_given_the_trainers_devices_and_cores_and_the_ru
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     with launch.engine_devices(settings.engine_devices):
         assert os.environ[DEVICES_ENV] == "0"
-        lane = lane_mod.trainer_lane(Tables(tmp_path / "store"), settings.settings(), "hf")
+        lane = lane_mod.trainer_lane(Tables(tmp_path / "store"), settings.run_config().scale, "hf")
         try:
             pid = lane.start()
             given = _environ(pid)
