@@ -51,8 +51,11 @@ def table_of(metadata: Mapping, asset_key: dg.AssetKey) -> str:
 
 
 def column_schema(schema) -> dg.TableSchema:
-    """A stored table's columns (an Arrow schema) as Dagster's `TableSchema`: name and Arrow type."""
-    return dg.TableSchema(columns=[dg.TableColumn(name=field.name, type=str(field.type)) for field in schema])
+    """A stored table's columns (an Arrow schema) as Dagster's `TableSchema`: name, Arrow type and
+    whether it may hold nulls."""
+    return dg.TableSchema(columns=[
+        dg.TableColumn(name=field.name, type=str(field.type), constraints=dg.TableColumnConstraints(nullable=field.nullable)) for field in schema
+    ])
 
 
 def stored_table_metadata(tables: Tables, round_: int, table: str) -> dict:

@@ -2,7 +2,7 @@
 each round to one lane process for the whole run (`python -m assets.lane --serve`, `TrainerLane`)
 where that process can keep the model it trains (`holds_model`), else to a process per round (the
 caller's `per_round`). Kept apart from `assets.lane`, the lane process itself, which materializes
-rounds with `assets.launch` and so cannot be imported by it."""
+rounds with `assets.jobs` and so cannot be imported by it."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def holds_model(scale) -> str | None:
 class TrainerLane:
     """The run's trainer lane as one process for all its rounds (`--serve`), started on the first
     round and given each round as a request; what `_materialize_in_process_of_its_own` of
-    `assets.launch` gives its per-round process, it gives this one: the run's environment (its
+    `assets.overlapped_run` gives its per-round process, it gives this one: the run's environment (its
     lifeline and writer lock token), `--trainer-devices` as CUDA_VISIBLE_DEVICES, `--trainer-cores`
     as the process's CPU affinity and OMP_NUM_THREADS, the parent-death signal."""
 
@@ -135,7 +135,7 @@ _LANES: dict[tuple, TrainerLane] = {}
 
 
 def materialize_in_lane(tables, r: int, settings, engine: str, stages: tuple[str, ...], per_round: Callable) -> None:
-    """What `assets.launch._materialize_in_process_of_its_own` does for the trainer lane of
+    """What `assets.overlapped_run._materialize_in_process_of_its_own` does for the trainer lane of
     overlapped rounds, in one process for the whole run (`TrainerLane`) where it can keep the
     model (`holds_model`), else by `per_round` (default: that function, a process per round)."""
     from dataclasses import asdict

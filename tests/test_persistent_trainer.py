@@ -178,11 +178,11 @@ def test_the_lane_process_outlives_the_thread_that_started_it_and_dies_with_the_
 
 PERSISTENT_RUN = """
 import functools, json, sys
-import assets.launch as launch
+import assets.overlapped_run as overlapped_run
 from assets import trainer_lane as lane
-# the trainer lane of `maxit run` as one process for the run (the call site in assets.launch
-# that the lead wires: `_run_overlapped`'s trainer stages through `lane.materialize_in_lane`)
-launch._materialize_in_process_of_its_own = functools.partial(lane.materialize_in_lane, per_round=launch._materialize_in_process_of_its_own)
+# the trainer lane of `maxit run` as one process for the run (the call site in
+# assets.overlapped_run: `run_overlapped_rounds`' trainer stages through `lane.materialize_in_lane`)
+overlapped_run._materialize_in_process_of_its_own = functools.partial(lane.materialize_in_lane, per_round=overlapped_run._materialize_in_process_of_its_own)
 from maxit.cli import main
 code = main(sys.argv[2:])
 lanes = list(lane._LANES.values())
