@@ -27,7 +27,7 @@ from assets.placement import pinned_sampler
 def run_overlapped_rounds(n_rounds, tables: Tables, settings, engine, restart, instance, quiet_dagster, out, bar, metrics, trackers, judged) -> pl.DataFrame:
     """`assets.run_rounds`' rounds when they overlap (`assets.overlap`): the first incomplete round and
     every later one made from scratch, round r's sampling beside round r-1's training."""
-    from assets.jobs import materialize_round  # looked up per run: a test stands in for it there
+    from assets.jobs import materialize_round  # imported when called: a stand-in a test sets on assets.jobs is the one run
     from assets.overlap import TRAIN_STAGES, StorePlan, prepare_resume, run_overlapped
     from assets.trainer_lane import close_lanes, materialize_in_lane
 

@@ -120,7 +120,7 @@ def _publish_experiment(tables: Tables) -> None:
 def _run_rounds(n_rounds, tables: Tables, settings, engine, restart, home, quiet_dagster, out, err) -> pl.DataFrame:
     from tqdm.auto import tqdm
 
-    from assets.jobs import materialize_round  # looked up per run: a test stands in for it there
+    from assets.jobs import materialize_round  # imported when called: a stand-in a test sets on assets.jobs is the one run
     from assets.overlapped_run import run_overlapped_rounds
     from assets.resources import close_engines
     from pipeline.run.context import build_workflow
