@@ -11,8 +11,9 @@ table's I/O around the stage:
   column's name and Arrow type) and where it is kept;
 - `load_input` makes the working copy current (`Tables.pull`) and reads the upstream table of the
   partition's round, only the columns an `AssetIn`'s metadata names under "columns" when it does;
-- `setup_for_execution` pulls once when a step starts, for what a stage reads besides its input
-  (earlier rounds' tables, round -1's evaluation).
+- `setup_for_execution` pulls when the resources are set up (in each step's process, or once for
+  a run whose steps share one process), for what a stage reads besides its input (earlier
+  rounds' tables, round -1's evaluation).
 
 Which table an asset's output is: its definition metadata's `TABLE_KEY` (`table_of`). The
 manager holds the store resource, whose setup (the store's writer lock) comes first."""
