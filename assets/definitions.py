@@ -12,6 +12,7 @@ from assets.advantages import advantages
 from assets.checks import all_checks
 from assets.config import RunSettings
 from assets.evaluation import evaluation
+from assets.io import IO_MANAGER_KEY, RoundTablesIOManager
 from assets.policy import policy
 from assets.problems import problems
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
@@ -31,6 +32,7 @@ def make_resources(store: str = STORE, engine: str = ENGINE, settings: RunSettin
         "store": store_res,
         "engine": EngineResource(engine=engine),
         "policy_registry": PolicyRegistryResource(store=store_res),
+        IO_MANAGER_KEY: RoundTablesIOManager(store=store_res),
         "settings": settings or RunSettings(),
     }
 

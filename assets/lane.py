@@ -82,7 +82,7 @@ def _materialize(store: str, engine: str, home: str, round_: int, stages: tuple[
         resident.keep_models(True)
     from assets.config import RunSettings
     from assets.instance import instance_at
-    from assets.launch import materialize_round
+    from assets.jobs import materialize_round
     from pipeline.store import Tables
 
     try:

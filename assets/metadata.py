@@ -15,12 +15,6 @@ def md_table(df: pl.DataFrame, float_fmt: str = "{:.3f}") -> dg.MetadataValue:
     return dg.MetadataValue.md("\n".join(lines))
 
 
-def table_metadata(info) -> dict:
-    """What an asset reports of a table it wrote (a `pipeline.store.TableInfo`): its rows, as
-    Dagster's row count, and where it is kept."""
-    return {"dagster/row_count": info.rows, "path": info.path}
-
-
 def reward_by_agent_strategy(df: pl.DataFrame) -> pl.DataFrame:
     return (
         df.group_by("agent_id", "strategy")

@@ -9,7 +9,12 @@ rounds = dg.DynamicPartitionsDefinition(name="rounds")
 
 
 def round_of(context) -> int:
-    key = context.partition_key
+    """The round of a step's partition (`context.partition_key`)."""
+    return round_from_key(context.partition_key)
+
+
+def round_from_key(key: str) -> int:
+    """The round a partition key names: "0", "1", ...; any other key is an error naming it."""
     try:
         r = int(key)
     except ValueError:

@@ -8,6 +8,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import PrivateAttr
 
+from pipeline.config import RunConfig
 from pipeline.engines.pool import EnginePool
 from pipeline.store import Tables
 from pipeline.store.registry import PolicyRegistry
@@ -85,10 +86,10 @@ class EngineResource(dg.ConfigurableResource):
         return {k: v for k, v in (options or {}).items() if v != 1}
 
 
-def engine_options(config) -> dict:
-    """The `EngineConfig` options of a run: `RunConfig.engine_options` of `config`, a `RunConfig`
-    or the settings resource that makes one (`assets.config.RunSettings`)."""
-    return dict((config.run_config() if hasattr(config, "run_config") else config).engine_options)
+def engine_options(config: RunConfig) -> dict:
+    """The `EngineConfig` options of a run: `RunConfig.engine_options` of `config` (the settings
+    resource's `run_config()`)."""
+    return dict(config.engine_options)
 
 
 class PolicyRegistryResource(dg.ConfigurableResource):

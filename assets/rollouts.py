@@ -34,32 +34,38 @@ import dagster as dg
 import polars as pl
 
 from assets.config import RunSettings
-from assets.metadata import md_table, reward_by_agent_strategy, table_metadata
+from assets.io import IO_MANAGER_KEY, TABLE_KEY
+from assets.metadata import md_table, reward_by_agent_strategy
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
 from pipeline.rollout.loop import merge_shards
 from pipeline.run.ray_shards import ShardJob, ray_session, run_shards, sample_shard, shard_resources
 from pipeline.run.rounds import evaluate_base, stage_rollouts
 from pipeline.run.timings import record_timings
+from pipeline.store import TableInfo
 
 SHARD_TABLE = "rollout_shards"
 """`<store>/round=<r>/rollout_shards.parquet`: one row per shard (problems, rows, process id,
 host, start and end times), written once the shards are in."""
 
 
-@dg.op(ins={"problems": dg.In(dg.Nothing)}, out=dg.DynamicOut(dict))
-def rollout_shards(context: dg.OpExecutionContext, settings: RunSettings, store: StoreResource, policy_registry: PolicyRegistryResource):
+@dg.op(out=dg.DynamicOut(dict))
+def rollout_shards(context: dg.OpExecutionContext, problems: pl.DataFrame, settings: RunSettings, store: StoreResource,
+                   policy_registry: PolicyRegistryResource):
     """One dynamic output per shard: its number and the checkpoints it samples with, resolved
     here, once, so the shards never race to register the base model and all sample with the same
-    checkpoints."""
+    checkpoints. One shard samples every problem and is handed the round's `problems` table (the
+    IO manager loaded it); several shards each read their share (`sample_shard`)."""
     r, scale = round_of(context), settings.run_config().scale
     shards = scale.shards
     ctx = settings.context(store, r, policy_registry=policy_registry)
-    ctx.tables.pull()
     checkpoints = {pid: str(path) for pid, path in ctx.sample_checkpoints(r).items()}
     ctx.tables.remove_parts(r)  # a crashed attempt's shard files are replaced, never merged
     if scale.executor == "ray":  # one step hands every shard to Ray, which runs them at once
         yield dg.DynamicOutput({"shards": list(range(shards)), "checkpoints": checkpoints}, mapping_key="ray")
+        return
+    if shards == 1:
+        yield dg.DynamicOutput({"shard": 0, "checkpoints": checkpoints, "problems": problems}, mapping_key="shard_0")
         return
     for s in range(shards):
         yield dg.DynamicOutput({"shard": s, "checkpoints": checkpoints}, mapping_key=f"shard_{s}")
@@ -90,6 +96,8 @@ def rollout_shard(
     shard = int(task["shard"])
     checkpoints = {pid: Path(path) for pid, path in task["checkpoints"].items()}
     ctx = settings.context(store, r, engine, policy_registry)
+    # an op, not an asset: nothing reaches it through the IO manager, and in a process of its own
+    # its reads (round -1's evaluation, a shard's problems) need the working copy current
     ctx.tables.pull()
     if shards > 1:
         out = sample_shard(ctx, r, shard, shards, checkpoints)
@@ -100,9 +108,8 @@ def rollout_shard(
         # its own engine, and the evaluation asset evaluates round -1 once.
         evaluate_base(ctx)
         started = time.time()
-        problems = ctx.tables.read(r, "problems")
+        problems = task["problems"]
         steps = pl.from_arrow(stage_rollouts(ctx, r, problems, checkpoints))  # writes the round's table and records its seconds
-        ctx.tables.publish(r)
         out = {"shard": shard, "problems": problems.height, "rows": steps.height, "pid": os.getpid(), "host": socket.gethostname(),
                "substages": {}, "summary": rollout_summary(steps), "started": started, "finished": time.time()}
     context.log.info(f"shard {shard}/{shards}: {out['problems']} problems, {out['rows']} rows in {out['finished'] - out['started']:.1f}s (pid {os.getpid()})")
@@ -126,19 +133,21 @@ def ray_shards(context: dg.OpExecutionContext, task: dict, settings: RunSettings
     return out
 
 
-@dg.op(out=dg.Out(dg.Nothing))
-def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[list[dict]], settings: RunSettings, store: StoreResource):
+@dg.op(out=dg.Out(TableInfo, io_manager_key=IO_MANAGER_KEY))
+def merge_rollout_shards(context: dg.OpExecutionContext, problems: pl.DataFrame, shards: list[list[dict]], settings: RunSettings,
+                         store: StoreResource) -> TableInfo:
     """Every shard is in: unless one shard wrote it itself, the round's `steps` table from the
     shards' parts, in the order one process would write it, written once (and the shards' seconds
-    recorded); the `rollout_shards` table."""
+    recorded); the `rollout_shards` table. Its output is the `steps` table, which the IO manager
+    publishes (with the `rollout_shards` table) and describes."""
     r = round_of(context)
     shards = sorted((s for step in shards for s in step), key=lambda s: s["shard"])
+    # `problems` was loaded once every shard was in: the IO manager's pull then brought the parts
+    # that shards in other processes or on other machines uploaded
     tables = store.tables()
-    tables.pull()
     wall = max(s["finished"] for s in shards) - min(s["started"] for s in shards)
     summary = shards[0]["summary"]
     if summary is None:
-        problems = tables.read(r, "problems")
         parts = [part.to_arrow() for part in tables.read_parts(r, "steps")]
         steps = merge_shards(parts, problems["uid"].to_list(), list(settings.run_config().strategies))
         tables.write(r, "steps", steps)
@@ -149,10 +158,8 @@ def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[list[dict]
     keep = ("shard", "problems", "rows", "pid", "host", "started", "finished")
     shard_df = pl.DataFrame([{k: s[k] for k in keep} for s in shards]).with_columns(pl.lit(r, pl.Int32).alias("round"))
     tables.write(r, SHARD_TABLE, shard_df)
-    tables.publish(r)
     context.add_output_metadata(
         {
-            **table_metadata(tables.info(r, "steps", summary["rows"])),
             "completion_tokens": summary["tokens"],
             "tokens_per_second": round(summary["tokens"] / wall, 1) if wall > 0 else 0.0,
             "engine": summary["engine"],
@@ -162,16 +169,18 @@ def merge_rollout_shards(context: dg.OpExecutionContext, shards: list[list[dict]
             "reward_by_agent_strategy": md_table(pl.DataFrame(summary["rewards"])),
         }
     )
+    return tables.info(r, "steps", summary["rows"])
 
 
 @dg.graph_asset(
     name="rollouts",
     partitions_def=rounds,
     group_name="expert_iteration",
-    ins={"problems": dg.AssetIn(key="problems", dagster_type=dg.Nothing)},
+    ins={"problems": dg.AssetIn(key="problems")},
     kinds={"vllm"},
+    metadata={TABLE_KEY: "steps"},
     description="Every agent call of the round (the `steps` table): the team acting on the problems under every search strategy, "
     "with token ids and sampling logprobs; one step per shard (settings.shards), merged when all are in.",
 )
 def rollouts(problems):
-    return merge_rollout_shards(rollout_shards(problems).map(rollout_shard).collect())
+    return merge_rollout_shards(problems, rollout_shards(problems).map(rollout_shard).collect())

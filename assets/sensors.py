@@ -23,7 +23,12 @@ round_job = dg.define_asset_job(
 def overlap_refusal(run_config: dict | None, default_staleness: int = 0) -> str | None:
     """Why the sensor or the schedule does not launch a round with `run_config` (its settings
     resource's `max_staleness`, else `default_staleness`, the definitions' own): a message
-    naming `maxit run` when it is > 0, else None."""
+    naming `maxit run` when it is > 0, else None.
+
+    `run_config` is a Dagster run config as the launchpad wrote it, so the one setting is read
+    from its flat `settings` fields: building the run's `RunConfig` here would validate every
+    setting in the sensor, and a run config that does not validate is the run's failure to
+    report, not the sensor's."""
     config = ((run_config or {}).get("resources") or {}).get("settings") or {}
     settings = config.get("config", {}) if isinstance(config, dict) else {}
     k = settings.get("max_staleness", default_staleness) if isinstance(settings, dict) else default_staleness
@@ -39,7 +44,8 @@ def overlap_refusal(run_config: dict | None, default_staleness: int = 0) -> str 
 
 
 def _default_staleness(settings) -> int:
-    return int(getattr(settings, "max_staleness", 0) or 0) if settings is not None else 0
+    """The definitions' own `max_staleness`: their settings resource's `RunConfig`'s (0 without one)."""
+    return settings.run_config().max_staleness if settings is not None else 0
 
 
 def next_round(instance) -> int:

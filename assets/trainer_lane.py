@@ -2,7 +2,7 @@
 each round to one lane process for the whole run (`python -m assets.lane --serve`, `TrainerLane`)
 where that process can keep the model it trains (`holds_model`), else to a process per round (the
 caller's `per_round`). Kept apart from `assets.lane`, the lane process itself, which materializes
-rounds with `assets.launch` and so cannot be imported by it."""
+rounds with `assets.jobs` and so cannot be imported by it."""
 
 from __future__ import annotations
 
@@ -23,24 +23,23 @@ __all__ = ["TrainerLane", "trainer_lane", "materialize_in_lane", "close_lanes", 
 log = logging.getLogger(__name__)
 
 
-def holds_model(settings) -> str | None:
-    """None when one lane process can keep the trained model across rounds under `settings`;
-    else why not (torchrun's ranks hold it, and a round starts them anew)."""
-    processes, fsdp = int(getattr(settings, "train_processes", 1) or 1), str(getattr(settings, "fsdp", "off") or "off")
-    shards, executor = int(getattr(settings, "shards", 1) or 1), str(getattr(settings, "executor", "") or "")
-    if processes > 1:
-        return f"--train-processes {processes}: the model lives in torchrun's ranks, started anew each round"
-    if fsdp != "off":
-        return f"--fsdp {fsdp}: the model is sharded over torchrun's ranks, started anew each round"
-    if shards > 1 and executor != "ray":
-        return f"--shards {shards}: each step of a round runs in a process of its own"
+def holds_model(scale) -> str | None:
+    """None when one lane process can keep the trained model across rounds under `scale` (the
+    run's `ScaleConfig`, `RunConfig.scale`); else why not (torchrun's ranks hold it, and a round
+    starts them anew). FSDP needs `train_processes` > 1 (`ScaleConfig` refuses it otherwise), so
+    the processes say it."""
+    if scale.train_processes > 1:
+        sharded = f", sharded by --fsdp {scale.fsdp}" if scale.fsdp != "off" else ""
+        return f"--train-processes {scale.train_processes}: the model lives in torchrun's ranks{sharded}, started anew each round"
+    if scale.shards > 1 and scale.executor != "ray":
+        return f"--shards {scale.shards}: each step of a round runs in a process of its own"
     return None
 
 
 class TrainerLane:
     """The run's trainer lane as one process for all its rounds (`--serve`), started on the first
     round and given each round as a request; what `_materialize_in_process_of_its_own` of
-    `assets.launch` gives its per-round process, it gives this one: the run's environment (its
+    `assets.overlapped_run` gives its per-round process, it gives this one: the run's environment (its
     lifeline and writer lock token), `--trainer-devices` as CUDA_VISIBLE_DEVICES, `--trainer-cores`
     as the process's CPU affinity and OMP_NUM_THREADS, the parent-death signal."""
 
@@ -136,27 +135,31 @@ _LANES: dict[tuple, TrainerLane] = {}
 
 
 def materialize_in_lane(tables, r: int, settings, engine: str, stages: tuple[str, ...], per_round: Callable) -> None:
-    """What `assets.launch._materialize_in_process_of_its_own` does for the trainer lane of
+    """What `assets.overlapped_run._materialize_in_process_of_its_own` does for the trainer lane of
     overlapped rounds, in one process for the whole run (`TrainerLane`) where it can keep the
     model (`holds_model`), else by `per_round` (default: that function, a process per round)."""
     from dataclasses import asdict
 
-    values = settings.settings() if hasattr(settings, "settings") else settings
-    why = holds_model(values)
+    scale = settings.run_config().scale
+    why = holds_model(scale)
     if why is not None:
         log.info("trainer lane: a process per round (%s)", why)
         per_round(tables, r, settings, engine, stages)
         return
-    lane = trainer_lane(tables, values, engine)
+    lane = trainer_lane(tables, scale, engine)
+    # the lane process is handed the settings as the launchpad's flat fields (`RunSettings(**values)`
+    # there), the one form both sides share
+    values = settings.settings() if hasattr(settings, "settings") else settings
     with tempfile.TemporaryDirectory(prefix="maxit-lane-") as tmp:
         settings_file = Path(tmp) / "settings.json"
         settings_file.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(values).items()}), encoding="utf-8")
         lane.run(r, stages, settings_file)
 
 
-def trainer_lane(tables, values, engine: str) -> TrainerLane:
+def trainer_lane(tables, scale, engine: str) -> TrainerLane:
     """The run's `TrainerLane` for `tables`' store (made on first use, its process started on its
-    first round), given what the per-round lane process is given (`TrainerLane`)."""
+    first round), given what the per-round lane process is given (`TrainerLane`); `scale`: the
+    run's `ScaleConfig` (its trainer cores and devices)."""
     from assets.instance import dagster_home
     from assets.instance import PROJECT_ROOT
     from pipeline.config.scale import devices_env, parse_cores
@@ -164,8 +167,8 @@ def trainer_lane(tables, values, engine: str) -> TrainerLane:
     key = (str(tables.location), engine, os.getpid())
     lane = _LANES.get(key)
     if lane is None:
-        cores = getattr(values, "trainer_cores", None)
-        env = devices_env(getattr(values, "trainer_devices", None)) or dict(os.environ)  # --trainer-devices: the lane
+        cores = scale.trainer_cores
+        env = devices_env(scale.trainer_devices) or dict(os.environ)  # --trainer-devices: the lane
         if cores is not None:
             env["OMP_NUM_THREADS"] = str(len(parse_cores(cores, "--trainer-cores")))
         lane = _LANES[key] = TrainerLane(str(tables.location), engine, str(dagster_home(tables.root)), env, cores, PROJECT_ROOT)

@@ -49,7 +49,7 @@ def add_baselines_parser(sub) -> None:
 def cmd_baselines(args) -> int:
     from pathlib import Path
 
-    from assets.launch import console_to_log
+    from assets.console import console_to_log
     from pipeline.errors import ConfigError
     from pipeline.run.arms import ARMS, arm_settings, arm_store, compute_arm_baselines, compute_baselines, team_of
     from pipeline.run.experiment_record import LOG_FILE
@@ -94,7 +94,7 @@ def _run_arm(store, sibling, arm: str, settings, team_rows: dict[int, int]) -> N
     rows; a line per round on the console."""
     from assets.config import RunSettings
     from assets.instance import dagster_home, instance_at
-    from assets.launch import console_to_log
+    from assets.console import console_to_log
     from assets.resources import close_engines
     from pipeline.engines import vllm_available
     from pipeline.run.experiment_record import LOG_FILE, record_experiment
@@ -131,7 +131,7 @@ def _single_round(instance, tables, r: int, settings, engine: str, rows: int) ->
     view had (None: the round was complete and is kept)."""
     import pyarrow.parquet as pq
 
-    from assets.launch import materialize_round
+    from assets.jobs import materialize_round
     from assets.overlap import SAMPLE_STAGES
     from pipeline.run.arms import match_rows, match_seed
     from pipeline.run.rounds import round_complete

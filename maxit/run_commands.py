@@ -96,7 +96,7 @@ def cmd_run(args) -> int:
     import resource
 
     from assets.config import RunSettings
-    from assets.launch import run_rounds
+    from assets.run_rounds import run_rounds
     from pipeline.reporting.report import console_table
     from pipeline.run.settings import settings_from_args
     from pipeline.reporting.tracking import check_targets
@@ -223,7 +223,7 @@ def add_ui_parser(sub) -> None:
 
 
 def cmd_ui(args) -> int:
-    from assets.launch import ui
+    from assets.ui import ui
     from pipeline.errors import ConfigError
     from pipeline.store import check_store_url, is_url
 

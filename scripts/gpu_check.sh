@@ -77,7 +77,7 @@ part persistent-lane 300 .venv/bin/python - "$out/persistent" "$engine" ${device
 # maxit run --max-staleness 1 with the trainer lane as one process for the run and the engines
 # refreshed in place; what each saved is printed from what it measured
 import sys, time
-import assets.launch as launch
+import assets.overlapped_run as launch
 from assets import lane
 import pipeline.engines.vllm as V
 store, engine, devices = sys.argv[1], sys.argv[2], sys.argv[3:]

@@ -154,7 +154,7 @@ def stand_in_stages(monkeypatch, staged: list) -> None:
     policy of the run's workflow, the policy stage registers what it reads (per policy)."""
     import pyarrow.parquet as pq
 
-    import assets.launch as launch
+    import assets.jobs as jobs
     from pipeline.learn.views import STATS_METADATA_KEY
     from pipeline.run.context import build_workflow
 
@@ -179,7 +179,7 @@ def stand_in_stages(monkeypatch, staged: list) -> None:
                           schema_overrides={"round": pl.Int32, "n": pl.Int64})
         write_table(ev, table_path(tables.root, r, "evaluation"), "evaluation")
 
-    monkeypatch.setattr(launch, "materialize_round", materialize)
+    monkeypatch.setattr(jobs, "materialize_round", materialize)
 
 
 @pytest.mark.parametrize("arm", ["protocol", "separate"])

@@ -340,7 +340,7 @@ def _dagster_failure(step_key: str, chain: list[tuple[str, str]]):
 
 
 def test_a_failed_round_names_each_step_and_the_error_it_raised_not_dagsters_stack(capsys):
-    from assets.launch import round_failure
+    from assets.failures import round_failure
     from pipeline.errors import RunInterrupted
 
     events = [

@@ -373,7 +373,7 @@ def test_the_trained_single_agents_rounds_train_the_teams_rows(tmp_path, fake_to
     (the real ones are `maxit run`'s) that write a view of 100 + r rows and train what they read."""
     import pyarrow.parquet as pq
 
-    import assets.launch as launch
+    import assets.jobs as jobs
     from maxit.baseline_commands import _run_single
     from pipeline.learn.views import STATS_METADATA_KEY
     from pipeline.run.arms import compute_baselines, single_store, train_rows, trained_single_settings
@@ -394,7 +394,7 @@ def test_the_trained_single_agents_rounds_train_the_teams_rows(tmp_path, fake_to
         view = pq.read_table(tables.path(r, "training_view"))
         trained(tables.root, {r: view.num_rows}, policies=("shared",))
 
-    monkeypatch.setattr(launch, "materialize_round", materialize)
+    monkeypatch.setattr(jobs, "materialize_round", materialize)
     _run_single(store, single_store(store), *trained_single_settings(store))
     sibling = single_store(store)
     assert train_rows(sibling) == {0: 37, 1: 101}  # the team's 37, and all 101 of a view short of the team's 120

@@ -61,10 +61,10 @@ def test_a_strategy_the_source_does_not_sample_is_named(tmp_path, capsys):
 
 
 def test_run_names_a_strategy_the_source_does_not_sample_before_it_starts(tmp_path, capsys, monkeypatch):
-    import assets.launch
+    import assets.run_rounds
 
     started = []
-    monkeypatch.setattr(assets.launch, "run_rounds", lambda *a, **k: started.append(capsys.readouterr().out) or pl.DataFrame())
+    monkeypatch.setattr(assets.run_rounds, "run_rounds", lambda *a, **k: started.append(capsys.readouterr().out) or pl.DataFrame())
     assert main(["run", "--algorithm", "drmas", "--strategies", "iid", "tree", "--store", str(tmp_path / "store"), "--rounds", "1", "--engine", "hf"]) == 0
     assert len(started) == 1 and "maxit run: note: --algorithm drmas: strategy 'tree' is not DrMAS's" in started[0]
 

@@ -102,10 +102,10 @@ def test_the_setting_reaches_the_engines_and_the_trainer():
     assert Settings().dtype == "auto" and Settings().train_config().dtype == "auto"
     s = Settings(dtype="bfloat16")
     assert s.train_config().dtype == "bfloat16" and s.run_config().train.dtype == "bfloat16"
-    options = engine_options(RunSettings.from_settings(s))
+    options = engine_options(RunSettings.from_settings(s).run_config())
     assert options["dtype"] == "bfloat16" and EngineConfig(**options).dtype == "bfloat16"
     assert EngineResource(engine="hf").pool(options).options["dtype"] == "bfloat16"
-    assert "dtype" not in engine_options(RunSettings())  # auto: the engines decide per model, as training does
+    assert "dtype" not in engine_options(RunSettings().run_config())  # auto: the engines decide per model, as training does
     close_engines()
     parser = argparse.ArgumentParser()
     add_setting_flags(parser)

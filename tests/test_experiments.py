@@ -131,7 +131,7 @@ def test_console_to_log_sends_library_output_to_the_log(tmp_path):
     code = textwrap.dedent(
         """
         import logging, os, sys, warnings
-        from assets.launch import console_to_log
+        from assets.console import console_to_log
         verbose = sys.argv[2] == "1"
         with console_to_log(sys.argv[1], verbose=verbose) as (out, err):
             warnings.warn("a library warning")

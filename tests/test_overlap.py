@@ -446,8 +446,9 @@ def test_the_sampler_and_the_trainer_are_given_their_own_devices(tmp_path, monke
     import os
     import subprocess
 
-    import assets.launch as launch
+    import assets.overlapped_run as overlapped_run
     from assets.config import RunSettings
+    from assets.placement import engine_devices
     from pipeline.config.scale import DEVICES_ENV, devices_env
     from pipeline.run.settings import Settings
     from pipeline.store import Tables
@@ -464,7 +465,7 @@ def test_the_sampler_and_the_trainer_are_given_their_own_devices(tmp_path, monke
     assert devices_env(None) is None and devices_env(" 3, 1", {"A": "b"}) == {"A": "b", DEVICES_ENV: "3,1"}
 
     monkeypatch.setenv(DEVICES_ENV, "7")
-    with launch.engine_devices("0,1"):
+    with engine_devices("0,1"):
         assert os.environ[DEVICES_ENV] == "0,1"
     assert os.environ[DEVICES_ENV] == "7"
 
@@ -479,8 +480,8 @@ def test_the_sampler_and_the_trainer_are_given_their_own_devices(tmp_path, monke
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     settings = RunSettings.from_settings(Settings(max_staleness=1, engine_devices="0,1", trainer_devices="2,3"))
-    with launch.engine_devices(settings.engine_devices):
-        launch._materialize_in_process_of_its_own(Tables(tmp_path / "store"), 1, settings, "hf", ("policy",))
+    with engine_devices(settings.engine_devices):
+        overlapped_run._materialize_in_process_of_its_own(Tables(tmp_path / "store"), 1, settings, "hf", ("policy",))
         assert os.environ[DEVICES_ENV] == "0,1"
     assert given["env"][DEVICES_ENV] == "2,3"
 

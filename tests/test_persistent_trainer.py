@@ -97,12 +97,13 @@ def test_the_kept_model_is_compared_by_name_dtype_and_value(init_dir, tmp_path):
 
 
 def test_lane_holds_the_model_unless_torchruns_ranks_do():
-    from types import SimpleNamespace
+    from pipeline.config.scale import ScaleConfig
 
-    assert lane_mod.holds_model(SimpleNamespace(train_processes=1, fsdp="off", shards=1, executor="in_process")) is None
-    assert "--train-processes 2" in lane_mod.holds_model(SimpleNamespace(train_processes=2, fsdp="off", shards=1, executor="in_process"))
-    assert "--fsdp full_shard" in lane_mod.holds_model(SimpleNamespace(train_processes=1, fsdp="full_shard", shards=1, executor="in_process"))
-    assert "--shards 2" in lane_mod.holds_model(SimpleNamespace(train_processes=1, fsdp="off", shards=2, executor="multiprocess"))
+    assert lane_mod.holds_model(ScaleConfig()) is None
+    assert lane_mod.holds_model(ScaleConfig(shards=2, executor="ray")) is None  # Ray's shards: the round's steps stay in one process
+    assert "--train-processes 2" in lane_mod.holds_model(ScaleConfig(train_processes=2))
+    assert "sharded by --fsdp full_shard" in lane_mod.holds_model(ScaleConfig(train_processes=2, fsdp="full_shard"))
+    assert "--shards 2" in lane_mod.holds_model(ScaleConfig(shards=2))
 
 
 def test_a_serving_lane_answers_a_bad_request_in_one_line_and_a_crash_fails_the_round(tmp_path):
@@ -177,11 +178,11 @@ def test_the_lane_process_outlives_the_thread_that_started_it_and_dies_with_the_
 
 PERSISTENT_RUN = """
 import functools, json, sys
-import assets.launch as launch
+import assets.overlapped_run as overlapped_run
 from assets import trainer_lane as lane
-# the trainer lane of `maxit run` as one process for the run (the call site in assets.launch
-# that the lead wires: `_run_overlapped`'s trainer stages through `lane.materialize_in_lane`)
-launch._materialize_in_process_of_its_own = functools.partial(lane.materialize_in_lane, per_round=launch._materialize_in_process_of_its_own)
+# the trainer lane of `maxit run` as one process for the run (the call site in
+# assets.overlapped_run: `run_overlapped_rounds`' trainer stages through `lane.materialize_in_lane`)
+overlapped_run._materialize_in_process_of_its_own = functools.partial(lane.materialize_in_lane, per_round=overlapped_run._materialize_in_process_of_its_own)
 from maxit.cli import main
 code = main(sys.argv[2:])
 lanes = list(lane._LANES.values())

@@ -27,7 +27,7 @@ def test_the_one_lane_process_is_given_the_trainers_devices_and_cores_and_the_ru
     """`--engine-devices 0 --trainer-devices 1 --trainer-cores C`: the run's process sees device 0
     while it samples; the lane's process, started for the run's first round, is given device 1,
     core C alone and one OpenMP thread, whatever the run's process sees when it starts it."""
-    import assets.launch as launch
+    from assets.placement import engine_devices
     from assets import trainer_lane as lane_mod
     from assets.config import RunSettings
     from pipeline.config.scale import DEVICES_ENV
@@ -38,9 +38,9 @@ def test_the_one_lane_process_is_given_the_trainers_devices_and_cores_and_the_ru
     settings = RunSettings.from_settings(Settings(max_staleness=1, engine_devices="0", trainer_devices="1", trainer_cores=str(core)))
     monkeypatch.setenv(DEVICES_ENV, "7")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    with launch.engine_devices(settings.engine_devices):
+    with engine_devices(settings.engine_devices):
         assert os.environ[DEVICES_ENV] == "0"
-        lane = lane_mod.trainer_lane(Tables(tmp_path / "store"), settings.settings(), "hf")
+        lane = lane_mod.trainer_lane(Tables(tmp_path / "store"), settings.run_config().scale, "hf")
         try:
             pid = lane.start()
             given = _environ(pid)

@@ -123,11 +123,11 @@ def test_parallel_sizes_reach_the_engine_config():
     from pipeline.engines.config import EngineConfig
 
     settings = RunSettings(tensor_parallel_size=2, data_parallel_size=4)
-    pool = EngineResource(engine="vllm").pool(engine_options(settings))
+    pool = EngineResource(engine="vllm").pool(engine_options(settings.run_config()))
     assert pool.options == {"tensor_parallel_size": 2, "data_parallel_size": 4}
     config = EngineConfig(**pool.options)  # what make_sampler builds the engine with
     assert (config.tensor_parallel_size, config.data_parallel_size) == (2, 4)
-    default = EngineResource(engine="vllm").pool(engine_options(RunSettings()))
+    default = EngineResource(engine="vllm").pool(engine_options(RunSettings().run_config()))
     assert default.options == {}  # 1 and 1 are vLLM's own defaults: nothing is passed
     close_engines()
 

@@ -86,10 +86,7 @@ def expected(store: Path, round_: int) -> dict[str, float]:
         out[f"{row['split']}/{row['agent_id']}/{row['metric']}"] = row["value"]
     from pipeline.workflows.math import MathWorkflow  # the one-round store runs the default math workflow
 
-    try:
-        from pipeline.reporting.report import round_summary
-    except ImportError:
-        from assets.launch import round_summary
+    from pipeline.reporting.report import round_summary
     summary = round_summary(store, [round_], MathWorkflow.table_metrics).row(0, named=True)
     for _agent, _metric, column in MathWorkflow.table_metrics:
         if summary.get(column) is not None:

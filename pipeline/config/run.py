@@ -149,7 +149,7 @@ class RunConfig:
         "rounds the rollouts may run ahead of training: round r samples while round r-1 trains, with a checkpoint at most K rounds "
         "older than round r-1's (--staleness-schedule); 0 = synchronous rounds", group="sampling"))
     """How many rounds a round's rollouts may run ahead of training (K): round r's rollouts
-    overlap round r-1's training (`assets.launch`) and sample with a checkpoint at most K rounds
+    overlap round r-1's training (`assets.overlapped_run`) and sample with a checkpoint at most K rounds
     older than the one its rows train (round r-1's), as `staleness_schedule` picks it; the rows'
     staleness is corrected by the loss's ratio p_train/q (and `train.loss.correction`). 0 =
     synchronous rounds: round r samples with the checkpoint it trains from."""
