@@ -16,7 +16,7 @@ as the bounded-staleness trainers do (prime-rl's `async_level`, SkyRL's `max_sta
 AReaL's `max_head_offpolicyness`); "exact" takes round r-1-K's whatever is registered since, so
 a round's rows depend on K alone, not on how fast either lane ran, and the staleness is K from
 round K on (`steps.staleness`). The choice is recorded before the round samples
-(`pipeline.learn.staleness.write_sampling_plan`), and a resumed run samples a round that has a
+(`pipeline.run.checkpoints.write_sampling_plan`), and a resumed run samples a round that has a
 record with the recorded checkpoint, waiting for it to be trained again if need be. A round is
 complete once its evaluation table exists, as in synchronous runs: a run killed at any point
 resumes at the first incomplete round, whose tables and those of every later round are made
@@ -29,7 +29,7 @@ import concurrent.futures as cf
 from typing import Callable, Protocol, Sequence
 
 from pipeline.errors import DataError
-from pipeline.learn.staleness import SAMPLING_PLAN, read_sampling_plan, sampling_plan_path, write_sampling_plan
+from pipeline.run.checkpoints import SAMPLING_PLAN, read_sampling_plan, sampling_plan_path, write_sampling_plan
 from pipeline.store import BASE_ROUND, Tables
 
 __all__ = ["SAMPLE_STAGES", "TRAIN_STAGES", "EVALUATE_STAGES", "SCHEDULES", "SamplingPlan", "StorePlan", "run_overlapped", "prepare_resume"]

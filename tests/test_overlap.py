@@ -389,7 +389,7 @@ def test_the_sampling_record_picks_the_checkpoint_and_is_checked(tmp_path):
     """`RoundCheckpoints.sample_checkpoints` samples with the recorded round's checkpoints (round
     r-1-K's where none is recorded); a broken record is an error naming its file."""
     from pipeline.errors import DataError
-    from pipeline.learn.staleness import sampling_plan_path, write_sampling_plan
+    from pipeline.run.checkpoints import sampling_plan_path, write_sampling_plan
     from pipeline.run.context import RoundContext
     from pipeline.run.settings import Settings
     from pipeline.store import Tables
@@ -421,7 +421,7 @@ def test_three_overlapped_rounds_sample_with_the_recorded_checkpoint(schedule, t
     import os
     import subprocess
 
-    from pipeline.learn.staleness import sampling_plan_path
+    from pipeline.run.checkpoints import sampling_plan_path
 
     store = tmp_path / "store"
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
@@ -491,7 +491,7 @@ def test_a_record_staler_than_the_resumed_run_allows_is_refused_by_name(tmp_path
     K=1: repeating the record would break the bound, so the run stops, naming the file and the K."""
     from assets.overlap import StorePlan
     from pipeline.errors import DataError
-    from pipeline.learn.staleness import write_sampling_plan
+    from pipeline.run.checkpoints import write_sampling_plan
     from pipeline.store import Tables
 
     tables = Tables(tmp_path)

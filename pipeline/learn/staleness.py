@@ -14,52 +14,12 @@ may span): `max_row_staleness` K and `stale_row_weight` w, rows over K weighted 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Mapping
 
 import polars as pl
 
-from pipeline.errors import DataError
 
-__all__ = ["row_staleness", "apply_version_threshold", "SAMPLING_PLAN", "sampling_plan_path", "read_sampling_plan", "write_sampling_plan"]
-
-SAMPLING_PLAN = "sampling.json"
-"""`<store>/round=<r>/sampling.json`: the round whose checkpoints round r of an overlapped run
-samples with, recorded before its sampling starts, so a resumed run samples it with the same."""
-
-
-def sampling_plan_path(root: str | Path, round_: int) -> Path:
-    """The file recording which checkpoint round `round_` samples with (`SAMPLING_PLAN`)."""
-    return Path(root) / f"round={int(round_)}" / SAMPLING_PLAN
-
-
-def read_sampling_plan(root: str | Path, round_: int) -> int | None:
-    """The round whose checkpoints round `round_` samples with, as recorded; None when not
-    recorded. A file that is not such a record is a DataError naming it."""
-    path = sampling_plan_path(root, round_)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise DataError(f"{path}: not a readable sampling record ({err}); remove it to choose again") from None
-    source = record.get("sampled_with_round") if isinstance(record, dict) else None
-    if isinstance(source, bool) or not isinstance(source, int) or not -1 <= source < int(round_):
-        raise DataError(f"{path}: sampled_with_round must be a round in [-1, {int(round_) - 1}], got {source!r}; remove it to choose again")
-    return source
-
-
-def write_sampling_plan(root: str | Path, round_: int, source: int, schedule: str, max_staleness: int) -> Path:
-    """Record that round `round_` samples with round `source`'s checkpoints (atomically)."""
-    from pipeline.store import atomic_write_text
-
-    path = sampling_plan_path(root, round_)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"round": int(round_), "sampled_with_round": int(source), "staleness_schedule": schedule, "max_staleness": int(max_staleness)}
-    atomic_write_text(path, json.dumps(record, sort_keys=True) + "\n")
-    return path
-
+__all__ = ["row_staleness", "apply_version_threshold"]
 
 def row_staleness(trained_round: int | Mapping[str, int]) -> pl.Expr:
     """Each row's staleness when trained from round `trained_round`'s checkpoint (one round for

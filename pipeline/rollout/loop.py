@@ -83,7 +83,6 @@ from pipeline.rollout.rows import Episode, Row, build_rows, to_table
 from pipeline.rollout.sampling import CallPlan, RolloutConfig, merge_shards, plan_call, request_seed, sample_requests, shard_of, step_seed
 from pipeline.strategies import Feedback, Strategy
 from pipeline.types import Message, Problem, Sampler
-from schemas import STEPS, validate
 
 __all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "make_episodes", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
 
@@ -105,7 +104,7 @@ def run_rollouts(
     `tokenizer` attribute, else `pipeline.models.load_tokenizer(sampler.model_dir)`.
 
     A workflow that plays whole episodes itself (`run_episodes`, a program's: see the module
-    doc) gets the checked inputs and returns the rows; the table is made and validated here."""
+    doc) gets the checked inputs and returns the rows; the table is made and validated by `to_table`."""
     if callable(getattr(workflow, "run_episodes", None)):
         return _run_episodes(problems, workflow, strategies, sampler, config, tokenizer)
     round_ = _start(problems, workflow, strategies, sampler, config, tokenizer)
@@ -115,7 +114,7 @@ def run_rollouts(
             break
         _agent_step(round_, live, turn, step, agent_id)
     final_rewards(round_.episodes, config.reward_timeout)
-    return validate(to_table(round_.rows, config), STEPS)
+    return to_table(round_.rows, config)
 
 
 def _run_episodes(problems, workflow, strategies, sampler, config, tokenizer) -> pa.Table:
@@ -127,7 +126,7 @@ def _run_episodes(problems, workflow, strategies, sampler, config, tokenizer) ->
     samplers = _samplers(sampler, workflow.agents)
     tokenizers = {pid: tokenizer if tokenizer is not None else _tokenizer_of(eng) for pid, eng in samplers.items()}
     rows = workflow.run_episodes(list(problems), list(strategies), samplers, tokenizers, config)
-    return validate(to_table(rows, config), STEPS)
+    return to_table(rows, config)
 
 
 @dataclass

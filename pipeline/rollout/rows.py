@@ -20,7 +20,7 @@ from pipeline.rollout.rewards import Outcome, row_reward
 from pipeline.rollout.sampling import RolloutConfig
 from pipeline.strategies import Strategy
 from pipeline.types import Message, Problem, Sample
-from schemas import STEPS
+from schemas import STEPS, validate
 
 __all__ = ["Row", "Episode", "build_rows", "to_table"]
 
@@ -111,7 +111,8 @@ def build_rows(
 
 
 def to_table(rows: list[Row], config: RolloutConfig) -> pa.Table:
-    """The `steps` table of `rows` (not yet validated), with the mixed reward of `config`."""
+    """The `steps` table of `rows`, with the mixed reward of `config`, validated against
+    `schemas.STEPS` (a workflow's own episodes hand back rows of any making)."""
     cols: dict[str, list] = {f.name: [] for f in STEPS.schema}
     for row in rows:
         rew = row_reward(config.alpha, row.global_, row.local, config.local_weight)
@@ -149,4 +150,4 @@ def to_table(rows: list[Row], config: RolloutConfig) -> pa.Table:
         cols["seed"].append(row.seed)
         cols["temperature"].append(float(config.temperature if row.temperature is None else row.temperature))
     arrays = [pa.array(cols[f.name], type=f.type) for f in STEPS.schema]
-    return pa.Table.from_arrays(arrays, schema=STEPS.schema)
+    return validate(pa.Table.from_arrays(arrays, schema=STEPS.schema), STEPS)
