@@ -22,6 +22,7 @@ import pytest
 
 from assets.config import RunSettings
 from assets.definitions import make_resources
+from assets.instance import dagster_home
 from assets.partitions import rounds
 from assets.problems import problems
 from assets.resources import close_engines
@@ -31,23 +32,14 @@ PROJECT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 PROBLEMS = 6
 
-INSTANCE_YAML = """telemetry:
-  enabled: false
-nux:
-  enabled: false
-"""
-"""The test instance's dagster.yaml: no telemetry, and no "Join the community" modal over the
-page the browser renders."""
-
 
 @pytest.fixture(scope="module")
 def problems_store(tmp_path_factory):
     """A store whose round 0 `problems` table was materialized through Dagster on an instance in
     the store's `.dagster/` (sqlite, so a webserver started later reads the same events)."""
     store = tmp_path_factory.mktemp("ui") / "store"
-    home = store / ".dagster"
-    home.mkdir(parents=True)
-    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    home = dagster_home(store)  # the instance every store gets: the project's dagster.yaml (no modal)
+    assert "nux:\n  enabled: false" in (home / "dagster.yaml").read_text()
     instance = dg.DagsterInstance.from_config(str(home))
     instance.add_dynamic_partitions(rounds.name, ["0"])
     try:
