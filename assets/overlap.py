@@ -4,7 +4,7 @@ Two lanes share the store's Dagster instance, each materializing stages of one r
 at a time:
 - the sampler lane (the run's own thread, which holds the engines): round r's problems,
   rollouts, advantages and training view, sampled with the checkpoints this driver chose for it
-  (`RoundContext.sample_checkpoints`), and each round's evaluation once its policy is registered;
+  (`RoundCheckpoints.sample_checkpoints`), and each round's evaluation once its policy is registered;
 - the trainer lane (one thread, so one trainer per policy at a time): round r's policy, trained in
   a process of its own (`pipeline.run.rounds.stage_policy`) from round r-1's checkpoint, once
   round r's view is written and round r-1's policy registered.

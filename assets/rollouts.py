@@ -59,7 +59,7 @@ def rollout_shards(context: dg.OpExecutionContext, problems: pl.DataFrame, setti
     r, scale = round_of(context), settings.run_config().scale
     shards = scale.shards
     ctx = settings.context(store, r, policy_registry=policy_registry)
-    checkpoints = {pid: str(path) for pid, path in ctx.sample_checkpoints(r).items()}
+    checkpoints = {pid: str(path) for pid, path in ctx.checkpoints.sample_checkpoints(r).items()}
     ctx.tables.remove_parts(r)  # a crashed attempt's shard files are replaced, never merged
     if scale.executor == "ray":  # one step hands every shard to Ray, which runs them at once
         yield dg.DynamicOutput({"shards": list(range(shards)), "checkpoints": checkpoints}, mapping_key="ray")

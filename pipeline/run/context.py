@@ -106,11 +106,6 @@ class RoundContext:
         return self._strategies
 
     # -- checkpoints ------------------------------------------------------------------------
-    def sample_checkpoints(self, round_: int) -> dict[str, Path]:
-        """policy_id -> the checkpoint round `round_` samples with (`RoundCheckpoints.sample_checkpoints`),
-        as the rollouts asset asks for it."""
-        return self.checkpoints.sample_checkpoints(round_)
-
     def samplers(self, checkpoints: Mapping[str, Path]) -> dict[str, Sampler]:
         """policy_id -> its engine, pointed at its checkpoint. A run that trains LoRA adapters
         asks for engines that serve them (one engine on the base for every policy's adapter)."""
