@@ -38,7 +38,7 @@ from assets.io import IO_MANAGER_KEY, TABLE_KEY
 from assets.metadata import md_table, reward_by_agent_strategy
 from assets.partitions import round_of, rounds
 from assets.resources import EngineResource, PolicyRegistryResource, StoreResource
-from pipeline.rollout.loop import merge_shards
+from pipeline.rollout.sampling import merge_shards
 from pipeline.run.ray_shards import ShardJob, ray_session, run_shards, sample_shard, shard_resources
 from pipeline.run.rounds import evaluate_base, stage_rollouts
 from pipeline.run.timings import record_timings

@@ -23,7 +23,8 @@ def main(argv=None) -> None:
     from pipeline.workflows.math.model import default_model
     from pipeline.models import load_tokenizer
     from pipeline.models.chat import encode_prompt
-    from pipeline.rollout.loop import RolloutConfig, run_rollouts
+    from pipeline.rollout.loop import run_rollouts
+    from pipeline.rollout.sampling import RolloutConfig
     from pipeline.strategies import make_strategy
     from pipeline.tasks import make_task
 

@@ -14,7 +14,8 @@ import pytest
 
 from fakes import END, ROLE_MARK, FakeTokenizer
 from pipeline.errors import ConfigError, DataError
-from pipeline.rollout.loop import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import run_rollouts
+from pipeline.rollout.sampling import RolloutConfig
 from pipeline.strategies import IID, Tree
 from pipeline.types import Sample
 from pipeline.workflows import load_workflow

@@ -29,7 +29,8 @@ from fakes import FakeTokenizer
 from pipeline.errors import ConfigError
 from pipeline.rollout.endpoint import Endpoint
 from pipeline.rollout.http_server import HOST
-from pipeline.rollout.loop import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import run_rollouts
+from pipeline.rollout.sampling import RolloutConfig
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from pipeline.types import Sample
 from pipeline.workflows import load_workflow

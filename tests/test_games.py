@@ -14,7 +14,8 @@ pytest.importorskip("pyspiel", reason="the games extra (scripts/setup.sh install
 
 from pipeline.config import EvalConfig  # noqa: E402
 from pipeline.errors import ConfigError  # noqa: E402
-from pipeline.rollout.loop import RolloutConfig, run_rollouts  # noqa: E402
+from pipeline.rollout.loop import run_rollouts
+from pipeline.rollout.sampling import RolloutConfig
 from pipeline.strategies import IID, Tree  # noqa: E402
 from pipeline.types import Problem  # noqa: E402
 from pipeline.workflows import WORKFLOW_NAMES, load_workflow  # noqa: E402

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from pipeline.errors import ConfigError, DataError
-from pipeline.rollout.loop import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import run_rollouts
+from pipeline.rollout.sampling import RolloutConfig
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from pipeline.types import Sample
 from pipeline.workflows import load_workflow

@@ -11,7 +11,7 @@ from polars.testing import assert_frame_equal
 
 from pipeline.learn.advantages import compute_advantages
 from pipeline.config import AdvantageConfig, EvalConfig, RunConfig, ViewConfig
-from pipeline.rollout.loop import RolloutConfig
+from pipeline.rollout.sampling import RolloutConfig
 from pipeline.run.settings import LOSS_PRESETS, Settings
 from pipeline.rollout.synthetic import synthetic_steps
 from pipeline.config.train import LoraSettings, LossConfig, TrainConfig

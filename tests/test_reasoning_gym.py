@@ -16,7 +16,8 @@ import polars as pl
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.rollout.loop import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import run_rollouts
+from pipeline.rollout.sampling import RolloutConfig
 from pipeline.strategies import IID, Feedback, Tree
 from pipeline.workflows import load_workflow
 from pipeline.workflows.reasoning_gym import ReasoningGymTask, answers_agree, extract_answer, import_reasoning_gym

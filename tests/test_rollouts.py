@@ -14,7 +14,8 @@ from pipeline.workflows.math.orchestra import default_agents
 from pipeline.workflows.math import MathWorkflow
 from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt, prompt_hash
-from pipeline.rollout.loop import RolloutConfig, merge_shards, plan_call, request_seed, run_rollouts, shard_of
+from pipeline.rollout.loop import run_rollouts
+from pipeline.rollout.sampling import RolloutConfig, merge_shards, plan_call, request_seed, shard_of
 from pipeline.store import read_table
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from schemas import STEPS, validate

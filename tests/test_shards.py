@@ -17,7 +17,7 @@ from assets.partitions import rounds
 from assets.problems import problems as problems_asset
 from assets.resources import EngineResource, close_engines, engine_options
 from assets.rollouts import rollouts as rollouts_asset
-from pipeline.rollout.loop import shard_of
+from pipeline.rollout.sampling import shard_of
 from pipeline.store import table_path
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -900,7 +900,7 @@ def test_rows_whose_loss_is_zero_are_skipped_with_the_same_update(tok, model, in
             rows[i]["advantage"] = 0.0
         elif zero == "reward":
             rows[i]["reward"] = 0.0
-    from pipeline.learn.views import ViewConfig
+    from pipeline.config import ViewConfig
 
     view, _ = build_training_view(advantages_table(rows), {"iid": IID()}, tok, ViewConfig(drop_zero_advantage=False))
     if zero == "weight":  # the view drops rows of weight 0; the trainer's input may still hold them

@@ -18,7 +18,8 @@ from pipeline.models.chat import encode_prompt
 from pipeline.strategies import IID, Feedback, PromptAug, Strategy
 from pipeline.learn.trainer import collate
 from pipeline.learn.view_weights import balance_weights
-from pipeline.learn.views import STATS_METADATA_KEY, ViewConfig, build_training_view, to_dataset, view_hash
+from pipeline.learn.views import STATS_METADATA_KEY, build_training_view, to_dataset, view_hash
+from pipeline.config import ViewConfig
 from schemas import SchemaError, validate
 from tiny import advantage_row, advantages_table, tiny_tokenizer
 
@@ -427,7 +428,8 @@ def test_feedback_second_attempt_trains_under_its_own_question_on_a_few_shot_fil
     from pipeline.learn.advantages import compute_advantages
     from pipeline.workflows.math import MathWorkflow
     from pipeline.config import AdvantageConfig
-    from pipeline.rollout.loop import RolloutConfig, run_rollouts
+    from pipeline.rollout.loop import run_rollouts
+    from pipeline.rollout.sampling import RolloutConfig
     from pipeline.tasks.files import load_task_file
 
     task = load_task_file(Path(__file__).parent / "data" / "gsm8k" / "train_sample.jsonl")

@@ -14,7 +14,8 @@ import pytest
 from fakes import FakeSampler, FakeTask, FakeTokenizer
 from pipeline.rollout.agent import Agent
 from pipeline.errors import ConfigError
-from pipeline.rollout.loop import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import run_rollouts
+from pipeline.rollout.sampling import RolloutConfig
 from pipeline.strategies import IID, Feedback, PromptAug, Tree
 from pipeline.types import Problem, Sample
 from pipeline.workflows import Env, StepResult, Workflow, load_workflow

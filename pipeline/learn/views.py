@@ -32,7 +32,7 @@ from pipeline.learn.view_weights import balance_weights, stratified_weights
 from pipeline.models.chat import encode_prompt
 from schemas import TRAINING_VIEW, to_arrow, validate
 
-__all__ = ["ViewConfig", "ViewStats", "STATS_METADATA_KEY", "build_training_view", "view_hash", "to_dataset", "check_view"]
+__all__ = ["ViewStats", "STATS_METADATA_KEY", "build_training_view", "view_hash", "to_dataset", "check_view"]
 
 log = logging.getLogger(__name__)
 

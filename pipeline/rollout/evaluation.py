@@ -32,7 +32,8 @@ def evaluate_workflow(workflow, samplers: Mapping[str, Sampler], tokenizers: Map
     `reward` (mean local reward of its calls), `calls` (mean calls per episode); per turn
     `success_turn{t}` (fraction of episodes that ended right by turn t), and whatever
     `workflow.metrics(steps)` adds ((agent_id, metric, value, n) rows)."""
-    from pipeline.rollout.loop import RolloutConfig, run_rollouts
+    from pipeline.rollout.loop import run_rollouts
+    from pipeline.rollout.sampling import RolloutConfig
     from pipeline.strategies import IID
 
     problems = workflow.problems("heldout", config.problems, config.seed)

@@ -80,11 +80,11 @@ from pipeline.rollout.contract import check_messages, check_workflow
 from pipeline.rollout.env_steps import credit_first_attempts, final_rewards, follow, select_candidate, step_envs
 from pipeline.rollout.rewards import safe_map
 from pipeline.rollout.rows import Episode, Row, build_rows, to_table
-from pipeline.rollout.sampling import CallPlan, RolloutConfig, merge_shards, plan_call, request_seed, sample_requests, shard_of, step_seed
+from pipeline.rollout.sampling import RolloutConfig, sample_requests
 from pipeline.strategies import Feedback, Strategy
 from pipeline.types import Message, Problem, Sampler
 
-__all__ = ["RolloutConfig", "CallPlan", "run_rollouts", "make_episodes", "plan_call", "step_seed", "request_seed", "shard_of", "merge_shards"]
+__all__ = ["run_rollouts", "make_episodes"]
 
 
 def run_rollouts(

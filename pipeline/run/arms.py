@@ -189,7 +189,7 @@ def _played(ctx, round_: int, k: float, source: str) -> pl.DataFrame:
 
 def _budget(ev):
     """The completion budget of a workflow's baseline calls: the evaluation's, else its own."""
-    from pipeline.rollout.loop import RolloutConfig
+    from pipeline.rollout.sampling import RolloutConfig
 
     return lambda workflow: ev.max_tokens or workflow.max_tokens(workflow.turn_order[0], "eval") or RolloutConfig.max_tokens
 

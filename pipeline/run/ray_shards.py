@@ -33,7 +33,7 @@ import polars as pl
 from pipeline.config import RunConfig
 from pipeline.engines.pool import EnginePool
 from pipeline.errors import ConfigError, MaxitError
-from pipeline.rollout.loop import shard_of
+from pipeline.rollout.sampling import shard_of
 from pipeline.run.context import RoundContext
 from pipeline.run.rounds import sample_round
 

@@ -46,7 +46,8 @@ from pipeline.learn.staleness import apply_version_threshold
 from pipeline.learn.verifier_replay import verifier_replay, with_verifier_replay
 from pipeline.learn.views import build_training_view
 from pipeline.models import load_tokenizer
-from pipeline.rollout.loop import RolloutConfig, run_rollouts
+from pipeline.rollout.loop import run_rollouts
+from pipeline.rollout.sampling import RolloutConfig
 from pipeline.run.checkpoints import RoundCheckpoints
 from pipeline.run.context import RoundContext
 from pipeline.run.problems import REPLAY_STEP_COLUMNS, draw_problems, problems_from_table, replay_candidates

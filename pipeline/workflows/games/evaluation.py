@@ -76,7 +76,8 @@ def versus_results(steps: pl.DataFrame, seat_agent: str, penalty: float) -> pl.D
 
 
 def _play(workflow: Workflow, problems, samplers, config, round_: int) -> pl.DataFrame:
-    from pipeline.rollout.loop import RolloutConfig, run_rollouts
+    from pipeline.rollout.loop import run_rollouts
+    from pipeline.rollout.sampling import RolloutConfig
     from pipeline.strategies import IID
 
     budget = config.max_tokens or workflow.max_tokens(PLAYERS[0], "eval")
