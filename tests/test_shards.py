@@ -32,7 +32,7 @@ def test_shard_of_is_stable_and_spreads_problems():
     with pytest.raises(Exception, match="shards must be an integer >= 1"):
         shard_of("x", 0)
     # a fixed value: the hash is not Python's salted hash(), so it holds across processes
-    out = subprocess.run([sys.executable, "-c", "from pipeline.rollout.loop import shard_of; print(shard_of('arithmetic:12+34', 7))"],
+    out = subprocess.run([sys.executable, "-c", "from pipeline.rollout.sampling import shard_of; print(shard_of('arithmetic:12+34', 7))"],
                          cwd=PROJECT, capture_output=True, text=True, check=True)
     assert int(out.stdout) == shard_of("arithmetic:12+34", 7)
 
