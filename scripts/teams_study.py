@@ -35,8 +35,10 @@ def _spread(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
 
 
-def arms(stores: list[Path]) -> list[tuple[str, list[float], list[float | None]]]:
-    """(arm, success per store, calls per store) in the order of the first store's block."""
+def arms(stores: list[Path], partial: bool = False) -> list[tuple[str, list[float], list[float | None]]]:
+    """(arm, success per store, calls per store) in the order of the first store's block. An arm
+    some stores lack is an error naming it, or with `partial` left out (named on stderr): a study
+    whose last arms are still running."""
     from pipeline.reporting.markdown import baselines_summary
 
     table: dict[str, tuple[list[float], list[float | None]]] = {}
@@ -50,9 +52,12 @@ def arms(stores: list[Path]) -> list[tuple[str, list[float], list[float | None]]
             success, calls = table.setdefault(_arm(row["who"]), ([], []))
             success.append(row["success"])
             calls.append(row["calls"])
-    for name, (success, _) in table.items():
+    for name, (success, _) in list(table.items()):
         if len(success) != len(stores):
-            raise SystemExit(f"teams_study: arm {name!r} is in {len(success)} of the {len(stores)} stores")
+            if not partial:
+                raise SystemExit(f"teams_study: arm {name!r} is in {len(success)} of the {len(stores)} stores (--partial leaves it out)")
+            print(f"teams_study: left out, in {len(success)} of the {len(stores)} stores: {name}", file=sys.stderr)
+            del table[name]
     return [(name, success, calls) for name, (success, calls) in table.items()]
 
 
@@ -78,10 +83,11 @@ def rows_by_round(stores: list[Path]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("stores", nargs="+", type=Path)
+    ap.add_argument("--partial", action="store_true", help="leave out the arms some stores lack (named on stderr) instead of stopping")
     args = ap.parse_args(argv)
     print(f"| arm | success, mean (min..max) over {len(args.stores)} stores | calls/problem |")
     print("|---|---:|---:|")
-    for name, success, calls in arms(args.stores):
+    for name, success, calls in arms(args.stores, args.partial):
         known = [c for c in calls if c is not None]
         print(f"| {name} | {_spread(success)} | {sum(known) / len(known):.2f} |" if known else f"| {name} | {_spread(success)} |  |")
     print()

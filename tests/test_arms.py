@@ -322,3 +322,27 @@ def test_the_wide_arm_is_the_single_agent_on_a_model_of_the_teams_parameters(tmp
     (math_store / "experiment.json").write_text(json.dumps(record))
     with pytest.raises(ConfigError, match="workflow 'math' does not scale its embedded model"):
         arm_settings(math_store, "wide")
+
+
+def test_the_study_script_names_an_arm_some_stores_lack_and_leaves_it_out_when_asked(monkeypatch, capsys):
+    import importlib.util
+
+    import polars as pl
+
+    import pipeline.reporting.markdown as markdown
+
+    blocks = {
+        "A": [("the team, round 4", 0.75, 2.9), ("the protocol", 0.74, 3.0), ("the team, a trained policy per agent", 0.70, 2.9)],
+        "B": [("the team, round 4", 0.76, 2.9), ("the protocol", 0.73, 3.0)],
+    }
+    monkeypatch.setattr(markdown, "baselines_summary", lambda store: (pl.DataFrame(
+        [{"who": w, "success": s, "calls": c} for w, s, c in blocks[str(store)]]),))
+    spec = importlib.util.spec_from_file_location("teams_study", Path(__file__).resolve().parents[1] / "scripts" / "teams_study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    with pytest.raises(SystemExit, match="arm 'the team, a trained policy per agent' is in 1 of the 2 stores"):
+        study.arms([Path("A"), Path("B")])
+    kept = study.arms([Path("A"), Path("B")], partial=True)
+    assert [name for name, _, _ in kept] == ["the team, last round", "the protocol"]
+    assert kept[1][1] == [0.74, 0.73]
+    assert "left out, in 1 of the 2 stores: the team, a trained policy per agent" in capsys.readouterr().err
