@@ -34,7 +34,7 @@ def add_baselines_parser(sub) -> None:
         "team's round (a seeded subset of its training view), into STORE-ARM (resumed like maxit run), then play it from its last "
         "round on the team's held-out problems and draws: single (one agent doing the job; also played at the team's calls), "
         "protocol (the team's protocol played by one agent on one policy), separate / shared (the team on the other policy layout), "
-        "wide (the single agent on an embedded model of the team's parameters: grid's model_scale); "
+        "wide (the single agent on an embedded model of the team's parameters: the grid's and plan_path's model_scale); "
         "repeatable; maxit report shows each beside the team",
     )
     p.add_argument("--trained-single", action="store_true", help="the same as --arm single")
