@@ -27,6 +27,9 @@ __all__ = [
     "default_cache_dir",
     "settings_key",
     "cached_build",
+    "MAX_MODEL_SCALE",
+    "check_model_scale",
+    "scaled_model_config",
 ]
 
 BUILD_INFO = "maxit_build.json"
@@ -76,6 +79,24 @@ class ModelConfig:
         if out["initializer_range"] == ModelConfig.initializer_range:
             del out["initializer_range"]
         return out
+
+
+MAX_MODEL_SCALE = 8
+"""The deepest embedded model a workflow's `model_scale` asks for: 8 times the default's layers."""
+
+
+def check_model_scale(workflow: str, scale) -> None:
+    """A workflow option `model_scale` is a whole number in [1, MAX_MODEL_SCALE], else a
+    ConfigError naming the workflow."""
+    if isinstance(scale, bool) or not isinstance(scale, int) or not 1 <= scale <= MAX_MODEL_SCALE:
+        raise ConfigError(f"workflow {workflow!r}: model_scale must be an integer in [1, {MAX_MODEL_SCALE}] "
+                          f"(a model of {ModelConfig.num_layers}..{ModelConfig.num_layers * MAX_MODEL_SCALE} layers), got {scale!r}")
+
+
+def scaled_model_config(seed: int, scale: int) -> ModelConfig | None:
+    """The embedded model `scale` times as deep (about `scale` times the parameters: the wide arm
+    of a team of `scale` policies); None at scale 1, the workflow's default build."""
+    return ModelConfig(seed=seed, num_layers=ModelConfig.num_layers * scale) if scale != 1 else None
 
 
 def build_untrained_model(config: ModelConfig, tokenizer, out_dir: str | Path) -> Path:

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 from pipeline.errors import ConfigError
 from pipeline.types import Message
 
-from pipeline.models.build import ModelConfig, cached_build, count_parameters, settings_key, untrained_model
+from pipeline.models.build import ModelConfig, cached_build, count_parameters, settings_key, scaled_model_config, untrained_model
 
 __all__ = ["GridGame", "GridWarmStartConfig", "build_grid_tokenizer", "grid_sft_examples", "grid_model", "build_grid_model", "play", "GRID_BUILD_VERSION"]
 
@@ -351,5 +351,4 @@ def grid_model(cache_dir: str | Path | None = None, game: GridGame = GridGame(),
     """The warm-started grid model dir for `game`: built on the first call, reused afterwards.
     `scale` > 1: the model `scale` times as deep (about `scale` times the parameters; the wide arm
     of a team of `scale` policies), a build of its own."""
-    config = ModelConfig(seed=seed, num_layers=ModelConfig.num_layers * scale) if scale != 1 else None
-    return build_grid_model(cache_dir, game, GridWarmStartConfig(seed=seed), model_config=config)
+    return build_grid_model(cache_dir, game, GridWarmStartConfig(seed=seed), model_config=scaled_model_config(seed, scale))

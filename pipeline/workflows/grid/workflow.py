@@ -36,6 +36,7 @@ from typing import ClassVar
 
 from pipeline.rollout.agent import Agent
 from pipeline.errors import ConfigError
+from pipeline.models.build import check_model_scale
 from pipeline.types import Problem
 from pipeline.rollout.workflow import SoloWorkflow, Workflow
 from pipeline.workflows.grid.game import (
@@ -113,10 +114,9 @@ class GridWorkflow(Workflow):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"workflow 'grid': {name} must be an integer >= {low}, got {v!r}")
 
-        for name, low in (("size", 2), ("walls", 0), ("min_dist", 1), ("max_dist", 1), ("slack", 0), ("model_scale", 1)):
+        for name, low in (("size", 2), ("walls", 0), ("min_dist", 1), ("max_dist", 1), ("slack", 0)):
             whole(name, low)
-        if self.model_scale > 8:
-            raise ConfigError(f"workflow 'grid': model_scale must be at most 8 (a model of {4 * self.model_scale} layers), got {self.model_scale}")
+        check_model_scale(self.name, self.model_scale)
         if self.max_loop_num is not None:
             whole("max_loop_num", 1)
         if self.size * self.size > MAX_CELLS:

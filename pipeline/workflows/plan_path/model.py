@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pipeline.errors import ConfigError
-from pipeline.models.build import ModelConfig, cached_build, count_parameters, untrained_model
+from pipeline.models.build import ModelConfig, cached_build, count_parameters, scaled_model_config, untrained_model
 from pipeline.types import Message
 
 __all__ = ["PlanPathGame", "PlanPathWarmStartConfig", "plan_path_sft_examples", "plan_path_model", "build_plan_path_model", "play", "PLAN_PATH_BUILD_VERSION"]
@@ -318,5 +318,4 @@ def plan_path_model(cache_dir: str | Path | None = None, game: PlanPathGame = Pl
     """The warm-started Plan-Path model dir for `game`: built on the first call, reused afterwards.
     `scale` > 1: the model `scale` times as deep (about `scale` times the parameters; the wide arm
     of a team of `scale` policies), a build of its own; the same warm start."""
-    config = ModelConfig(seed=seed, num_layers=ModelConfig.num_layers * scale) if scale != 1 else None
-    return build_plan_path_model(cache_dir, game, PlanPathWarmStartConfig(seed=seed), model_config=config)
+    return build_plan_path_model(cache_dir, game, PlanPathWarmStartConfig(seed=seed), model_config=scaled_model_config(seed, scale))

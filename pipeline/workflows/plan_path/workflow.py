@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pipeline.errors import ConfigError
+from pipeline.models.build import check_model_scale
 from pipeline.rollout.agent import Agent
 from pipeline.rollout.workflow import Workflow
 from pipeline.types import Problem
@@ -86,10 +87,9 @@ class PlanPathWorkflow(Workflow):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise bad(f"{name} must be an integer >= {low}, got {v!r}")
 
-        for name, low in (("turns", 1), ("size", 2), ("walls", 0), ("min_dist", 1), ("max_dist", 1), ("model_scale", 1)):
+        for name, low in (("turns", 1), ("size", 2), ("walls", 0), ("min_dist", 1), ("max_dist", 1)):
             whole(name, low)
-        if self.model_scale > 8:
-            raise bad(f"model_scale must be at most 8 (a model of {4 * self.model_scale} layers), got {self.model_scale}")
+        check_model_scale(self.name, self.model_scale)
         if self.max_loop_num is not None:
             whole("max_loop_num", 1)
         if self.size * self.size > MAX_CELLS:
