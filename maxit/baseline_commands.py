@@ -43,6 +43,11 @@ def add_baselines_parser(sub) -> None:
         help="with --arm: the arm's training problems per round (default: single, the team's scaled by the team's calls per episode "
         "over the single agent's, so that it samples at least the team's rows to cut from; the others, the team's)",
     )
+    p.add_argument(
+        "--eval-problems", type=int, default=None, metavar="N",
+        help="play the team and every arm on N held-out problems (default: the store's evaluation's; the same samples, temperature "
+        "and seed); a store's or an arm's played rows of another number are played again, and the verdict compares rows of one number",
+    )
     p.set_defaults(func=cmd_baselines)
 
 
@@ -51,7 +56,7 @@ def cmd_baselines(args) -> int:
 
     from assets.console import console_to_log
     from pipeline.errors import ConfigError
-    from pipeline.run.arms import ARMS, arm_settings, arm_store, compute_arm_baselines, compute_baselines, team_of
+    from pipeline.run.arms import ARMS, arm_settings, arm_store, check_problems, compute_arm_baselines, compute_baselines, team_of
     from pipeline.run.experiment_record import LOG_FILE
     from pipeline.reporting.markdown import baselines_markdown
     from pipeline.reporting.verdict import verdict_across
@@ -64,6 +69,8 @@ def cmd_baselines(args) -> int:
         raise ConfigError("--single-problems is the trained arms': give it with --arm (or --trained-single)")
     if args.single_problems is not None and args.single_problems < 1:
         raise ConfigError(f"--single-problems must be >= 1, got {args.single_problems}")
+    if args.eval_problems is not None:
+        check_problems(args.eval_problems)
     stores = [Path(s) for s in args.store]
     if len(set(stores)) != len(stores):
         raise ConfigError(f"--store: {next(s for s in stores if stores.count(s) > 1)} is given twice")
@@ -71,11 +78,11 @@ def cmd_baselines(args) -> int:
         team_of(store)  # a folder that is not a recorded store is named before anything is written
     for store in stores:
         with console_to_log(store / LOG_FILE):  # the engines' output goes to the store's log, as maxit run's does
-            compute_baselines(store, force=args.force)
+            compute_baselines(store, force=args.force, problems=args.eval_problems)
         for arm in arms:
             _run_arm(store, arm_store(store, arm), arm, *arm_settings(store, arm, args.single_problems))
             with console_to_log(store / LOG_FILE):
-                compute_arm_baselines(store, arm, force=args.force)
+                compute_arm_baselines(store, arm, force=args.force, problems=args.eval_problems)
     blocks = ["\n".join(baselines_markdown(store, name)) for store, name in zip(stores, args.store)]
     if len(stores) > 1:
         blocks.append("\n".join(verdict_across(stores, args.store)))

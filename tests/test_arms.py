@@ -250,6 +250,41 @@ def test_trained_arms_are_played_on_the_teams_problems_and_draws_and_judged(tmp_
     assert "- against the team's protocol played by one trained agent: no verdict over seeds (one store): the team " in out
 
 
+def test_eval_problems_plays_the_team_and_its_arms_on_that_many_problems_and_judges_one_number(tmp_path, fake_tokenizer, monkeypatch):
+    from maxit.baseline_commands import _run_arm
+    from pipeline.run.arms import arm_settings, arm_store, compute_arm_baselines, compute_baselines, read_baselines
+    from pipeline.reporting.verdict import arm_results, verdict_across, verdict_lines
+
+    store = tb.team_store(tmp_path, workflow="grid", calls=True, problems=16)  # its evaluation: 12 held-out problems x 2 samples
+    tb.trained(store, {0: 37})
+    compute_baselines(store, engines=tb.FakePool(tb.GridOracle(0.6)))
+    assert set(read_baselines(store)["n"].to_list()) == {24}
+    stand_in_stages(monkeypatch, [])
+    _run_arm(store, arm_store(store, "protocol"), "protocol", *arm_settings(store, "protocol"))
+    compute_arm_baselines(store, "protocol", engines=tb.FakePool(tb.GridOracle(0.6)))
+    # the team played again on 20 problems; the arm, still on 12, is not judged against it
+    compute_baselines(store, engines=tb.FakePool(tb.GridOracle(0.6)), problems=20)
+    table = read_baselines(store)
+    assert set(table.filter(pl.col("value").is_not_null())["n"].to_list()) == {40} and set(table["round"].to_list()) == {-1, 0}
+    text = "\n".join(verdict_lines(store))
+    assert "no verdict: the team was played on 40 episodes, the arm on 24" in text and "--eval-problems N" in text
+    assert "no verdict: store" in "\n".join(verdict_across([store, store]))
+    # the arm played on the same 20: the same problems and draws as the team's (one engine here: the same success)
+    compute_arm_baselines(store, "protocol", engines=tb.FakePool(tb.GridOracle(0.6)), problems=20)
+    team, arms = arm_results(store)
+    assert [(a.arm, a.n, a.success) for a in arms] == [("protocol", 40, team[0].success)]
+    assert "- against the team's protocol played by one trained agent: no difference" in "\n".join(verdict_lines(store))
+    # kept when played on that number already; played again on another
+    again = tb.FakePool(tb.GridOracle(0.6))
+    compute_baselines(store, engines=again, problems=20)
+    compute_arm_baselines(store, "protocol", engines=again, problems=20)
+    assert again.gets == 0
+    compute_baselines(store, engines=again)  # no number asked: what is there is kept
+    assert again.gets == 0
+    with pytest.raises(ConfigError, match=r"--eval-problems must be a whole number >= 1, got 0"):
+        compute_baselines(store, engines=again, problems=0)
+
+
 def result(arm: str, success: float, n: int = 400, round_: int = 4):
     from pipeline.reporting.verdict import ArmResult
 

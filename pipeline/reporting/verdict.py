@@ -125,6 +125,10 @@ def verdict_lines(store: str | Path, name: str | None = None) -> list[str]:
             lines.append(f"- against {arm.label} (round {arm.round}): no verdict: the team has no played row of round {arm.round} "
                          f"(maxit baselines --store {name} --force)")
             continue
+        if mine.n != arm.n:
+            lines.append(f"- against {arm.label} (round {arm.round}): no verdict: the team was played on {mine.n} episodes, the arm on {arm.n} "
+                         f"(maxit baselines --store {name} --arm {arm.arm.split('_')[0]} --eval-problems N plays both on N held-out problems)")
+            continue
         word, figures = _judge(mine, arm)
         words[word].append(arm.label)
         lines.append(f"- against {arm.label}: {'the team ' + word if word != 'no difference' else 'no difference'}: {figures}; round {arm.round}")
@@ -148,13 +152,19 @@ def verdict_across(stores: Sequence[str | Path], names: Sequence[str] | None = N
             labels.setdefault(a.arm, a.label)
     judged = 0
     for key, label in labels.items():
-        pairs = []
+        pairs, episodes = [], None
         for (team, arms), name in zip(per_store, names):
             arm = next((a for a in arms if a.arm == key), None)
             if arm is None or arm.round not in team:
                 pairs = None
                 lines.append(f"- against {label}: no verdict: store {name} has no played {'team' if arm is not None else 'arm'} row")
                 break
+            if team[arm.round].n != arm.n or (episodes is not None and arm.n != episodes):
+                pairs = None
+                lines.append(f"- against {label}: no verdict: store {name} has it played on {arm.n} episodes, its team on {team[arm.round].n}"
+                             f"{'' if episodes is None else f', the first store on {episodes}'} (maxit baselines --eval-problems N plays every one on N)")
+                break
+            episodes = arm.n if episodes is None else episodes
             pairs.append((team[arm.round].success, arm.success))
         if pairs is None:
             continue

@@ -43,7 +43,7 @@ from pipeline.run.experiment_record import EXPERIMENT_FILE, complete_rounds, is_
 from pipeline.store import BASE_ROUND
 
 __all__ = ["ARMS", "compute_baselines", "compute_arm_baselines", "read_baselines", "arm_store", "single_store", "arm_settings", "trained_single_settings",
-           "arm_workflow", "single_workflow", "team_of", "train_rows", "match_rows", "match_seed"]
+           "arm_workflow", "single_workflow", "team_of", "train_rows", "match_rows", "match_seed", "check_problems"]
 
 TABLE = "baselines"
 
@@ -139,13 +139,14 @@ def team_of(store: Path):
     return config, build_workflow(config)
 
 
-def compute_baselines(store: str | Path, *, engines=None, force: bool = False) -> pl.DataFrame:
+def compute_baselines(store: str | Path, *, engines=None, force: bool = False, problems: int | None = None) -> pl.DataFrame:
     """The store's `baselines` tables, computed where missing (all of them with `force`) and read
     back: round -1's (the untrained team and its single agent's baselines, from the starting
     checkpoints) and its last complete round's (the trained team played as the baselines are, with
     that round's checkpoints, when they are registered), on the held-out problems of its
-    evaluation. A store without an evaluation, or whose team's calls per problem cannot be
-    counted, is a one-line `DataError`."""
+    evaluation (`problems`: that many held-out problems instead, the same samples, temperature and
+    seed; a round's table played on another number is played again). A store without an
+    evaluation, or whose team's calls per problem cannot be counted, is a one-line `DataError`."""
     from pipeline.rollout.budget_matched import team_calls
     from pipeline.run.context import RoundContext
 
@@ -155,23 +156,53 @@ def compute_baselines(store: str | Path, *, engines=None, force: bool = False) -
     if not tables.has_any("evaluation"):
         raise DataError(f"store {store}: no evaluation table (run `maxit run --store {store}` first): the team's budget is counted from it")
     ctx = RoundContext(tables, config, engines=engines)
-    rounds = [r for r in (BASE_ROUND, *complete_rounds(store)[-1:]) if force or not tables.exists(r, TABLE)]
+    episodes = _episodes(config, problems)
+    rounds = [r for r in (BASE_ROUND, *complete_rounds(store)[-1:]) if force or not _played_on(tables, r, episodes)]
     rounds = [r for r in rounds if r == BASE_ROUND or all(ctx.registry.get(r, pid) is not None for pid in ctx.policy_ids)]
     if rounds:
         steps = tables.scan("steps").select("round", "strategy", "traj_uid").collect() if tables.has_any("steps") else None
         k, source = team_calls(tables.scan("evaluation").collect(), steps)
         try:
             for r in rounds:
-                tables.write(r, TABLE, _played(ctx, r, k, source))
+                tables.write(r, TABLE, _played(ctx, r, k, source, problems))
         finally:
             if engines is None:
                 ctx.engines.close()
     return read_baselines(store)
 
 
-def _played(ctx, round_: int, k: float, source: str) -> pl.DataFrame:
+def _episodes(config, problems: int | None) -> int | None:
+    """The episodes a played row holds when `problems` held-out problems are asked for (None: the
+    evaluation's, whatever a kept table was played on)."""
+    from pipeline.run.rounds import evaluation_config
+
+    if problems is None:
+        return None
+    check_problems(problems)
+    return problems * evaluation_config(config).samples
+
+
+def check_problems(problems) -> None:
+    """`problems`, the held-out problems to play, is a whole number >= 1."""
+    if isinstance(problems, bool) or not isinstance(problems, int) or problems < 1:
+        raise ConfigError(f"--eval-problems must be a whole number >= 1, got {problems!r}")
+
+
+def _played_on(tables, round_: int, episodes: int | None) -> bool:
+    """Whether round `round_`'s `baselines` table is there, played on `episodes` episodes (None:
+    on any number)."""
+    if not tables.exists(round_, TABLE):
+        return False
+    if episodes is None:
+        return True
+    played = tables.read(round_, TABLE, columns=["n", "value"])
+    return all(n == episodes for n, v in zip(played["n"].to_list(), played["value"].to_list()) if v is not None)
+
+
+def _played(ctx, round_: int, k: float, source: str, problems: int | None = None) -> pl.DataFrame:
     """Round `round_`'s `baselines` rows: with round -1 the untrained team and its single agent's
-    baselines, with a trained round the team alone, each with that round's checkpoints."""
+    baselines, with a trained round the team alone, each with that round's checkpoints, on the
+    evaluation's held-out problems (`problems`: that many instead)."""
     from pipeline.rollout.budget_matched import baseline_rows
     from pipeline.run.rounds import evaluation_config
     from schemas import BASELINES, polars_schema, validate
@@ -181,7 +212,7 @@ def _played(ctx, round_: int, k: float, source: str) -> pl.DataFrame:
     sampler_of = _sampler_of(ctx, round_, (team, *([single] if single is not None else [])))
     ev = evaluation_config(ctx.config)
     rows = baseline_rows(
-        team, single, team.problems("heldout", ev.problems, ev.seed), sampler_of,
+        team, single, team.problems("heldout", problems or ev.problems, ev.seed), sampler_of,
         k=k, source=source, samples=ev.samples, temperature=ev.temperature, max_tokens=_budget(ev), seed=ev.seed, round_=round_, team_only=round_ != BASE_ROUND,
     )
     return validate(pl.DataFrame(rows, schema=polars_schema(BASELINES)), BASELINES)
@@ -206,12 +237,13 @@ def _sampler_of(ctx, round_: int, workflows):
     return lambda agent: (samplers[policy_of[agent]], tokenizers[policy_of[agent]])
 
 
-def compute_arm_baselines(store: str | Path, arm: str, *, engines=None, force: bool = False) -> pl.DataFrame | None:
+def compute_arm_baselines(store: str | Path, arm: str, *, engines=None, force: bool = False, problems: int | None = None) -> pl.DataFrame | None:
     """Arm `arm` of `store` (trained in `<store>-<arm>`) played from its last complete round's
     checkpoints as the team's baselines are (`arm_rows`: the team's held-out problems, samples,
     temperature and seed, the team's calls per problem for a single agent's vote and self-refine),
-    written once (afresh with `force`) to the sibling's `baselines` table of that round and read
-    back; None when the sibling has no complete round."""
+    written once (afresh with `force`, or when it was played on another number than `problems`
+    held-out problems) to the sibling's `baselines` table of that round and read back; None when
+    the sibling has no complete round."""
     from pipeline.rollout.budget_matched import arm_rows
     from pipeline.run.context import RoundContext
     from pipeline.run.rounds import evaluation_config
@@ -227,14 +259,14 @@ def compute_arm_baselines(store: str | Path, arm: str, *, engines=None, force: b
         raise DataError(f"store {store}: no baselines table: compute it first (maxit baselines --store {store})")
     r = done[-1]
     tables = st.Tables(sibling)
-    if force or not tables.exists(r, TABLE):
-        team_config, _ = team_of(store)
+    team_config, _ = team_of(store)
+    if force or not _played_on(tables, r, _episodes(team_config, problems)):
         ctx = RoundContext(tables, stored_settings(_record(sibling)).run_config(), engines=engines)
         try:
             workflow = ctx.workflow().scored_as_a_team()
             ev = evaluation_config(team_config)
             rows = arm_rows(
-                workflow, arm, workflow.problems("heldout", ev.problems, ev.seed), _sampler_of(ctx, r, (workflow,)),
+                workflow, arm, workflow.problems("heldout", problems or ev.problems, ev.seed), _sampler_of(ctx, r, (workflow,)),
                 k=float(team_table["team_calls"][0]), source=str(team_table["calls_source"][0]), samples=ev.samples, temperature=ev.temperature,
                 max_tokens=_budget(ev), seed=ev.seed, round_=r, at_calls=arm in ("single", "wide"),
             )
