@@ -101,13 +101,75 @@ def dom_text(port: int, path: str) -> str:
     return re.sub(r"(\s*\|\s*)+", " | ", unescape(re.sub(r"<[^>]+>", " | ", text)))
 
 
+def clicked_text(port: int, path: str, button: str, expect: list[str], tmp: Path) -> str:
+    """The visible text of the page at `path` after a click on the element whose text is
+    `button`, once every string of `expect` shows: headless Chromium driven over its DevTools
+    protocol (on 127.0.0.1), as a user would open the page and press the button."""
+    import asyncio
+
+    import websockets
+
+    debug = free_port()
+    chrome = subprocess.Popen([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={debug}",
+                               "--remote-debugging-address=127.0.0.1", f"--user-data-dir={tmp}", "about:blank"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    async def drive() -> str:
+        deadline = time.time() + 120
+        while True:
+            try:
+                pages = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{debug}/json/list", timeout=5).read())
+                target = next(t["webSocketDebuggerUrl"] for t in pages if t.get("type") == "page")
+                break
+            except (OSError, StopIteration, ValueError):
+                assert time.time() < deadline, "headless Chromium's DevTools endpoint did not come up within 2 minutes"
+                await asyncio.sleep(1)
+        async with websockets.connect(target, max_size=None) as ws:
+            ids = iter(range(1, 10_000))
+
+            async def call(method: str, **params):
+                i = next(ids)
+                await ws.send(json.dumps({"id": i, "method": method, "params": params}))
+                while True:
+                    reply = json.loads(await ws.recv())
+                    if reply.get("id") == i:
+                        return reply.get("result", {})
+
+            async def text() -> str:
+                result = await call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''", returnByValue=True)
+                return result.get("result", {}).get("value", "")
+
+            async def until(check, what: str) -> str:
+                end = time.time() + 120
+                while True:
+                    seen = await text()
+                    if check(seen):
+                        return seen
+                    assert time.time() < end, f"the page {path} did not show {what} within 2 minutes: {seen[:3000]}"
+                    await asyncio.sleep(1)
+
+            await call("Page.navigate", url=f"http://127.0.0.1:{port}{path}")
+            await until(lambda seen: button in seen, repr(button))
+            click = ("(() => { const hit = [...document.querySelectorAll('button, a, [role=button], span, div')]"
+                     f".filter(e => e.textContent.trim() === {json.dumps(button)}); if (!hit.length) return false; hit[hit.length - 1].click(); return true; }})()")
+            clicked = await call("Runtime.evaluate", expression=click, returnByValue=True)
+            assert clicked.get("result", {}).get("value") is True, f"no element reads {button!r} on {path}"
+            return await until(lambda seen: all(e in seen for e in expect), f"{expect} after the click on {button!r}")
+
+    try:
+        return asyncio.run(drive())
+    finally:
+        os.killpg(chrome.pid, signal.SIGKILL)
+        chrome.wait()
+
+
 @pytest.mark.slow  # starts the Dagster webserver and a browser: a minute or more
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs headless Chromium at /usr/bin/chromium (the Debian package `chromium`)")
 def test_the_ui_shows_the_partitions_row_count_and_columns(problems_store):
     """The webserver on the store's instance: the partition page of `problems` shows the row count
-    and the column schema's entry, whose columns the page shows only behind a "Show Table Schema"
-    button; the asset's overview page lists the latest materialization's columns with their types;
+    and the column schema's entry, whose columns (each with its type) the page shows behind a
+    "Show Table Schema" button, pressed here in a browser; the asset's overview page lists the latest materialization's columns with their types;
     and the GraphQL the pages read holds the partition's row count and column names."""
     _instance, store, home = problems_store
     port = free_port()
@@ -137,6 +199,10 @@ def test_the_ui_shows_the_partitions_row_count_and_columns(problems_store):
         partition_page = dom_text(port, "/assets/problems?view=partitions&partition=0")
         assert f"| dagster/row_count | {PROBLEMS} |" in partition_page, partition_page[:3000]
         assert "| dagster/column_schema | [Show Table Schema] |" in partition_page, partition_page[:3000]
+        # the partition's own page, its schema opened as a user opens it: every column and its type
+        shown = clicked_text(port, "/assets/problems?view=partitions&partition=0", "[Show Table Schema]", [n for n, _ in columns], home / "chromium")
+        for name, arrow_type in columns:
+            assert re.search(rf"\b{re.escape(name)}\s+{re.escape(arrow_type)}\b", shown), (name, arrow_type, shown[-3000:])
 
         overview = dom_text(port, "/assets/problems?view=overview")
         assert f"| Row count | {PROBLEMS} |" in overview, overview[:3000]
