@@ -93,7 +93,7 @@ def advantage_config_from_args(args, settings):
     `maxit advantages` exposes."""
     import dataclasses
 
-    return dataclasses.replace(settings.advantage_config(), singleton=args.singleton, eps=args.eps)
+    return dataclasses.replace(settings.run_config().advantage, singleton=args.singleton, eps=args.eps)
 
 
 def cmd_advantages(args) -> int:
@@ -158,11 +158,12 @@ def cmd_view(args) -> int:
     # the view of `maxit run` with these settings: the algorithm's and the loss's presets where a
     # flag is left alone
     settings = settings_of(args, VIEW_SETTINGS)
-    config = settings.view_config()
+    run = settings.run_config()
+    config = run.view
     config = dataclasses.replace(config, max_length=args.max_length, min_reward=config.min_reward if args.min_reward is None else args.min_reward)
     adv = store.read_table(path, "advantages", flag="--advantages")  # the contract: columns, nulls, unique step_ids
     # the view validates the table (missing columns, unknown strategy ids named with their step_ids)
-    options = settings.strategy_options()
+    options = run.strategy_options or {}
     strategies = {s: make_strategy(s, **options.get(s, {})) for s in STRATEGY_IDS}
     tokenizer = load_tokenizer(args.model_dir or default_model())
     print_source_notes("maxit view", settings, sorted(set(adv["strategy"].to_list())))
