@@ -25,7 +25,7 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "Setting", "setting", "settings", "walk", "literal", "unoptional", "GROUPS", "SAME",
-    "check_value", "check_declared", "check_field", "check_setting", "check_flat", "Choices",
+    "check_value", "check_declared", "check_field", "check_setting", "check_flat", "Choices", "check_count",
 ]
 
 GROUPS = ("team and task", "sampling", "training", "rewards and advantages", "scale-out", "evaluation")
@@ -176,6 +176,16 @@ def check_value(where: str, value: Any, *, choices: tuple | None = None, sequenc
         raise ConfigError(f"{where} must be one of {list(choices)}, got {value!r}")
     if sequence and isinstance(value, str):
         raise ConfigError(f"{where} must be a sequence of names, got the string {value!r}")
+
+
+def check_count(where: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
+    """The rule of a count (problems, shards, epochs, rounds): an integer (not a bool) >= `minimum`,
+    or None where `optional`; else a `ConfigError` naming `where`. The one copy every config's
+    counts are checked with."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where} must be an integer >= {minimum}{' or None' if optional else ''}, got {value!r}")
 
 
 def _is_sequence(hint) -> bool:

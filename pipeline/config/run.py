@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from pipeline.config import flat
-from pipeline.config.fields import Setting, check_declared, literal, setting, settings
+from pipeline.config.fields import Setting, check_count, check_declared, literal, setting, settings
 from pipeline.config.presets import ALGORITHMS
 from pipeline.config.scale import ScaleConfig, TrackingConfig
 from pipeline.config.stages import AdvantageConfig, EvalConfig, FrozenMapping, ViewConfig, relabel_needs_rs
@@ -246,12 +246,8 @@ class RunConfig:
                 object.__setattr__(self, name, fill[name]())
 
     def _check_fields(self) -> None:
-        for name in ("problems", "samples", "max_tokens", "max_loop_num"):
-            v = getattr(self, name)
-            if name in ("max_tokens", "max_loop_num") and v is None:  # the task's / the workflow's default
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
+        for name in ("problems", "samples", "max_tokens", "max_loop_num"):  # None: the task's / the workflow's default
+            check_count(f"RunConfig.{name}", getattr(self, name), optional=name in ("max_tokens", "max_loop_num"))
         replay = self.problem_replay
         if isinstance(replay, bool) or not (isinstance(replay, (int, float)) and 0 <= replay < 1):
             raise ConfigError(f"RunConfig.problem_replay must be a share in [0, 1), got {replay!r}")
@@ -278,10 +274,8 @@ class RunConfig:
 
     def _check_staleness(self) -> None:
         k, rows, weight = self.max_staleness, self.max_row_staleness, self.stale_row_weight
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ConfigError(f"RunConfig.max_staleness must be an integer >= 0, got {k!r}")
-        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
-            raise ConfigError(f"RunConfig.max_row_staleness must be an integer >= 0 or None, got {rows!r}")
+        check_count("RunConfig.max_staleness", k, minimum=0)
+        check_count("RunConfig.max_row_staleness", rows, minimum=0, optional=True)
         if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
             raise ConfigError(f"RunConfig.stale_row_weight must be a number in [0, 1], got {weight!r}")
         if self.scale.trainer_cores is not None and not k:

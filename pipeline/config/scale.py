@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.config.fields import check_declared, setting
+from pipeline.config.fields import check_count, check_declared, setting
 from pipeline.errors import ConfigError
 
 __all__ = ["ScaleConfig", "TrackingConfig", "TRACKERS", "parse_cores", "parse_devices", "DEVICES_ENV", "devices_env"]
@@ -94,9 +94,7 @@ class ScaleConfig:
                 f"{self.trainer_devices!r} names {len(trainer)}"
             )
         for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"ScaleConfig.{name} must be an integer >= 1, got {value!r}")
+            check_count(f"ScaleConfig.{name}", getattr(self, name))
         if self.ray_address is not None and (self.executor != "ray" or not isinstance(self.ray_address, str) or not self.ray_address.strip()):
             raise ConfigError(
                 f"ScaleConfig.ray_address {self.ray_address!r} names a Ray cluster for the shards: it needs ScaleConfig.executor 'ray' "

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterator, Literal, Mapping
 
-from pipeline.config.fields import check_declared, setting
+from pipeline.config.fields import check_count, check_declared, setting
 from pipeline.config.train import LossConfig
 from pipeline.errors import ConfigError
 
@@ -279,8 +279,7 @@ class ViewConfig:
         check_declared(self)  # policy_ids and drop_strategies sequences
         if isinstance(self.verifier_replay, bool) or not isinstance(self.verifier_replay, int) or self.verifier_replay < 0:
             raise ConfigError(f"ViewConfig.verifier_replay must be a whole number of rounds >= 0, got {self.verifier_replay!r}")
-        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
-            raise ConfigError(f"ViewConfig.max_length must be an integer >= 2 or None, got {self.max_length!r}")
+        check_count("ViewConfig.max_length", self.max_length, minimum=2, optional=True)
         if not (math.isfinite(self.zero_advantage_tol) and self.zero_advantage_tol >= 0):
             raise ConfigError(f"ViewConfig.zero_advantage_tol must be finite and >= 0, got {self.zero_advantage_tol!r}")
         object.__setattr__(self, "drop_strategies", tuple(self.drop_strategies))
@@ -355,10 +354,6 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         for name in ("problems", "samples", "max_tokens"):
-            v = getattr(self, name)
-            if name == "max_tokens" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"EvalConfig.{name} must be an integer >= 1, got {v!r}")
+            check_count(f"EvalConfig.{name}", getattr(self, name), optional=name == "max_tokens")
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
             raise ConfigError(f"EvalConfig.temperature must be > 0, got {self.temperature!r}")

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pipeline.config.fields import check_declared, setting
+from pipeline.config.fields import check_count, check_declared, setting
 from pipeline.config.loss import AGGREGATIONS, ANCHORS, CORRECTIONS, LOSS_KINDS, RATIO_MODES, LossConfig, RatioConfig, finite_positive
 from pipeline.errors import ConfigError
 
@@ -201,9 +201,7 @@ class TrainConfig:
         finite_positive("TrainConfig.lr", self.lr)
         finite_positive("TrainConfig.temperature", self.temperature)
         for name in ("epochs", "minibatch_size", "micro_batch_size", "logging_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"TrainConfig.{name} must be an integer >= 1, got {v!r}")
+            check_count(f"TrainConfig.{name}", getattr(self, name))
         if self.minibatch_size % self.micro_batch_size:
             raise ConfigError(
                 f"TrainConfig.minibatch_size ({self.minibatch_size}) must be a multiple of "
@@ -227,8 +225,7 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.logits_chunk_mb must be a number >= 0, got {self.logits_chunk_mb!r}")
         if not (isinstance(self.activation_mb, (int, float)) and math.isfinite(self.activation_mb) and self.activation_mb >= 0):
             raise ConfigError(f"TrainConfig.activation_mb must be a number >= 0, got {self.activation_mb!r}")
-        if self.micro_batch_tokens is not None and (not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1):
-            raise ConfigError(f"TrainConfig.micro_batch_tokens must be an integer >= 1 or None, got {self.micro_batch_tokens!r}")
+        check_count("TrainConfig.micro_batch_tokens", self.micro_batch_tokens, optional=True)
         if not isinstance(self.share_prefix, int) or isinstance(self.share_prefix, bool) or self.share_prefix < 0:
             raise ConfigError(f"TrainConfig.share_prefix must be an integer >= 0 (tokens; 0 = off), got {self.share_prefix!r}")
         if self.bf16 is not None and not isinstance(self.bf16, bool):
