@@ -7,7 +7,10 @@ every setting by its flat name, which makes `maxit run`'s flags (`add_setting_fl
 launchpad's fields (`assets.config.RunSettings`) and the record of a store (`experiment.json`).
 Nothing about a setting is written here: its default and choices are its field's, the
 algorithms' and losses' presets are `pipeline.config.presets`, and the rules across settings are
-checked by the configs when they are built. `Settings(...).run_config()` is
+checked by the configs when they are built. A value outside a setting's choices, or one string
+given for a sequence, is refused as soon as `Settings` is made (and by argparse for a flag), by
+the rule its field declares (`pipeline.config.fields.check_value`, the check the configs make of
+their own fields), never by a copy of it. `Settings(...).run_config()` is
 `RunConfig.for_algorithm(algorithm, **settings)`, so `Settings().run_config() == RunConfig()`,
 with a config's error reported by the flag of the setting it came from (`--problems must be ...`).
 
