@@ -36,7 +36,8 @@ ALSO = {"train_processes": 2}
 LOOKED_UP = {"algorithm": "nope", "loss": "xyz", "gradient_checkpointing": "sometimes"}
 """Settings whose value is looked up (a preset, a mapping) once its rule has passed."""
 
-SEQUENCES = {"strategies": "iid", "group_by": "agent_id", "report_to": "wandb"}
+SEQUENCES = {"strategies": "iid", "group_by": "agent_id", "report_to": "wandb", "workflow_options": "max_turns=3", "strategy_weights": "iid=1"}
+"""A string for a sequence setting, which would be read letter by letter."""
 
 
 def _argv(values: dict) -> list[str]:

@@ -109,7 +109,8 @@ def run_fields(root: type, algorithm: str, settings: Mapping[str, Any]) -> dict[
     values = resolve(root, algorithm, settings)
     loss = loss_config(values)
     out = _as_declared(values, root)
-    if "workflow_options" in values:
+    if "workflow_options" in values:  # a flat value no config holds (KEY=VALUE items): its setting's rule is checked here
+        check_setting(_setting(root, "workflow_options"), values["workflow_options"])
         out["workflow_options"] = parse_options(values["workflow_options"])
     return {
         **out,
@@ -175,6 +176,8 @@ def view_config(values: Mapping[str, Any], loss: LossConfig) -> ViewConfig:
         check_setting(_setting(ViewConfig, "zero_advantage_rows"), rows)
         over["drop_zero_advantage"] = rows == "drop"
     weights = values.get("strategy_weights")
+    if weights:  # a flat value no config holds (STRATEGY=WEIGHT items): its setting's rule is checked here
+        check_setting(_setting(ViewConfig, "strategy_weights"), weights)
     over["strategy_weights"] = parse_weights(weights) if weights else None
     over["drop_strategies"] = ("prompt_aug",) if values.get("hinted_rows") == "drop" else ()  # hinted_rows' second path
     return ViewConfig.for_loss(loss, **over)
