@@ -218,7 +218,7 @@ def add_ui_parser(sub) -> None:
         help="the store (experiment) whose rounds the UI shows and whose runs it starts write to; its Dagster instance is "
         "STORE/.dagster (default runs/default); a URL store's is in its local working copy",
     )
-    p.add_argument("--engine", choices=["auto", "vllm", "hf"], default=None)
+    add_setting_flags(p, groups=(), names=("engine",))  # the run's setting: its help and choices are its field's
     p.set_defaults(func=cmd_ui)
 
 

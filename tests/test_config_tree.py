@@ -55,7 +55,7 @@ def test_unknown_settings_and_algorithms_are_refused_by_name():
         RunConfig(algorithm="ppo")
     with pytest.raises(ConfigError, match="algorithm must be one of"):
         RunConfig.for_algorithm("ppo")
-    with pytest.raises(ConfigError, match="must be a sequence of strategy ids, got the string 'iid'"):
+    with pytest.raises(ConfigError, match="must be a sequence of names, got the string 'iid'"):
         RunConfig(strategies="iid")
 
 

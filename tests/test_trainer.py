@@ -355,7 +355,7 @@ def test_a_carried_optimizer_state_that_does_not_fit_is_a_named_error(tok, model
     with pytest.raises(DataError, match=r"r4/optimizer.pt: not a readable optimizer state"):
         train_policy(view, "shared", tmp_path / "r4", tmp_path / "again", cfg)
     assert not (tmp_path / "again").exists()
-    with pytest.raises(ConfigError, match="optimizer_state must be 'fresh' or 'carry'"):
+    with pytest.raises(ConfigError, match=r"optimizer_state must be one of \['fresh', 'carry'\]"):
         replace(cfg, optimizer_state="keep")
 
 

@@ -18,9 +18,15 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import MISSING, dataclass, fields, is_dataclass
+from functools import lru_cache
 from typing import Any, Iterator
 
-__all__ = ["Setting", "setting", "settings", "walk", "literal", "unoptional", "GROUPS", "SAME"]
+from pipeline.errors import ConfigError
+
+__all__ = [
+    "Setting", "setting", "settings", "walk", "literal", "unoptional", "GROUPS", "SAME",
+    "check_value", "check_declared", "check_field", "check_setting", "check_flat", "Choices", "check_count",
+]
 
 GROUPS = ("team and task", "sampling", "training", "rewards and advantages", "scale-out", "evaluation")
 """The groups `maxit run --help` lists its flags in."""
@@ -149,3 +155,102 @@ def walk(config: type, prefix: str = "") -> Iterator[Found]:
             yield Found(declared, where, config, f.name, hint, default, optional)
         if is_dataclass(hint):
             yield from walk(hint, path + ".")
+
+
+# -- the rules a declaration makes, checked in one place ------------------------------------------
+#
+# A field's choices (its setting's `choices`, else its `Literal`) and its being a sequence (a
+# tuple type, which a string would fill letter by letter) are rules its declaration makes. They
+# are checked by `check_value` alone: a config checks its own fields (`check_declared`, from its
+# `__post_init__`), and the flat carriers (`Settings`, the flags, `pipeline.config.flat`'s
+# builders) call the same function on a flat value, never a copy of the rule.
+
+
+def check_value(where: str, value: Any, *, choices: tuple | None = None, sequence: bool = False, optional: bool = False) -> None:
+    """The one check of a declared rule: `value` (of the field or setting named `where`) is one of
+    `choices`, a sequence and not a string where `sequence`, and may be None where `optional`;
+    else a `ConfigError` naming `where`."""
+    if value is None and optional:
+        return
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{where} must be one of {list(choices)}, got {value!r}")
+    if sequence and isinstance(value, str):
+        raise ConfigError(f"{where} must be a sequence of names, got the string {value!r}")
+
+
+def check_count(where: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
+    """The rule of a count (problems, shards, epochs, rounds): an integer (not a bool) >= `minimum`,
+    or None where `optional`; else a `ConfigError` naming `where`. The one copy every config's
+    counts are checked with."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where} must be an integer >= {minimum}{' or None' if optional else ''}, got {value!r}")
+
+
+def _is_sequence(hint) -> bool:
+    return typing.get_origin(unoptional(hint)) is tuple
+
+
+@lru_cache(maxsize=None)
+def _rules(config: type) -> dict[str, dict[str, Any]]:
+    """{field: keywords of `check_value`} of the fields of `config` whose declaration makes a rule:
+    the choices of a setting whose flat value is its field's (else the field's `Literal`), a
+    tuple type."""
+    hints = typing.get_type_hints(config)
+    out = {}
+    for f in fields(config):
+        hint = unoptional(hints[f.name])
+        own = [s for s in f.metadata.get("settings", ()) if s.key is None and s.hint is None]
+        choices = tuple(own[0].choices) if own and own[0].choices is not None else None
+        if choices is None and typing.get_origin(hint) is typing.Literal:
+            choices = typing.get_args(hint)
+        sequence = _is_sequence(hint)
+        if choices is not None or sequence:
+            out[f.name] = {"choices": choices, "sequence": sequence, "optional": hint is not hints[f.name]}
+    return out
+
+
+def check_field(config: type, name: str, value: Any) -> None:
+    """`value` for the field `name` of `config` against its declaration (`check_value`), the
+    error naming `Config.name`; e.g. the algorithm before its preset is looked up."""
+    rules = _rules(config).get(name)
+    if rules is not None:
+        check_value(f"{config.__name__}.{name}", value, **rules)
+
+
+def check_declared(config: Any) -> None:
+    """Every field of `config` (a config dataclass, from its `__post_init__`) against the rules
+    its declaration makes (`check_value`): the one place a field's choices are checked."""
+    for name, rules in _rules(type(config)).items():
+        check_value(f"{type(config).__name__}.{name}", getattr(config, name), **rules)
+
+
+def check_setting(found: Found, value: Any) -> None:
+    """A flat value of the setting `found` against its declaration (its choices; a sequence where
+    its flat type is a tuple), the error naming the setting: for the settings whose flat value
+    no config holds (`zero_advantage_rows`, `gradient_checkpointing`), checked where
+    `pipeline.config.flat` converts them."""
+    check_value(found.setting.name, value, choices=found.choices, sequence=_is_sequence(found.flat_hint))
+
+
+def check_flat(record: Any) -> None:
+    """Every field of a flat record of settings (`pipeline.run.settings.Settings`: one field per
+    setting, its choices in its metadata) against its setting's declaration, the error naming the
+    setting; None passes where it is the field's default ("the preset's")."""
+    for f in fields(record):
+        check_value(f.name, getattr(record, f.name), choices=f.metadata.get("choices"), sequence=_is_sequence(f.type),
+                    optional=f.default is None)
+
+
+class Choices(tuple):
+    """A setting's choices as a command-line flag takes them (argparse's `choices`: listed by
+    `--help` and in its "invalid choice" error), whose membership is the setting's one rule,
+    `check_value`: argparse asks `value in choices`."""
+
+    def __contains__(self, value: Any) -> bool:
+        try:
+            check_value("", value, choices=tuple(self))
+        except ConfigError:
+            return False
+        return True

@@ -17,8 +17,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from pipeline.config.fields import SAME, Found, walk
-from pipeline.config.presets import ALGORITHM_PRESETS, ALGORITHMS, LOSS_PRESETS, config_default
+from pipeline.config.fields import SAME, Found, check_field, check_setting, walk
+from pipeline.config.presets import ALGORITHM_PRESETS, LOSS_PRESETS, config_default
 from pipeline.config.scale import ScaleConfig, TrackingConfig
 from pipeline.config.stages import ZERO_ADVANTAGE_ROWS, AdvantageConfig, EvalConfig, ViewConfig
 from pipeline.config.train import CHECKPOINTING, LoraSettings, LossConfig, RatioConfig, TrainConfig
@@ -68,10 +68,16 @@ def preset_names() -> frozenset[str]:
     return frozenset(names | {"clip_low"})
 
 
-def with_algorithm(algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`settings` with `algorithm`'s preset where a setting is absent or None."""
-    if algorithm not in ALGORITHMS:
-        raise ConfigError(f"algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
+def _setting(config: type, name: str) -> Found:
+    """The declaration of the setting `name` in the tree under `config`."""
+    return next(found for found in declared(config) if found.setting.name == name)
+
+
+def with_algorithm(root: type, algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` with `algorithm`'s preset where a setting is absent or None; an algorithm that
+    has no preset is refused by the rule of `root`'s (`RunConfig`'s) field `algorithm`."""
+    if algorithm not in ALGORITHM_PRESETS:
+        check_field(root, "algorithm", algorithm)
     out = dict(settings)
     for name, value in ALGORITHM_PRESETS[algorithm].items():
         if out.get(name) is None:
@@ -79,14 +85,15 @@ def with_algorithm(algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def resolve(algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings in effect: `settings` over `algorithm`'s preset, then the loss's preset
-    (`LOSS_PRESETS`) and `clip_low`'s default where still unset; the presets' settings left None
-    are dropped (their configs' defaults apply)."""
+def resolve(root: type, algorithm: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings in effect (of the tree under `root`, `RunConfig`): `settings` over
+    `algorithm`'s preset, then the loss's preset (`LOSS_PRESETS`) and `clip_low`'s default where
+    still unset; the presets' settings left None are dropped (their configs' defaults apply). A
+    loss that has no preset is refused by the rule of its field, `LossConfig.kind`."""
     presets = preset_names()
-    out = {k: v for k, v in with_algorithm(algorithm, settings).items() if not (v is None and k in presets)}
+    out = {k: v for k, v in with_algorithm(root, algorithm, settings).items() if not (v is None and k in presets)}
     if out["loss"] not in LOSS_PRESETS:
-        raise ConfigError(f"LossConfig.kind must be one of {tuple(LOSS_PRESETS)}, got {out['loss']!r}")
+        check_field(LossConfig, "kind", out["loss"])
     for name, value in LOSS_PRESETS[out["loss"]].items():
         out.setdefault(name, value)
     out.setdefault("clip_low", config_default(LossConfig, "eps_low"))
@@ -99,10 +106,11 @@ def run_fields(root: type, algorithm: str, settings: Mapping[str, Any]) -> dict[
     unknown = sorted(set(settings) - set(known) - {"algorithm"})
     if unknown:
         raise ConfigError(f"RunConfig.for_algorithm: unknown setting(s) {unknown}; the settings are {sorted(known)}")
-    values = resolve(algorithm, settings)
+    values = resolve(root, algorithm, settings)
     loss = loss_config(values)
     out = _as_declared(values, root)
-    if "workflow_options" in values:
+    if "workflow_options" in values:  # a flat value no config holds (KEY=VALUE items): its setting's rule is checked here
+        check_setting(_setting(root, "workflow_options"), values["workflow_options"])
         out["workflow_options"] = parse_options(values["workflow_options"])
     return {
         **out,
@@ -113,7 +121,7 @@ def run_fields(root: type, algorithm: str, settings: Mapping[str, Any]) -> dict[
         "train": train_config(values, loss),
         "evaluation": eval_config(values),
         "scale": ScaleConfig(**_as_declared(values, ScaleConfig)),
-        "tracking": TrackingConfig(**{k: tuple(v) for k, v in _as_declared(values, TrackingConfig).items()}),
+        "tracking": TrackingConfig(**_as_declared(values, TrackingConfig)),
     }
 
 
@@ -164,11 +172,12 @@ def view_config(values: Mapping[str, Any], loss: LossConfig) -> ViewConfig:
     only) with the view settings over it."""
     over = _as_declared(values, ViewConfig)
     rows = values.get("zero_advantage_rows")
-    if rows is not None:
-        if rows not in ZERO_ADVANTAGE_ROWS:
-            raise ConfigError(f"zero_advantage_rows must be one of {list(ZERO_ADVANTAGE_ROWS)}, got {rows!r}")
+    if rows is not None:  # a flat value no config holds: its setting's rule is checked here
+        check_setting(_setting(ViewConfig, "zero_advantage_rows"), rows)
         over["drop_zero_advantage"] = rows == "drop"
     weights = values.get("strategy_weights")
+    if weights:  # a flat value no config holds (STRATEGY=WEIGHT items): its setting's rule is checked here
+        check_setting(_setting(ViewConfig, "strategy_weights"), weights)
     over["strategy_weights"] = parse_weights(weights) if weights else None
     over["drop_strategies"] = ("prompt_aug",) if values.get("hinted_rows") == "drop" else ()  # hinted_rows' second path
     return ViewConfig.for_loss(loss, **over)
@@ -178,9 +187,8 @@ def train_config(values: Mapping[str, Any], loss: LossConfig) -> TrainConfig:
     over = _as_declared(values, TrainConfig)
     if "temperature" in values:  # the run's sampling temperature, `temperature`'s second path
         over["temperature"] = values["temperature"]
-    if "gradient_checkpointing" in values:
-        if values["gradient_checkpointing"] not in CHECKPOINTING:
-            raise ConfigError(f"gradient_checkpointing must be one of {list(CHECKPOINTING)}, got {values['gradient_checkpointing']!r}")
+    if "gradient_checkpointing" in values:  # a flat value no config holds: its setting's rule is checked here
+        check_setting(_setting(TrainConfig, "gradient_checkpointing"), values["gradient_checkpointing"])
         over["gradient_checkpointing"] = CHECKPOINTING[values["gradient_checkpointing"]]
     if values.get("lora"):
         over["lora"] = LoraSettings(**_as_declared(values, LoraSettings))
@@ -192,11 +200,13 @@ def eval_config(values: Mapping[str, Any]) -> EvalConfig:
 
 
 def parse_group_by(values: Sequence[str] | None, default: tuple[str, ...] = ("agent_id", "turn")) -> tuple[str, ...]:
-    """`--group-by` values: None = `default`; `none` or nothing = () (plain GRPO groups)."""
+    """`--group-by` values: None = `default`; `none` or nothing = () (plain GRPO groups). A string
+    is passed on as it is, for `AdvantageConfig.group_by`'s own rule to refuse by name (as a tuple
+    it would be read letter by letter)."""
     if values is None:
         return tuple(default)
     if isinstance(values, str):
-        raise ConfigError(f"group_by must be a sequence of column names, got the string {values!r}")
+        return values
     values = tuple(values)
     return () if values in (("none",), ()) else values
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, Mapping
 
-from pipeline.config.fields import Setting, setting, settings
+from pipeline.config.fields import Setting, check_declared, setting, settings
 from pipeline.errors import ConfigError
 
 __all__ = ["RatioConfig", "LossConfig", "AGGREGATIONS", "RATIO_MODES", "LOSS_KINDS", "ANCHORS", "CORRECTIONS", "finite_positive"]
@@ -56,10 +56,7 @@ class RatioConfig:
     """How token log ratios make the sequence log ratio: their mean (default) or their sum."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("mask", "truncate", "none"):
-            raise ConfigError(f"RatioConfig.mode must be 'mask', 'truncate' or 'none', got {self.mode!r}")
-        if self.level not in ("mean", "sum"):
-            raise ConfigError(f"RatioConfig.level must be 'mean' or 'sum', got {self.level!r}")
+        check_declared(self)  # mode and level: their Literals
         finite_positive("RatioConfig.low", self.low)
         finite_positive("RatioConfig.high", self.high)
         if not self.low <= 1.0 <= self.high:
@@ -194,8 +191,7 @@ class LossConfig:
     so that no importance ratio exists for them."""
 
     def __post_init__(self) -> None:
-        if self.kind not in LOSS_KINDS:
-            raise ConfigError(f"LossConfig.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
+        check_declared(self)  # the declared choices (kind, anchor, correction, aggregation unless None) and sft_strategies a sequence
         if not (math.isfinite(self.eps_low) and 0 <= self.eps_low < 1):
             raise ConfigError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low!r}")
         if not (math.isfinite(self.eps_high) and self.eps_high >= 0):
@@ -210,8 +206,6 @@ class LossConfig:
         object.__setattr__(self, "ratio_by_strategy", MappingProxyType(dict(self.ratio_by_strategy)))
         if self.aggregation is None:
             object.__setattr__(self, "aggregation", "seq-mean-token-sum" if self.kind == "exit" else "token-mean")
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(f"LossConfig.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.kind == "exit" and self.aggregation != "seq-mean-token-sum":
             raise ConfigError(
                 f"LossConfig.aggregation must be 'seq-mean-token-sum' (or None) with kind='exit': the plan's estimator "
@@ -224,8 +218,6 @@ class LossConfig:
                 raise ConfigError(f"LossConfig.dual_clip is a bound of the PPO clip: it needs LossConfig.kind ppo, got {self.kind}")
         if not (math.isfinite(self.beta) and self.beta >= 0):
             raise ConfigError(f"LossConfig.beta must be finite and >= 0, got {self.beta!r}")
-        if self.anchor not in ANCHORS:
-            raise ConfigError(f"LossConfig.anchor must be one of {ANCHORS}, got {self.anchor!r}")
         if self.kind == "exit" and self.anchor != "sampling":
             raise ConfigError(f"LossConfig.anchor must be 'sampling' with kind='exit' (the plan's estimator has no clip to anchor), got {self.anchor!r}")
         if not (isinstance(self.off_policy_cap, (int, float)) and math.isfinite(self.off_policy_cap) and self.off_policy_cap >= 1):
@@ -238,8 +230,6 @@ class LossConfig:
             raise ConfigError(f"LossConfig.rs_threshold must be finite, got {self.rs_threshold!r}")
 
     def _check_correction(self) -> None:
-        if self.correction not in CORRECTIONS:
-            raise ConfigError(f"LossConfig.correction must be one of {CORRECTIONS}, got {self.correction!r}")
         cap, low = self.correction_cap, self.correction_low
         if isinstance(cap, bool) or not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap >= 1):
             raise ConfigError(f"LossConfig.correction_cap must be a finite number >= 1, got {cap!r}")

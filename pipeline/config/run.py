@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from pipeline.config import flat
-from pipeline.config.fields import Setting, literal, setting, settings
+from pipeline.config.fields import Setting, check_count, check_declared, literal, setting, settings
 from pipeline.config.presets import ALGORITHMS
 from pipeline.config.scale import ScaleConfig, TrackingConfig
 from pipeline.config.stages import AdvantageConfig, EvalConfig, FrozenMapping, ViewConfig, relabel_needs_rs
@@ -220,8 +220,7 @@ class RunConfig:
         return options
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"RunConfig.algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
+        check_declared(self)  # the declared choices (the algorithm's before its preset is read) and sequences
         self._fill_from_preset()
         self._check_fields()
         self._check_across_stages()
@@ -234,7 +233,7 @@ class RunConfig:
         given: dict[str, Any] = {"temperature": self.temperature}
         if isinstance(self.train, TrainConfig):
             given["loss"] = self.train.loss.kind
-        values = flat.resolve(self.algorithm, given)
+        values = flat.resolve(type(self), self.algorithm, given)
         fill = {
             "strategies": lambda: values["strategies"],
             "strategy_options": lambda: flat.strategy_options(type(self), values),
@@ -247,22 +246,12 @@ class RunConfig:
                 object.__setattr__(self, name, fill[name]())
 
     def _check_fields(self) -> None:
-        for name in ("problems", "samples", "max_tokens", "max_loop_num"):
-            v = getattr(self, name)
-            if name in ("max_tokens", "max_loop_num") and v is None:  # the task's / the workflow's default
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"RunConfig.{name} must be an integer >= 1, got {v!r}")
-        if self.start_from not in ("last", "best"):
-            raise ConfigError(f"RunConfig.start_from must be 'last' or 'best', got {self.start_from!r}")
+        for name in ("problems", "samples", "max_tokens", "max_loop_num"):  # None: the task's / the workflow's default
+            check_count(f"RunConfig.{name}", getattr(self, name), optional=name in ("max_tokens", "max_loop_num"))
         replay = self.problem_replay
         if isinstance(replay, bool) or not (isinstance(replay, (int, float)) and 0 <= replay < 1):
             raise ConfigError(f"RunConfig.problem_replay must be a share in [0, 1), got {replay!r}")
         self._check_staleness()
-        if self.engine not in ("auto", "vllm", "hf"):
-            raise ConfigError(f"RunConfig.engine must be 'auto', 'vllm' or 'hf', got {self.engine!r}")
-        if isinstance(self.strategies, str):
-            raise ConfigError(f"RunConfig.strategies must be a sequence of strategy ids, got the string {self.strategies!r}")
         if not self.strategies:
             raise ConfigError("RunConfig.strategies must name at least one strategy")
         bad = [s for s in self.strategies if s not in STRATEGY_IDS]
@@ -278,8 +267,6 @@ class RunConfig:
         object.__setattr__(self, "strategy_options", FrozenMapping({k: FrozenMapping(v) for k, v in self.strategy_options.items()}))
         for sid in self.strategies:  # options a strategy does not take are named here, not mid-round
             make_strategy(sid, group_size=self.samples, **self.strategy_options.get(sid, {}))
-        if self.train_on not in ("rollouts", "ground_truth"):
-            raise ConfigError(f"RunConfig.train_on must be 'rollouts' or 'ground_truth', got {self.train_on!r}")
         for name, kind in (("advantage", AdvantageConfig), ("view", ViewConfig), ("train", TrainConfig), ("evaluation", EvalConfig),
                            ("scale", ScaleConfig), ("tracking", TrackingConfig)):
             if not isinstance(getattr(self, name), kind):
@@ -287,12 +274,8 @@ class RunConfig:
 
     def _check_staleness(self) -> None:
         k, rows, weight = self.max_staleness, self.max_row_staleness, self.stale_row_weight
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ConfigError(f"RunConfig.max_staleness must be an integer >= 0, got {k!r}")
-        if self.staleness_schedule not in ("bound", "exact"):
-            raise ConfigError(f"RunConfig.staleness_schedule must be 'bound' or 'exact', got {self.staleness_schedule!r}")
-        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
-            raise ConfigError(f"RunConfig.max_row_staleness must be an integer >= 0 or None, got {rows!r}")
+        check_count("RunConfig.max_staleness", k, minimum=0)
+        check_count("RunConfig.max_row_staleness", rows, minimum=0, optional=True)
         if isinstance(weight, bool) or not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
             raise ConfigError(f"RunConfig.stale_row_weight must be a number in [0, 1], got {weight!r}")
         if self.scale.trainer_cores is not None and not k:

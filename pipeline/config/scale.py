@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.config.fields import setting
+from pipeline.config.fields import check_count, check_declared, setting
 from pipeline.errors import ConfigError
 
 __all__ = ["ScaleConfig", "TrackingConfig", "TRACKERS", "parse_cores", "parse_devices", "DEVICES_ENV", "devices_env"]
@@ -78,6 +78,7 @@ class ScaleConfig:
     disjoint from `engine_devices`. None: the trainer sees what the run's process sees."""
 
     def __post_init__(self) -> None:
+        check_declared(self)  # fsdp and executor: their Literals
         if self.trainer_cores is not None:
             parse_cores(self.trainer_cores, "ScaleConfig.trainer_cores")
         engines = None if self.engine_devices is None else parse_devices(self.engine_devices, "ScaleConfig.engine_devices")
@@ -93,13 +94,7 @@ class ScaleConfig:
                 f"{self.trainer_devices!r} names {len(trainer)}"
             )
         for name in ("shards", "tensor_parallel_size", "data_parallel_size", "train_processes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"ScaleConfig.{name} must be an integer >= 1, got {value!r}")
-        if self.fsdp not in ("off", "full_shard", "shard_grad_op", "hybrid_shard"):
-            raise ConfigError(f"ScaleConfig.fsdp must be 'off', 'full_shard', 'shard_grad_op' or 'hybrid_shard', got {self.fsdp!r}")
-        if self.executor not in ("dagster", "ray"):
-            raise ConfigError(f"ScaleConfig.executor must be 'dagster' or 'ray', got {self.executor!r}")
+            check_count(f"ScaleConfig.{name}", getattr(self, name))
         if self.ray_address is not None and (self.executor != "ray" or not isinstance(self.ray_address, str) or not self.ray_address.strip()):
             raise ConfigError(
                 f"ScaleConfig.ray_address {self.ray_address!r} names a Ray cluster for the shards: it needs ScaleConfig.executor 'ray' "
@@ -164,8 +159,7 @@ class TrackingConfig:
     (`pipeline.reporting.tracking.check_targets`), not here: a config may be built on another machine."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.report_to, str):
-            raise ConfigError(f"TrackingConfig.report_to must be a sequence of tracker names, got the string {self.report_to!r}")
+        check_declared(self)  # report_to a sequence
         targets = tuple(dict.fromkeys(self.report_to))
         if targets == ("none",):
             targets = ()

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterator, Literal, Mapping
 
-from pipeline.config.fields import setting
+from pipeline.config.fields import check_count, check_declared, setting
 from pipeline.config.train import LossConfig
 from pipeline.errors import ConfigError
 
@@ -154,8 +154,7 @@ class AdvantageConfig:
     of `alpha` and `local_weight` must be non-zero."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.group_by, str):
-            raise ConfigError(f"group_by must be a tuple of column names, got the string {self.group_by!r}")
+        check_declared(self)  # the declared choices (trajectory_score, normalize, baseline, singleton) and group_by a sequence
         group_by = tuple(self.group_by)
         allowed = (*GROUP_COLUMNS, "strategy")
         bad = [c for c in group_by if c not in allowed]
@@ -169,18 +168,10 @@ class AdvantageConfig:
         object.__setattr__(self, "group_by", tuple(c for c in group_by if c != "strategy"))
         if not isinstance(self.trajectory_mean, bool):
             raise ConfigError(f"trajectory_mean must be True or False, got {self.trajectory_mean!r}")
-        if self.trajectory_score not in ("own", "mean"):
-            raise ConfigError(f"trajectory_score must be 'own' or 'mean', got {self.trajectory_score!r}")
         if self.trajectory_score == "mean" and not self.trajectory_mean:
             raise ConfigError("trajectory_score='mean' needs trajectory_mean=True (without it every row is scored by its own reward)")
-        if self.normalize not in ("std", "center"):
-            raise ConfigError(f"normalize must be 'std' or 'center', got {self.normalize!r}")
-        if self.baseline not in ("group", "batch", "role"):
-            raise ConfigError(f"baseline must be 'group', 'batch' or 'role', got {self.baseline!r}")
         if not (_is_number(self.role_decay) and 0 <= self.role_decay < 1):
             raise ConfigError(f"role_decay must be in [0, 1), got {self.role_decay!r}")
-        if self.singleton not in ("zero", "raw"):
-            raise ConfigError(f"singleton must be 'zero' or 'raw', got {self.singleton!r}")
         if not (_is_number(self.eps) and self.eps >= 0):
             raise ConfigError(f"eps must be a finite number >= 0, got {self.eps!r}")
         for name in ("alpha", "local_weight"):
@@ -285,10 +276,10 @@ class ViewConfig:
     Verifier rows in the view. The Solver's rows are untouched."""
 
     def __post_init__(self) -> None:
+        check_declared(self)  # policy_ids and drop_strategies sequences
         if isinstance(self.verifier_replay, bool) or not isinstance(self.verifier_replay, int) or self.verifier_replay < 0:
             raise ConfigError(f"ViewConfig.verifier_replay must be a whole number of rounds >= 0, got {self.verifier_replay!r}")
-        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 2):
-            raise ConfigError(f"ViewConfig.max_length must be an integer >= 2 or None, got {self.max_length!r}")
+        check_count("ViewConfig.max_length", self.max_length, minimum=2, optional=True)
         if not (math.isfinite(self.zero_advantage_tol) and self.zero_advantage_tol >= 0):
             raise ConfigError(f"ViewConfig.zero_advantage_tol must be finite and >= 0, got {self.zero_advantage_tol!r}")
         object.__setattr__(self, "drop_strategies", tuple(self.drop_strategies))
@@ -363,10 +354,6 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         for name in ("problems", "samples", "max_tokens"):
-            v = getattr(self, name)
-            if name == "max_tokens" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"EvalConfig.{name} must be an integer >= 1, got {v!r}")
+            check_count(f"EvalConfig.{name}", getattr(self, name), optional=name == "max_tokens")
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
             raise ConfigError(f"EvalConfig.temperature must be > 0, got {self.temperature!r}")

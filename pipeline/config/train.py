@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pipeline.config.fields import setting
+from pipeline.config.fields import check_count, check_declared, setting
 from pipeline.config.loss import AGGREGATIONS, ANCHORS, CORRECTIONS, LOSS_KINDS, RATIO_MODES, LossConfig, RatioConfig, finite_positive
 from pipeline.errors import ConfigError
 
@@ -49,6 +49,7 @@ class LoraSettings:
     """Module names the adapters attach to (Llama-style names by default)."""
 
     def __post_init__(self) -> None:
+        check_declared(self)  # target_modules a sequence
         if self.r < 1:
             raise ConfigError(f"LoraSettings.r must be >= 1, got {self.r}")
         if self.alpha <= 0:
@@ -196,12 +197,11 @@ class TrainConfig:
     them (`TrainResult.rows_skipped`)."""
 
     def __post_init__(self) -> None:
+        check_declared(self)  # the declared choices (lr_scheduler, optimizer_state, dtype)
         finite_positive("TrainConfig.lr", self.lr)
         finite_positive("TrainConfig.temperature", self.temperature)
         for name in ("epochs", "minibatch_size", "micro_batch_size", "logging_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"TrainConfig.{name} must be an integer >= 1, got {v!r}")
+            check_count(f"TrainConfig.{name}", getattr(self, name))
         if self.minibatch_size % self.micro_batch_size:
             raise ConfigError(
                 f"TrainConfig.minibatch_size ({self.minibatch_size}) must be a multiple of "
@@ -211,8 +211,6 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm < 0:
             raise ConfigError(f"TrainConfig.max_grad_norm must be >= 0, got {self.max_grad_norm}")
-        if self.lr_scheduler not in ("constant", "linear", "cosine"):
-            raise ConfigError(f"TrainConfig.lr_scheduler must be 'constant', 'linear' or 'cosine', got {self.lr_scheduler!r}")
         if not (isinstance(self.lr_round_decay, (int, float)) and 0 < self.lr_round_decay <= 1):
             raise ConfigError(f"TrainConfig.lr_round_decay must be in (0, 1], got {self.lr_round_decay!r}")
         if self.warmup_steps < 0:
@@ -227,14 +225,9 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.logits_chunk_mb must be a number >= 0, got {self.logits_chunk_mb!r}")
         if not (isinstance(self.activation_mb, (int, float)) and math.isfinite(self.activation_mb) and self.activation_mb >= 0):
             raise ConfigError(f"TrainConfig.activation_mb must be a number >= 0, got {self.activation_mb!r}")
-        if self.micro_batch_tokens is not None and (not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1):
-            raise ConfigError(f"TrainConfig.micro_batch_tokens must be an integer >= 1 or None, got {self.micro_batch_tokens!r}")
+        check_count("TrainConfig.micro_batch_tokens", self.micro_batch_tokens, optional=True)
         if not isinstance(self.share_prefix, int) or isinstance(self.share_prefix, bool) or self.share_prefix < 0:
             raise ConfigError(f"TrainConfig.share_prefix must be an integer >= 0 (tokens; 0 = off), got {self.share_prefix!r}")
-        if self.optimizer_state not in ("fresh", "carry"):
-            raise ConfigError(f"TrainConfig.optimizer_state must be 'fresh' or 'carry', got {self.optimizer_state!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise ConfigError(f"TrainConfig.dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
         if self.bf16 is not None and not isinstance(self.bf16, bool):
             raise ConfigError(f"TrainConfig.bf16 must be True, False or None, got {self.bf16!r}")
         if self.max_length is not None and self.max_length < 2:

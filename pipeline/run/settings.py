@@ -7,7 +7,10 @@ every setting by its flat name, which makes `maxit run`'s flags (`add_setting_fl
 launchpad's fields (`assets.config.RunSettings`) and the record of a store (`experiment.json`).
 Nothing about a setting is written here: its default and choices are its field's, the
 algorithms' and losses' presets are `pipeline.config.presets`, and the rules across settings are
-checked by the configs when they are built. `Settings(...).run_config()` is
+checked by the configs when they are built. A value outside a setting's choices, or one string
+given for a sequence, is refused as soon as `Settings` is made (and by argparse for a flag), by
+the rule its field declares (`pipeline.config.fields.check_value`, the check the configs make of
+their own fields), never by a copy of it. `Settings(...).run_config()` is
 `RunConfig.for_algorithm(algorithm, **settings)`, so `Settings().run_config() == RunConfig()`,
 with a config's error reported by the flag of the setting it came from (`--problems must be ...`).
 
@@ -27,7 +30,7 @@ from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from pipeline.config import AdvantageConfig, LossConfig, RunConfig, TrainConfig, ViewConfig, flat
-from pipeline.config.fields import GROUPS, unoptional
+from pipeline.config.fields import GROUPS, Choices, check_flat, unoptional
 from pipeline.config.flat import parse_group_by, parse_options, parse_weights
 from pipeline.config.presets import ALGORITHM_PRESETS, ALGORITHMS, LOSS_PRESETS, SOURCES, unsourced_strategies
 from pipeline.config.presets import config_default as _default
@@ -45,23 +48,17 @@ class _Settings:
     """What every `Settings` does; its fields are made from the tree (`_make_settings`)."""
 
     def __post_init__(self) -> None:
+        # a bad choice or a string for a sequence fails here already, by the rules the fields
+        # declare (`check_flat` calls the configs' own check); the rest when the configs are built
+        check_flat(self)
         # what is left unset follows the algorithm
-        for name, value in flat.with_algorithm(self.algorithm, self.values()).items():
+        for name, value in flat.with_algorithm(RunConfig, self.algorithm, self.values()).items():
             object.__setattr__(self, name, value)
         if self.clip_low is None:
             object.__setattr__(self, "clip_low", _default(LossConfig, "eps_low"))
         for f in fields(self):
-            choices = f.metadata.get("choices")
             value = getattr(self, f.name)
-            if choices and value not in choices and not (value is None and f.default is None):
-                raise ConfigError(f"{f.name} must be one of {list(choices)}, got {value!r}")
-        for f in fields(self):  # a sequence setting given one string would be read letter by letter
-            value = getattr(self, f.name)
-            if typing.get_origin(unoptional(f.type)) is not tuple:
-                continue
-            if isinstance(value, str):
-                raise ConfigError(f"{f.name} must be a sequence of names, got the string {value!r}")
-            if value is not None:
+            if value is not None and typing.get_origin(unoptional(f.type)) is tuple:
                 object.__setattr__(self, f.name, tuple(value))
 
     def values(self) -> dict[str, Any]:
@@ -90,7 +87,7 @@ class _Settings:
     # -- the stages' configs (each also part of `run_config()`) -------------------------------
     def in_effect(self) -> dict[str, Any]:
         """The settings with the loss's preset filled in (`pipeline.config.flat.resolve`)."""
-        return flat.resolve(self.algorithm, self.values())
+        return flat.resolve(RunConfig, self.algorithm, self.values())
 
     def _build(self, make):
         """`make(self.in_effect())`, a config's error named by the settings' flags."""
@@ -223,6 +220,11 @@ def setting_help(name: str, settings: type | None = None) -> str:
     return meta["help"] if summary is None else f"{meta['help']} (default by --algorithm: {summary})"
 
 
+def _choices(meta: Mapping[str, Any]) -> Choices | None:
+    """A flag's choices, checked by the setting's own rule (`pipeline.config.fields.Choices`)."""
+    return None if meta["choices"] is None else Choices(meta["choices"])
+
+
 def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | None = None, names: Sequence[str] = (), settings: type | None = None) -> None:
     """One flag per setting (of the named groups, and the settings named in `names`; groups None
     = all): `--name-with-dashes`; booleans get `--x` / `--no-x` (or their own negative flag);
@@ -253,12 +255,12 @@ def add_setting_flags(parser: argparse.ArgumentParser, groups: Sequence[str] | N
         elif typing.get_origin(hint) is tuple:
             g.add_argument(flag, dest=f.name, nargs="*" if f.name == "group_by" else "+", default=None, metavar=meta["metavar"], help=help_text)
         else:
-            g.add_argument(flag, dest=f.name, type=_scalar_type(hint), choices=meta["choices"], default=None, metavar=meta["metavar"], help=help_text)
+            g.add_argument(flag, dest=f.name, type=_scalar_type(hint), choices=_choices(meta), default=None, metavar=meta["metavar"], help=help_text)
         for alias in meta["aliases"]:  # an earlier spelling, kept so that scripts keep working, and not listed
             if typing.get_origin(hint) is tuple:
                 g.add_argument(alias, dest=f.name, action="extend", nargs=1, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
             else:
-                g.add_argument(alias, dest=f.name, type=_scalar_type(hint), choices=meta["choices"], default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                g.add_argument(alias, dest=f.name, type=_scalar_type(hint), choices=_choices(meta), default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def settings_from_args(args: argparse.Namespace, **overrides) -> Settings:
