@@ -28,14 +28,17 @@ from __future__ import annotations
 import concurrent.futures as cf
 from typing import Callable, Protocol, Sequence
 
+from pipeline.config import RunConfig
+from pipeline.config.fields import check_field, literal
 from pipeline.errors import DataError
 from pipeline.run.checkpoints import SAMPLING_PLAN, read_sampling_plan, sampling_plan_path, write_sampling_plan
 from pipeline.store import BASE_ROUND, Tables
 
 __all__ = ["SAMPLE_STAGES", "TRAIN_STAGES", "EVALUATE_STAGES", "SCHEDULES", "SamplingPlan", "StorePlan", "run_overlapped", "prepare_resume"]
 
-SCHEDULES = ("bound", "exact")
-"""`--staleness-schedule`: which checkpoint an overlapped round samples with (module docstring)."""
+SCHEDULES = literal(RunConfig, "staleness_schedule")
+"""`--staleness-schedule`: which checkpoint an overlapped round samples with (module docstring);
+its values are the field's declaration."""
 
 SAMPLE_STAGES = ("problems", "rollouts", "advantages", "training_view")
 TRAIN_STAGES = ("policy",)
@@ -104,8 +107,7 @@ def run_overlapped(
     it in `plan` first; otherwise wait for the trainer. Rounds before `first` count as trained.
     A failure in either lane stops the run after the trainer's current round ends (its checkpoint
     is registered, its round stays incomplete)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"staleness schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+    check_field(RunConfig, "staleness_schedule", schedule)
     sampled = trained = evaluated = first - 1
     training: cf.Future | None = None
     with cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="maxit-trainer") as trainer:

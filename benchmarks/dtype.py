@@ -132,7 +132,7 @@ def synthetic_rows(n: int, prompt: int, completion: int, vocab: int, seed: int =
 
 
 def bench_train(name: str, args) -> tuple[float, float, float]:
-    from pipeline.config.train import LossConfig, RatioConfig
+    from pipeline.config.loss import LossConfig, RatioConfig
     from pipeline.learn.trainer import batch_loss, collate
 
     cfg = LossConfig(kind="ppo", ratio=RatioConfig(mode="none"))
@@ -172,7 +172,7 @@ def lengths_like(kind: str, n: int, seed: int) -> list[tuple[int, int]]:
 
 
 def packing(args) -> None:
-    from pipeline.config.train import LossConfig, RatioConfig
+    from pipeline.config.loss import LossConfig, RatioConfig
     from pipeline.learn.trainer import MinibatchSortedSampler, batch_loss, collate, minibatch_count, padding_fraction, row_sort_keys, select_rows, trainable_rows
 
     n, minibatch = 1024, 256

@@ -22,7 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-from pipeline.config.train import LossConfig, TrainConfig  # noqa: E402
+from pipeline.config.loss import LossConfig  # noqa: E402
+
+from pipeline.config.train import TrainConfig  # noqa: E402
 from pipeline.learn.trainer import train_policy  # noqa: E402
 from training import bench_parser, bench_setup  # noqa: E402  (benchmarks/training.py)
 

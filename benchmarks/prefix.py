@@ -37,7 +37,9 @@ def measure(store: str, round_: int, policy: str, share_prefix: int | None, prof
     sys.path[:0] = [str(ROOT)]
     import pyarrow.parquet as pq
 
-    from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
+    from pipeline.config.loss import LossConfig, RatioConfig
+
+    from pipeline.config.train import LoraSettings, TrainConfig
     from pipeline.learn.trainer import read_checkpoint_meta, train_policy
 
     ckpt = Path(store) / "checkpoints" / f"round={round_}" / policy

@@ -26,7 +26,8 @@ import torch  # noqa: E402
 
 from pipeline.models.chat import encode_prompt  # noqa: E402
 from pipeline.strategies import IID  # noqa: E402
-from pipeline.config.train import LossConfig, TrainConfig  # noqa: E402
+from pipeline.config.loss import LossConfig  # noqa: E402
+from pipeline.config.train import TrainConfig  # noqa: E402
 from pipeline.learn.trainer import batch_loss, collate, set_threads, train_policy  # noqa: E402
 from pipeline.learn.views import build_training_view, to_dataset  # noqa: E402
 from tiny import advantage_row, advantages_table, tiny_model_dir, tiny_tokenizer  # noqa: E402

@@ -43,7 +43,7 @@ def print_source_notes(command: str, settings, strategies, wrap: bool = False) -
     """A note for each of `strategies` (those of the run, or of the table a command reads) that
     the algorithm's source does not sample (`pipeline.run.settings.unsourced_strategies`), one
     line each, or with `wrap` in lines of at most `LINE_WIDTH` characters (`maxit run`'s)."""
-    from pipeline.run.settings import unsourced_strategies
+    from pipeline.config.presets import unsourced_strategies
 
     for note in unsourced_strategies(settings.algorithm, strategies, settings.reward_mix()[0]):
         say(f"{command}: note: {note}") if wrap else print(f"{command}: note: {note}", flush=True)

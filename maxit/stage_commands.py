@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from maxit.common import print_frame, print_source_notes, settings_of
+from pipeline.config import AdvantageConfig
+from pipeline.config.fields import literal
 from pipeline.errors import DataError, MaxitError
 from pipeline.run.settings import add_setting_flags
 
@@ -84,7 +86,7 @@ def add_advantage_flags(p: argparse.ArgumentParser) -> None:
     algorithm and the loss whose presets apply, and the two numerics that only this command exposes."""
     add_setting_flags(p, groups=("rewards and advantages",), names=("algorithm", "loss"))
     g = p.add_argument_group("advantage numerics")
-    g.add_argument("--singleton", choices=["zero", "raw"], default="zero", help="advantage of a one-member group: 0, or verl's raw reward")
+    g.add_argument("--singleton", choices=literal(AdvantageConfig, "singleton"), default="zero", help="advantage of a one-member group: 0, or verl's raw reward")
     g.add_argument("--eps", type=float, default=1e-6, help="added to the group std before dividing")
 
 
@@ -93,7 +95,7 @@ def advantage_config_from_args(args, settings):
     `maxit advantages` exposes."""
     import dataclasses
 
-    return dataclasses.replace(settings.run_config().advantage, singleton=args.singleton, eps=args.eps)
+    return dataclasses.replace(settings.advantage_config(), singleton=args.singleton, eps=args.eps)
 
 
 def cmd_advantages(args) -> int:
@@ -158,12 +160,11 @@ def cmd_view(args) -> int:
     # the view of `maxit run` with these settings: the algorithm's and the loss's presets where a
     # flag is left alone
     settings = settings_of(args, VIEW_SETTINGS)
-    run = settings.run_config()
-    config = run.view
+    config = settings.view_config()
     config = dataclasses.replace(config, max_length=args.max_length, min_reward=config.min_reward if args.min_reward is None else args.min_reward)
     adv = store.read_table(path, "advantages", flag="--advantages")  # the contract: columns, nulls, unique step_ids
     # the view validates the table (missing columns, unknown strategy ids named with their step_ids)
-    options = run.strategy_options or {}
+    options = settings.strategy_options()
     strategies = {s: make_strategy(s, **options.get(s, {})) for s in STRATEGY_IDS}
     tokenizer = load_tokenizer(args.model_dir or default_model())
     print_source_notes("maxit view", settings, sorted(set(adv["strategy"].to_list())))

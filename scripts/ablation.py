@@ -76,7 +76,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pipeline.errors import DataError  # noqa: E402
 from pipeline.run.experiment_record import read_experiment  # noqa: E402
-from pipeline.run.settings import LOSS_PRESETS, add_setting_flags, setting_default, settings_from_args  # noqa: E402
+from pipeline.config.presets import LOSS_PRESETS  # noqa: E402
+from pipeline.run.settings import add_setting_flags, setting_default, settings_from_args  # noqa: E402
 from pipeline.store import jsonable  # noqa: E402
 # the ppo preset until the positive-half one: the base of the ppo-* variants measured against it
 PPO_2E4 = ["--loss", "ppo", "--lr", "2e-4", "--negative-weight", "0.5"]

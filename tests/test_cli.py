@@ -51,6 +51,9 @@ def test_advantages_view_train_from_a_real_steps_table(rolled_out, tmp_path, def
     assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--group-by", "agent_id", "turn", "--loss", "is"]) == 0
     assert main(["view", "--advantages", str(adv), "--out", str(view), "--loss", "rs", "--model-dir", str(default_model_dir)]) == 2
     assert "--alpha 0" in capsys.readouterr().err and not view.exists()
+    # the advantages stage takes its own settings: a reward mix the default loss cannot train on is not its rule to refuse
+    assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--alpha", "1"]) == 0
+    assert "reward = 1.0*global" in capsys.readouterr().out
     # the defaults of advantages and view are maxit run's (the rs loss and its reward preset, alpha 0)
     assert main(["advantages", "--steps", str(steps), "--out", str(adv), "--group-by", "agent_id", "turn"]) == 0
     assert "reward = 0.0*global + 1.0*local" in capsys.readouterr().out

@@ -89,9 +89,9 @@ def test_train_takes_the_algorithms_loss():
 
     parser = build_parser()
     args = parser.parse_args(["train", "--view", "v.parquet", "--policy", "shared", "--out", "ckpt", "--algorithm", "atgrpo"])
-    assert settings_of(args, ("algorithm", "loss", "lr")).loss_config() == Settings(algorithm="atgrpo").loss_config()
+    assert settings_of(args, ("algorithm", "loss", "lr")).run_config().train.loss == Settings(algorithm="atgrpo").run_config().train.loss
     args = parser.parse_args(["train", "--view", "v.parquet", "--policy", "shared", "--out", "ckpt"])
-    assert settings_of(args, ("algorithm", "loss", "lr")).loss_config() == Settings().loss_config()
+    assert settings_of(args, ("algorithm", "loss", "lr")).run_config().train.loss == Settings().run_config().train.loss
 
 
 def help_of(command: str) -> str:

@@ -13,7 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.config.train import LossConfig, RatioConfig, TrainConfig
+from pipeline.config.loss import LossConfig, RatioConfig
+
+from pipeline.config.train import TrainConfig
 from pipeline.errors import ConfigError
 from pipeline.learn.loss import LossBatch, compute_loss
 from pipeline.learn.trainer import train_policy

@@ -15,7 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline.config import ViewConfig
-from pipeline.config.train import LossConfig, TrainConfig
+from pipeline.config.loss import LossConfig
+from pipeline.config.train import TrainConfig
 from pipeline.errors import ConfigError, MaxitError
 from pipeline.learn.trainer import train_in_subprocess
 from pipeline.learn.trainer.process import train_command

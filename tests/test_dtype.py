@@ -13,7 +13,8 @@ from pipeline.engines import config as ec
 from pipeline.engines.config import BF16_MIN_PARAMETERS, EngineConfig, cpuinfo_has_bf16, model_parameters, resolve_dtype
 from pipeline.errors import ConfigError
 from pipeline.run.settings import Settings, add_setting_flags, settings_from_args
-from pipeline.config.train import LossConfig, RatioConfig, TrainConfig
+from pipeline.config.loss import LossConfig, RatioConfig
+from pipeline.config.train import TrainConfig
 from tiny import tiny_model_dir
 
 ZEN4 = """processor\t: 0
@@ -99,9 +100,9 @@ def test_the_setting_reaches_the_engines_and_the_trainer():
     from assets.config import RunSettings
     from assets.resources import EngineResource, close_engines, engine_options
 
-    assert Settings().dtype == "auto" and Settings().train_config().dtype == "auto"
+    assert Settings().dtype == "auto" and Settings().run_config().train.dtype == "auto"
     s = Settings(dtype="bfloat16")
-    assert s.train_config().dtype == "bfloat16" and s.run_config().train.dtype == "bfloat16"
+    assert s.run_config().train.dtype == "bfloat16" and s.run_config().train.dtype == "bfloat16"
     options = engine_options(RunSettings.from_settings(s).run_config())
     assert options["dtype"] == "bfloat16" and EngineConfig(**options).dtype == "bfloat16"
     assert EngineResource(engine="hf").pool(options).options["dtype"] == "bfloat16"
@@ -109,7 +110,7 @@ def test_the_setting_reaches_the_engines_and_the_trainer():
     close_engines()
     parser = argparse.ArgumentParser()
     add_setting_flags(parser)
-    assert settings_from_args(parser.parse_args(["--dtype", "float32"])).train_config().dtype == "float32"
+    assert settings_from_args(parser.parse_args(["--dtype", "float32"])).run_config().train.dtype == "float32"
     with pytest.raises(SystemExit):
         parser.parse_args(["--dtype", "fp8"])
     with pytest.raises(ConfigError, match="dtype"):

@@ -209,7 +209,8 @@ def test_an_arm_store_recorded_before_the_arms_moved_reads_as_their_module(tmp_p
 def test_experiment_record_keeps_the_preset_values_in_effect(tmp_path):
     """A store says what its run used even where the settings left it to the loss's preset
     (a preset may change between versions)."""
-    from pipeline.run.settings import LOSS_PRESETS, Settings
+    from pipeline.config.presets import LOSS_PRESETS
+    from pipeline.run.settings import Settings
 
     ppo = record_experiment(tmp_path / "ppo", Settings(loss="ppo"), "hf")
     assert ppo["settings"]["lr"] is None and ppo["effective"] == dict(LOSS_PRESETS["ppo"])
@@ -222,7 +223,8 @@ def test_a_preset_change_between_resumes_keeps_the_earlier_values_in_effect(tmp_
     """The same settings resumed after the loss's preset changed: the earlier rounds' values are
     kept under previous_effective, as changed settings are kept under previous_settings."""
     from pipeline.run import settings as settings_module
-    from pipeline.run.settings import LOSS_PRESETS, Settings
+    from pipeline.config.presets import LOSS_PRESETS
+    from pipeline.run.settings import Settings
 
     record_experiment(tmp_path, Settings(loss="ppo"), "hf")
     monkeypatch.setitem(settings_module.LOSS_PRESETS, "ppo", {**LOSS_PRESETS["ppo"], "lr": 1e-3})

@@ -12,9 +12,11 @@ from polars.testing import assert_frame_equal
 from pipeline.learn.advantages import compute_advantages
 from pipeline.config import AdvantageConfig, EvalConfig, RunConfig, ViewConfig
 from pipeline.rollout.sampling import RolloutConfig
-from pipeline.run.settings import LOSS_PRESETS, Settings
+from pipeline.config.presets import LOSS_PRESETS
+from pipeline.run.settings import Settings
 from pipeline.rollout.synthetic import synthetic_steps
-from pipeline.config.train import LoraSettings, LossConfig, TrainConfig
+from pipeline.config.loss import LossConfig
+from pipeline.config.train import LoraSettings, TrainConfig
 
 
 def test_compute_advantages_with_its_default_config_is_what_the_default_run_computes():
@@ -46,7 +48,7 @@ def test_every_stage_config_defaults_to_the_default_run():
 def test_the_settings_defaults_are_the_configs():
     s = Settings()
     train, loss, view, evaluation = TrainConfig(), LossConfig(), ViewConfig.for_loss(LossConfig()), EvalConfig()
-    assert (s.epochs, s.minibatch_size, s.micro_batch_size, s.micro_batch_tokens, s.dtype, s.learning_rate()) == (
+    assert (s.epochs, s.minibatch_size, s.micro_batch_size, s.micro_batch_tokens, s.dtype, s.preset("lr")) == (
         train.epochs, train.minibatch_size, train.micro_batch_size, train.micro_batch_tokens, train.dtype, train.lr
     )
     assert (s.lora_rank, s.lora_alpha) == (LoraSettings().r, LoraSettings().alpha)

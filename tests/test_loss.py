@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
-from pipeline.config.train import LossConfig, RatioConfig, TrainConfig
+from pipeline.config.loss import LossConfig, RatioConfig
+from pipeline.config.train import TrainConfig
 from pipeline.learn.loss import LossBatch, aggregate, aggregation_count, compute_loss
 
 

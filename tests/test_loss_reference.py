@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from pipeline.config.train import LossConfig, RatioConfig
+from pipeline.config.loss import LossConfig, RatioConfig
 from pipeline.learn.loss import LossBatch, aggregation_count, compute_loss
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from assets import trainer_lane as lane_mod
-from pipeline.config.train import LossConfig, TrainConfig
+from pipeline.config.loss import LossConfig
+from pipeline.config.train import TrainConfig
 from pipeline.learn.trainer import resident, train_policy
 from pipeline.learn.views import build_training_view
 from pipeline.strategies import IID

@@ -38,7 +38,8 @@ import torch
 
 from pipeline.learn.advantages import compute_advantages
 from pipeline.models.chat import encode_prompt
-from pipeline.run.settings import ALGORITHM_PRESETS, Settings
+from pipeline.config.presets import ALGORITHM_PRESETS, unsourced_strategies
+from pipeline.run.settings import Settings
 from pipeline.strategies import make_strategy
 from pipeline.learn.loss import LossBatch, compute_loss
 from pipeline.learn.trainer import collate, minibatch_count, select_rows, trainable_rows
@@ -507,12 +508,18 @@ def test_only_the_maxit_default_keeps_the_sequence_ratio_mask():
 # strategies outside a preset's source
 
 
+def notes(**settings) -> list[str]:
+    """What `maxit run` says of these settings' strategies outside the algorithm's source."""
+    s = Settings(**settings)
+    return unsourced_strategies(s.algorithm, s.strategies, s.reward_mix()[0])
+
+
 def test_a_strategy_outside_the_source_is_named():
     """Warned about, not refused: a setting given explicitly wins over the preset, and the rows
     are well defined; the note says what departs (for tree rows under a team reward, the reward)."""
-    notes = Settings(algorithm="drmas", strategies=("iid", "tree")).source_notes()
-    assert len(notes) == 1 and "'tree'" in notes[0] and "DrMAS" in notes[0] and "final reward" in notes[0]
-    assert Settings(algorithm="drmas").source_notes() == []
-    assert Settings(algorithm="atgrpo", strategies=("tree", "iid")).source_notes()[0].startswith("--algorithm atgrpo: strategy 'iid'")
-    assert Settings(algorithm="exit", strategies=("iid", "prompt_aug")).source_notes() == []
-    assert Settings(strategies=("tree", "iid")).source_notes() == []  # maxit's strategies are its own
+    said = notes(algorithm="drmas", strategies=("iid", "tree"))
+    assert len(said) == 1 and "'tree'" in said[0] and "DrMAS" in said[0] and "final reward" in said[0]
+    assert notes(algorithm="drmas") == []
+    assert notes(algorithm="atgrpo", strategies=("tree", "iid"))[0].startswith("--algorithm atgrpo: strategy 'iid'")
+    assert notes(algorithm="exit", strategies=("iid", "prompt_aug")) == []
+    assert notes(strategies=("tree", "iid")) == []  # maxit's strategies are its own

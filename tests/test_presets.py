@@ -16,7 +16,8 @@ import pytest
 
 from pipeline.learn.advantages import compute_advantages
 from pipeline.models.chat import encode_prompt
-from pipeline.run.settings import ALGORITHM_PRESETS, Settings
+from pipeline.config.presets import ALGORITHM_PRESETS
+from pipeline.run.settings import Settings
 from pipeline.strategies import make_strategy
 from pipeline.learn.views import build_training_view
 from tiny import advantage_row, advantages_table, tiny_tokenizer

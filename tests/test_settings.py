@@ -11,7 +11,8 @@ from assets.config import RunSettings
 from maxit.cli import build_parser, main
 from pipeline.errors import ConfigError
 from pipeline.config import RunConfig
-from pipeline.run.settings import LOSS_PRESETS, Settings, setting_help, settings_from_args
+from pipeline.config.presets import LOSS_PRESETS
+from pipeline.run.settings import Settings, setting_help, settings_from_args
 
 
 def cli_settings(*argv: str) -> Settings:
@@ -144,7 +145,7 @@ def test_strategy_weights_reach_the_view():
 
 
 def test_hinted_rows_setting():
-    from pipeline.config.train import RatioConfig
+    from pipeline.config.loss import RatioConfig
 
     assert Settings().run_config().train.loss.ratio_for("prompt_aug").mode == "mask"
     assert Settings(hinted_rows="truncate").run_config().train.loss.ratio_for("prompt_aug") == RatioConfig(mode="truncate")

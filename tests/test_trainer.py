@@ -22,7 +22,8 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.models.chat import encode_prompt
 from pipeline.store import jsonable
 from pipeline.strategies import IID, PromptAug, Strategy
-from pipeline.config.train import LoraSettings, LossConfig, RatioConfig, TrainConfig
+from pipeline.config.loss import LossConfig, RatioConfig
+from pipeline.config.train import LoraSettings, TrainConfig
 from pipeline.learn.trainer import (
     CHECKPOINT_META,
     OPTIMIZER_STATE,

@@ -21,7 +21,8 @@ from pipeline.config.fields import SAME, Found, check_field, check_setting, walk
 from pipeline.config.presets import ALGORITHM_PRESETS, LOSS_PRESETS, config_default
 from pipeline.config.scale import ScaleConfig, TrackingConfig
 from pipeline.config.stages import ZERO_ADVANTAGE_ROWS, AdvantageConfig, EvalConfig, ViewConfig
-from pipeline.config.train import CHECKPOINTING, LoraSettings, LossConfig, RatioConfig, TrainConfig
+from pipeline.config.loss import LossConfig, RatioConfig
+from pipeline.config.train import CHECKPOINTING, LoraSettings, TrainConfig
 from pipeline.errors import ConfigError
 
 __all__ = [

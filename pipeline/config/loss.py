@@ -18,16 +18,12 @@ from typing import Literal, Mapping
 from pipeline.config.fields import Setting, check_declared, setting, settings
 from pipeline.errors import ConfigError
 
-__all__ = ["RatioConfig", "LossConfig", "AGGREGATIONS", "RATIO_MODES", "LOSS_KINDS", "ANCHORS", "CORRECTIONS", "finite_positive"]
+__all__ = ["RatioConfig", "LossConfig", "RATIO_MODES", "LOSS_KINDS", "finite_positive"]
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 RATIO_MODES = ("mask", "truncate", "none")
 """The sequence-ratio handlings (`RatioConfig.mode`)."""
 LOSS_KINDS = ("rs", "ppo", "is", "exit")
 """The losses (`LossConfig.kind`); rs, the default run's, first."""
-ANCHORS = ("sampling", "proximal")
-CORRECTIONS = ("none", "tis", "token-tis", "seq-mask", "geo-mask")
-"""The staleness corrections (`LossConfig.correction`, docs/ALGORITHMS.md "Staleness corrections")."""
 def finite_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")

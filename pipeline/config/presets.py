@@ -14,7 +14,8 @@ from dataclasses import MISSING, fields
 from typing import Any, Mapping, Sequence
 
 from pipeline.config.stages import AdvantageConfig
-from pipeline.config.train import LOSS_KINDS, LossConfig, TrainConfig
+from pipeline.config.loss import LOSS_KINDS, LossConfig
+from pipeline.config.train import TrainConfig
 from pipeline.strategies import Feedback
 
 __all__ = ["ALGORITHMS", "ALGORITHM_PRESETS", "LOSS_KINDS", "LOSS_PRESETS", "DEFAULT_MIX", "SOURCES", "unsourced_strategies", "config_default"]

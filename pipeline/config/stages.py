@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Literal, Mapping
 
 from pipeline.config.fields import check_count, check_declared, setting
-from pipeline.config.train import LossConfig
+from pipeline.config.loss import LossConfig
 from pipeline.errors import ConfigError
 
 __all__ = ["AdvantageConfig", "ViewConfig", "EvalConfig", "FrozenMapping", "GROUP_COLUMNS", "BASE_GROUP_KEY", "ZERO_ADVANTAGE_ROWS"]

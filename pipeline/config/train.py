@@ -1,6 +1,6 @@
 """Configuration of a training run: optional LoRA (`LoraSettings`) and the run itself
 (`TrainConfig`), which holds the loss (`pipeline.config.loss`: `LossConfig`, per-strategy
-`RatioConfig`; importable from here too, as before the loss had a module of its own).
+`RatioConfig`).
 
 Every field is documented where it is declared and validated at construction: a bad value raises
 `pipeline.errors.ConfigError` naming the field. The defaults are the default run's (`maxit run`
@@ -16,14 +16,10 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pipeline.config.fields import check_count, check_declared, setting
-from pipeline.config.loss import AGGREGATIONS, ANCHORS, CORRECTIONS, LOSS_KINDS, RATIO_MODES, LossConfig, RatioConfig, finite_positive
+from pipeline.config.loss import LossConfig, finite_positive
 from pipeline.errors import ConfigError
 
-__all__ = [
-    "LoraSettings", "TrainConfig", "CHECKPOINTING_PARAMETERS", "ACTIVATION_VALUES_PER_TOKEN", "CHECKPOINTING",
-    # the loss's, from pipeline.config.loss
-    "RatioConfig", "LossConfig", "AGGREGATIONS", "RATIO_MODES", "LOSS_KINDS", "ANCHORS", "CORRECTIONS",
-]
+__all__ = ["LoraSettings", "TrainConfig", "CHECKPOINTING_PARAMETERS", "ACTIVATION_VALUES_PER_TOKEN", "CHECKPOINTING"]
 
 CHECKPOINTING = {"auto": None, "on": True, "off": False}
 """The `gradient_checkpointing` setting -> `TrainConfig.gradient_checkpointing`."""

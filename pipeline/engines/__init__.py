@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from pipeline.config import RunConfig
+from pipeline.config.fields import literal
 from pipeline.errors import ConfigError
 from pipeline.types import Sample, Sampler
 
@@ -24,7 +26,8 @@ from .config import EngineConfig, check_generate_args, cpu_has_bf16, resolve_dty
 
 __all__ = ["EngineConfig", "Sampler", "Sample", "make_sampler", "check_generate_args", "vllm_available", "ENGINES", "resolve_dtype", "cpu_has_bf16"]
 
-ENGINES = ("auto", "vllm", "hf")
+ENGINES = literal(RunConfig, "engine")
+"""The engines a sampler is made with: `RunConfig.engine`'s declaration."""
 
 
 def vllm_available() -> bool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.config.train import LossConfig
+from pipeline.config.loss import LossConfig
 
 __all__ = ["Correction", "staleness_correction", "LOG_RATIO_CLAMP"]
 

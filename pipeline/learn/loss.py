@@ -77,7 +77,7 @@ from typing import Sequence
 
 import torch
 
-from pipeline.config.train import LossConfig
+from pipeline.config.loss import LossConfig
 from pipeline.learn.corrections import LOG_RATIO_CLAMP, Correction, staleness_correction
 from pipeline.learn.loss_diagnostics import LossDiagnostics, batch_diagnostics
 from pipeline.learn.ratios import RowDecisions, sequence_ratios, token_ratios

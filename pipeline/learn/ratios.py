@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from pipeline.config.train import LossConfig
+from pipeline.config.loss import LossConfig
 from pipeline.learn.corrections import LOG_RATIO_CLAMP
 
 __all__ = ["RowDecisions", "token_ratios", "sequence_ratios"]

@@ -6,7 +6,7 @@ from typing import Any
 
 from pipeline.config.presets import ALGORITHM_PRESETS, ALGORITHMS, LOSS_KINDS, LOSS_PRESETS
 from pipeline.config.presets import config_default as _default
-from pipeline.config.train import LossConfig
+from pipeline.config.loss import LossConfig
 
 __all__ = ["preset_summary"]
 

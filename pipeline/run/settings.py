@@ -29,18 +29,14 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_da
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from pipeline.config import AdvantageConfig, LossConfig, RunConfig, TrainConfig, ViewConfig, flat
+from pipeline.config import AdvantageConfig, LossConfig, RunConfig, ViewConfig, flat
 from pipeline.config.fields import GROUPS, Choices, check_flat, unoptional
-from pipeline.config.flat import parse_group_by, parse_options, parse_weights
-from pipeline.config.presets import ALGORITHM_PRESETS, ALGORITHMS, LOSS_PRESETS, SOURCES, unsourced_strategies
+from pipeline.config.presets import LOSS_PRESETS
 from pipeline.config.presets import config_default as _default
 from pipeline.errors import ConfigError
 from pipeline.run.setting_meta import preset_summary
 
-__all__ = [
-    "Settings", "LOSS_PRESETS", "ALGORITHMS", "ALGORITHM_PRESETS", "add_setting_flags", "setting_flag", "setting_help", "preset_summary",
-    "unsourced_strategies", "SOURCES", "settings_from_args", "workflow_defaults", "setting_default", "parse_group_by", "parse_options", "parse_weights",
-]
+__all__ = ["Settings", "add_setting_flags", "setting_flag", "setting_help", "settings_from_args", "workflow_defaults", "setting_default"]
 
 
 @dataclass(frozen=True)
@@ -80,10 +76,6 @@ class _Settings:
         used, whatever the preset says later: `experiment.json` records it as `effective`)."""
         return {name: self.preset(name) for name in LOSS_PRESETS[self.loss]}
 
-    def learning_rate(self) -> float:
-        """The `lr` setting, or the loss's preset where it is None."""
-        return float(self.preset("lr"))
-
     # -- the stages' configs (each also part of `run_config()`) -------------------------------
     def in_effect(self) -> dict[str, Any]:
         """The settings with the loss's preset filled in (`pipeline.config.flat.resolve`)."""
@@ -97,22 +89,11 @@ class _Settings:
     def advantage_config(self) -> AdvantageConfig:
         return self._build(flat.advantage_config)
 
-    def loss_config(self) -> LossConfig:
-        return self._build(flat.loss_config)
-
     def view_config(self) -> ViewConfig:
         return self._build(lambda values: flat.view_config(values, flat.loss_config(values)))
 
-    def train_config(self) -> TrainConfig:
-        return self._build(lambda values: flat.train_config(values, flat.loss_config(values)))
-
     def strategy_options(self) -> dict[str, dict[str, Any]]:
         return self._build(lambda values: flat.strategy_options(RunConfig, values))
-
-    def source_notes(self) -> list[str]:
-        """A line for each strategy of these settings that the algorithm's source does not sample
-        (`unsourced_strategies`)."""
-        return unsourced_strategies(self.algorithm, self.strategies, self.reward_mix()[0])
 
     def run_config(self) -> RunConfig:
         """The `RunConfig` of these settings (`RunConfig.for_algorithm`), validated: a bad value

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from pipeline.config.train import LossConfig
+from pipeline.config.loss import LossConfig
 from pipeline.learn.loss import LossBatch, compute_loss
 
 LOG_W = [[0.2, 0.2, 0.2], [0.9, 0.1, 0.2], [-0.3, -0.3, -0.3], [1.0, 0.6, 5.0], [-1.0, -0.6, -0.8]]

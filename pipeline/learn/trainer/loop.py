@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import RandomSampler
 from transformers import Trainer
 
-from pipeline.config.train import LossConfig
+from pipeline.config.loss import LossConfig
 from pipeline.errors import ConfigError
 from pipeline.learn.loss import LossBatch, aggregation_count, compute_loss
 from pipeline.learn.loss_diagnostics import LossDiagnostics

@@ -40,6 +40,8 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from pipeline.config.fields import literal
+from pipeline.config.scale import ScaleConfig
 from pipeline.config.train import TrainConfig
 from pipeline.errors import ConfigError, MaxitError, SchemaError, one_line
 from pipeline.learn.trainer.ranks import close_ranks, is_main
@@ -60,7 +62,7 @@ __all__ = [
 ]
 
 PROG = "python -m pipeline.learn.trainer"
-FSDP_MODES = ("off", "full_shard", "shard_grad_op", "hybrid_shard")
+FSDP_MODES = literal(ScaleConfig, "fsdp")
 
 
 def config_to_json(config: TrainConfig) -> str:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from pipeline.config.train import LossConfig
+from pipeline.config.loss import LossConfig
 from pipeline.errors import ConfigError, DataError
 from pipeline.learn.views import check_view, view_hash
 

@@ -15,7 +15,9 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 from transformers import PrinterCallback, TrainingArguments
 
-from pipeline.config.train import LossConfig, TrainConfig
+from pipeline.config.loss import LossConfig
+
+from pipeline.config.train import TrainConfig
 from pipeline.learn.loss_diagnostics import LossDiagnostics
 from pipeline.learn.trainer.loop import MaxitTrainer
 from pipeline.learn.trainer.memory import autocast_dtype_of, train_dtype
