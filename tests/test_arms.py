@@ -367,8 +367,10 @@ def test_the_study_script_names_an_arm_some_stores_lack_and_leaves_it_out_when_a
     import pipeline.reporting.markdown as markdown
 
     blocks = {
-        "A": [("the team, round 4", 0.75, 2.9), ("the protocol", 0.74, 3.0), ("the team, a trained policy per agent", 0.70, 2.9)],
-        "B": [("the team, round 4", 0.76, 2.9), ("the protocol", 0.73, 3.0)],
+        "A": [("the team, round 4", 0.75, 2.9), ("the protocol", 0.74, 3.0), ("the team, a trained policy per agent", 0.70, 2.9),
+              ("the trained single agent, best-of-3 vote at the team's calls", 0.9, 3.0), ("single agent, untrained, self-refine x2", 0.1, 2.0)],
+        "B": [("the team, round 4", 0.76, 2.9), ("the protocol", 0.73, 3.0),
+              ("the trained single agent, best-of-4 vote at the team's calls", 0.8, 4.0), ("single agent, untrained, self-refine x2", 0.2, 2.0)],
     }
     monkeypatch.setattr(markdown, "baselines_summary", lambda store: (pl.DataFrame(
         [{"who": w, "success": s, "calls": c} for w, s, c in blocks[str(store)]]),))
@@ -378,6 +380,8 @@ def test_the_study_script_names_an_arm_some_stores_lack_and_leaves_it_out_when_a
     with pytest.raises(SystemExit, match="arm 'the team, a trained policy per agent' is in 1 of the 2 stores"):
         study.arms([Path("A"), Path("B")])
     kept = study.arms([Path("A"), Path("B")], partial=True)
-    assert [name for name, _, _ in kept] == ["the team, last round", "the protocol"]
-    assert kept[1][1] == [0.74, 0.73]
+    # a vote of 3 calls in one store and 4 in another (each store's team calls) is one arm, its k named by store
+    assert [name for name, _, _ in kept] == ["the team, last round", "the protocol", "the trained single agent, best-of-k vote at the team's calls (k = 3, 4 by store)",
+                                             "single agent, untrained, self-refine x2"]
+    assert kept[1][1] == [0.74, 0.73] and kept[2][1] == [0.9, 0.8]
     assert "left out, in 1 of the 2 stores: the team, a trained policy per agent" in capsys.readouterr().err
