@@ -1,5 +1,6 @@
 """The docs hold to the code: the README stays a front door (its size), every flag a doc names in a
-`maxit` command exists on that command, and every relative link points at a file of the checkout."""
+`maxit` command exists on that command, every file of the checkout a doc names in backticks
+exists, and every relative link points at a file of the checkout."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def documented_flags(text: str) -> list[tuple[str, str]]:
 def test_documented_flags_exist():
     flags = command_flags()
     missing = []
-    for doc in [README, ROOT / "docs" / "STATUS.md", ROOT / "docs" / "WORKFLOWS.md"]:
+    for doc in DOCS:
         for command, flag in documented_flags(doc.read_text()):
             if command in flags and flag not in flags[command]:
                 missing.append(f"{doc.relative_to(ROOT)}: maxit {command} {flag}")
@@ -70,6 +71,25 @@ def test_the_flag_check_sees_a_wrong_flag():
     found = documented_flags("run `maxit run --rounds 5 --no-such-flag`")
     assert ("run", "--no-such-flag") in found and "--no-such-flag" not in flags["run"]
     assert "--rounds" in flags["run"]
+
+
+PATH = re.compile(r"`((?:pipeline|assets|maxit|scripts|tests|benchmarks|examples|docs|schemas)/[A-Za-z0-9_./-]+\.(?:py|md|sh|toml|yaml|json))`")
+"""A file of the checkout named in backticks (`pipeline/run/arms.py`)."""
+
+
+def documented_paths(text: str) -> list[str]:
+    return PATH.findall(text)
+
+
+def test_documented_paths_exist():
+    missing = [f"{doc.relative_to(ROOT)}: {path}" for doc in DOCS for path in documented_paths(doc.read_text()) if not (ROOT / path).exists()]
+    assert not missing, "files the docs name that the checkout lacks:\n" + "\n".join(missing)
+
+
+def test_the_path_check_sees_a_missing_file():
+    found = documented_paths("the arms live in `pipeline/run/arms.py`, the old ones in `pipeline/run/baselines.py`")
+    assert found == ["pipeline/run/arms.py", "pipeline/run/baselines.py"]
+    assert (ROOT / found[0]).exists() and not (ROOT / found[1]).exists()
 
 
 LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)\s#]+)(?:#[^)]*)?\)")
