@@ -59,7 +59,7 @@ SHARDED_JOB = "expert_iteration_round_multiprocess"
 
 def sharded_round_job(store: str, engine: str, settings):
     """The round job on Dagster's multiprocess executor, as a reconstructable job: every step
-    (each shard's rollouts among them) runs in its own process, at most `settings.shards` at
+    (each shard's rollouts among them) runs in its own process, at most `RunConfig.scale.shards` at
     once. The child processes rebuild the job from this module with the same store, engine and
     settings (`build_round_job`)."""
     import dagster as dg

@@ -1,6 +1,6 @@
 """The `rollouts` asset: a graph of one step per shard.
 
-The round's problems are split into `settings.shards` shards by a stable hash of their uid
+The round's problems are split into `RunConfig.scale.shards` shards by a stable hash of their uid
 (`pipeline.rollout.loop.shard_of`); `rollout_shards` fans out one dynamic output per shard,
 `rollout_shard` samples one shard with its own engine (in its own process under the
 multiprocess executor, in its own pod under a Kubernetes or Celery executor), and
@@ -11,7 +11,7 @@ With one shard there is nothing to merge: the shard's stage writes the round's `
 itself, once. The checkpoints every shard samples with are resolved once, by the fan-out, and
 handed to the shards.
 
-On Ray (`settings.executor` "ray") the fan-out has one output and its one step hands every
+On Ray (`RunConfig.scale.executor` "ray") the fan-out has one output and its one step hands every
 shard to Ray (`pipeline.run.ray_shards`): each shard a Ray task with its own engine and
 resources, writing its part, even with one shard; the merge is the same. The round's other steps
 then run in the run's own process, and the shards' parallelism is Ray's.
@@ -180,7 +180,7 @@ def merge_rollout_shards(context: dg.OpExecutionContext, problems: pl.DataFrame,
     kinds={"vllm"},
     metadata={TABLE_KEY: "steps"},
     description="Every agent call of the round (the `steps` table): the team acting on the problems under every search strategy, "
-    "with token ids and sampling logprobs; one step per shard (settings.shards), merged when all are in.",
+    "with token ids and sampling logprobs; one step per shard (RunConfig.scale.shards), merged when all are in.",
 )
 def rollouts(problems):
     return merge_rollout_shards(problems, rollout_shards(problems).map(rollout_shard).collect())
