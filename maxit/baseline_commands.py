@@ -56,7 +56,8 @@ def cmd_baselines(args) -> int:
 
     from assets.console import console_to_log
     from pipeline.errors import ConfigError
-    from pipeline.run.arms import ARMS, arm_settings, arm_store, check_problems, compute_arm_baselines, compute_baselines, team_of
+    from pipeline.config.fields import check_count
+    from pipeline.run.arms import ARMS, arm_settings, arm_store, compute_arm_baselines, compute_baselines, team_of
     from pipeline.run.experiment_record import LOG_FILE
     from pipeline.reporting.markdown import baselines_markdown
     from pipeline.reporting.verdict import verdict_across
@@ -69,8 +70,7 @@ def cmd_baselines(args) -> int:
         raise ConfigError("--single-problems is the trained arms': give it with --arm (or --trained-single)")
     if args.single_problems is not None and args.single_problems < 1:
         raise ConfigError(f"--single-problems must be >= 1, got {args.single_problems}")
-    if args.eval_problems is not None:
-        check_problems(args.eval_problems)
+    check_count("--eval-problems", args.eval_problems, optional=True)
     stores = [Path(s) for s in args.store]
     if len(set(stores)) != len(stores):
         raise ConfigError(f"--store: {next(s for s in stores if stores.count(s) > 1)} is given twice")

@@ -281,7 +281,7 @@ def test_eval_problems_plays_the_team_and_its_arms_on_that_many_problems_and_jud
     assert again.gets == 0
     compute_baselines(store, engines=again)  # no number asked: what is there is kept
     assert again.gets == 0
-    with pytest.raises(ConfigError, match=r"--eval-problems must be a whole number >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"--eval-problems must be an integer >= 1, got 0"):
         compute_baselines(store, engines=again, problems=0)
 
 

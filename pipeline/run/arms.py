@@ -38,12 +38,13 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline import store as st
+from pipeline.config.fields import check_count
 from pipeline.errors import ConfigError, DataError
 from pipeline.run.experiment_record import EXPERIMENT_FILE, complete_rounds, is_store, read_experiment, stored_settings
 from pipeline.store import BASE_ROUND
 
 __all__ = ["ARMS", "compute_baselines", "compute_arm_baselines", "read_baselines", "arm_store", "single_store", "arm_settings", "trained_single_settings",
-           "arm_workflow", "single_workflow", "team_of", "train_rows", "match_rows", "match_seed", "check_problems"]
+           "arm_workflow", "single_workflow", "team_of", "train_rows", "match_rows", "match_seed"]
 
 TABLE = "baselines"
 
@@ -178,14 +179,8 @@ def _episodes(config, problems: int | None) -> int | None:
 
     if problems is None:
         return None
-    check_problems(problems)
+    check_count("--eval-problems", problems)
     return problems * evaluation_config(config).samples
-
-
-def check_problems(problems) -> None:
-    """`problems`, the held-out problems to play, is a whole number >= 1."""
-    if isinstance(problems, bool) or not isinstance(problems, int) or problems < 1:
-        raise ConfigError(f"--eval-problems must be a whole number >= 1, got {problems!r}")
 
 
 def _played_on(tables, round_: int, episodes: int | None) -> bool:
