@@ -70,7 +70,8 @@ def cmd_baselines(args) -> int:
         raise ConfigError("--single-problems is the trained arms': give it with --arm (or --trained-single)")
     if args.single_problems is not None and args.single_problems < 1:
         raise ConfigError(f"--single-problems must be >= 1, got {args.single_problems}")
-    check_count("--eval-problems", args.eval_problems, optional=True)
+    if args.eval_problems is not None:  # a flag left out is the evaluation's number, not a count to check
+        check_count("--eval-problems", args.eval_problems)
     stores = [Path(s) for s in args.store]
     if len(set(stores)) != len(stores):
         raise ConfigError(f"--store: {next(s for s in stores if stores.count(s) > 1)} is given twice")
