@@ -125,3 +125,54 @@ def test_a_batching_engine_evaluates_in_two_batches_with_the_same_metrics():
     assert evaluate(FakeTask(), batching) == evaluate(FakeTask(), plain_sampler)
     assert batching.batches == [[(2, 1.0), (1, 0.0), (2, 1.0)], [(1, 1.0), (1, 0.0)]]
     assert len(plain_sampler.calls) == 5
+
+
+class ArithmeticSampler(FakeSampler):
+    """The arithmetic task's roles: the Solver answers "a+b=" right with probability
+    `solver_accuracy`; the blind Verifier ("Check it: work it out again.") writes the sum, right
+    with probability `verifier_accuracy`, else one off."""
+
+    def _sample(self, prompt, rng, max_tokens):
+        import re
+
+        from fakes import END, ROLE_MARK
+        from pipeline.types import Sample
+
+        last_user = prompt.rsplit(ROLE_MARK["user"], 1)[-1].split(END)[0]
+        a, op, b = re.search(r"(\d+)\s*([+-])\s*(\d+)\s*=", last_user).groups()
+        x = int(a) + int(b) if op == "+" else int(a) - int(b)
+        p = self.verifier_accuracy if "Check it" in last_user else self.solver_accuracy
+        text = str(x if rng.random() < p else x + rng.choice([-1, 1]))
+        ids = self.tokenizer.encode(text) + [0]
+        return Sample(token_ids=ids, logprobs=[-0.5] * len(ids), text=text, finish_reason="stop")
+
+
+def test_the_math_verifier_is_judged_on_a_fixed_balanced_set_whatever_the_solver_leaves():
+    from pipeline.workflows.math import MathWorkflow
+
+    team = MathWorkflow(agents=default_agents(shared_policy=False))
+    verifier = ArithmeticSampler(verifier_accuracy=0.7)
+    cfg = EvalConfig(problems=40, samples=2, max_tokens=8)
+    by_solver = {}
+    for acc in (0.3, 0.95):
+        solver = ArithmeticSampler(solver_accuracy=acc)
+        df = team.evaluate({"solver": solver, "verifier": verifier}, {"solver": solver.tokenizer, "verifier": verifier.tokenizer}, cfg, 0)
+        by_solver[acc] = {m: (v, n) for m, v, n in df.filter(pl.col("agent_id") == "verifier").select("metric", "value", "n").iter_rows()}
+    low, high = by_solver[0.3], by_solver[0.95]
+    # the set: 250 right answers and 250 near misses, the same whatever the Solver answered
+    assert low["verdict_set_accuracy_right"][1] == low["verdict_set_accuracy_wrong"][1] == 250
+    assert low["verdict_set_balanced_accuracy"][1] == 500
+    for metric in ("verdict_set_balanced_accuracy", "verdict_set_balanced_accuracy_greedy", "verdict_set_accuracy_right", "verdict_set_accuracy_wrong"):
+        assert low[metric] == high[metric], metric
+    # a blind Verifier approves a right answer when its own sum is right, and a near miss only
+    # when it makes that same slip
+    assert abs(low["verdict_set_accuracy_right"][0] - 0.7) < 0.08
+    assert low["verdict_set_accuracy_wrong"][0] > 0.9
+
+
+def test_the_balanced_set_is_the_arithmetic_tasks_alone():
+    from pipeline.workflows.math import MathWorkflow
+
+    sampler = FakeSampler()
+    df = MathWorkflow(task=FakeTask()).evaluate({"shared": sampler}, {"shared": sampler.tokenizer}, EvalConfig(problems=20, samples=2, max_tokens=32), 0)
+    assert not any(m.startswith("verdict_set") for m in df["metric"])

@@ -12,6 +12,10 @@ On the held-out problems, without hints:
 - Verifier `verdict_balanced_accuracy_greedy`: the same with its likelier verdict (greedy);
 - Verifier `approve_rate`: fraction of Solver answers it approves;
 - Solver `accuracy_approved`: accuracy of the Solver answers the Verifier approved.
+Those Verifier metrics rest on the wrong answers the Solver happens to leave, a few dozen once it
+is good. `review_set_rows` judges the Verifier on a fixed, balanced set instead (the same right
+answers and near misses every round and run; `review_set.balanced_review_set`): `math` reports it
+as `verdict_set_*` on the arithmetic task, `math_review` as `review_*`.
 Answers are scored and verdicts parsed as in the rollouts: guarded (`pipeline.rollout.rewards`) and
 with the one correctness rule `is_correct`.
 """
@@ -32,9 +36,10 @@ from pipeline.strategies import PromptAug
 from pipeline.tasks.base import budget_of
 from pipeline.types import GenerateCall, Problem, Sampler, generate_calls
 from pipeline.workflows.math.orchestra import SOLVER, VERIFIER, verifier_view
+from pipeline.workflows.math.review_set import balanced_review_set, review_set_metrics
 from schemas import EVALUATION, validate
 
-__all__ = ["evaluate_team", "sample_texts", "right_answers"]
+__all__ = ["evaluate_team", "review_set_rows", "sample_texts", "right_answers"]
 
 
 def right_answers(task, problems: Sequence[Problem], texts: Sequence[Sequence[str]], timeout: float | None) -> list[list[bool]]:
@@ -79,8 +84,37 @@ def evaluate_team(
     if verifier is not None:
         v_sampler, v_tok = samplers[verifier.policy_id], tokenizers[verifier.policy_id]
         _verifier_metrics(task, problems, texts, correct, v_sampler, v_tok, config, partial(add, verifier), partial(add, solver))
-    df = pl.DataFrame(rows, schema={"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "split": pl.String, "metric": pl.String, "value": pl.Float64, "n": pl.Int64})
-    return validate(df, EVALUATION)
+    return validate(pl.DataFrame(rows, schema=_SCHEMA), EVALUATION)
+
+
+_SCHEMA = {"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "split": pl.String, "metric": pl.String, "value": pl.Float64, "n": pl.Int64}
+
+
+def review_set_rows(task, verifier, samplers: Mapping[str, Sampler], tokenizers: Mapping[str, object], config: EvalConfig, round_: int,
+                    size: int, seed: int, prefix: str) -> pl.DataFrame:
+    """The `evaluation` rows of `verifier` judging the fixed, balanced set of `task`
+    (`balanced_review_set(task, size, seed)`: `size` held-out problems, each with its right answer
+    and with a near miss), sampled at the evaluation's temperature and greedily:
+    `<prefix>_balanced_accuracy`, `<prefix>_balanced_accuracy_greedy`, `<prefix>_accuracy_right`,
+    `<prefix>_accuracy_wrong` and `<prefix>_parsable` (an unparsable verdict is wrong). The
+    Verifier's prompt is the task's, with the proposed answer where the Solver's would be; a
+    verdict is read as the rollouts read it (`parse_verdicts`: a task whose verdict reads the
+    solution, the blind `math` Verifier, approves when its own answer agrees with the proposed one)."""
+    pairs = balanced_review_set(task, size, seed)
+    msgs = [verifier_view(task, pr.problem, pr.answer) for pr in pairs]
+    budget = budget_of(task, config.max_tokens, "eval")
+    passes = [(msgs, 1, config.temperature, budget, config.seed + 3), (msgs, 1, 0.0, budget, config.seed + 3)]
+    rows = []
+    for suffix, texts in zip(("", "_greedy"), sample_texts(samplers[verifier.policy_id], tokenizers[verifier.policy_id], passes)):
+        outcomes = parse_verdicts(task, [t[0] for t in texts], config.reward_timeout, [pr.answer for pr in pairs])
+        m = review_set_metrics(task, pairs, [o.value if o.ok else None for o in outcomes])
+        keys = ("balanced",) if suffix else ("balanced", "right", "wrong", "parsable")
+        for key in keys:
+            metric = f"{prefix}_balanced_accuracy{suffix}" if key == "balanced" else f"{prefix}_{'parsable' if key == 'parsable' else 'accuracy_' + key}"
+            n = len(pairs) if key in ("balanced", "parsable") else len(pairs) // 2
+            rows.append({"round": round_, "policy_id": verifier.policy_id, "agent_id": verifier.agent_id, "split": "heldout",
+                         "metric": metric, "value": float(m[key]), "n": n})
+    return validate(pl.DataFrame(rows, schema=_SCHEMA), EVALUATION)
 
 
 def _solver_metrics(task, problems: list[Problem], sampler: Sampler, tokenizer, config: EvalConfig, add) -> tuple[list[list[str]], list[list[bool]]]:

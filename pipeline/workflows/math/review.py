@@ -74,10 +74,10 @@ from pipeline.tasks.answers import last_number
 from pipeline.tasks.prompts import REVIEW_PROMPTS
 from pipeline.types import Problem
 from pipeline.workflows.math.orchestra import SOLVER, VERIFIER, default_agents
-from pipeline.workflows.math.review_set import ReviewPair, balanced_review_set, near_miss, review_set_metrics, verdict_of
-from pipeline.workflows.math.evaluation import evaluate_team, sample_texts
+from pipeline.workflows.math.review_set import REVIEW_SET_SIZE, ReviewPair, balanced_review_set, near_miss
+from pipeline.workflows.math.evaluation import evaluate_team, review_set_rows
 from pipeline.workflows.math.workflow import MathEnv, MathWorkflow, SingleWorkflow
-from schemas import EVALUATION, polars_schema, validate
+from schemas import EVALUATION, validate
 
 __all__ = ["ReviewWorkflow", "ReviewEnv", "ReviewPair", "final_attempt", "confirms", "deployed_outcomes", "near_miss", "balanced_review_set", "evaluate_review"]
 
@@ -195,7 +195,7 @@ class ReviewWorkflow(MathWorkflow):
     task_file: str | None = None
     """A JSONL/Parquet task file instead of the arithmetic task (its prompts show the Verifier
     the whole solution and read "Verdict: yes|no")."""
-    review_set_size: int = 250
+    review_set_size: int = REVIEW_SET_SIZE
     """Held-out problems of the Verifier's balanced set (each once right, once a near miss)."""
     review_set_seed: int = 0
     """Seed of the balanced set: the same set every round and every run."""
@@ -282,26 +282,10 @@ class ReviewWorkflow(MathWorkflow):
 def evaluate_review(workflow: ReviewWorkflow, samplers, tokenizers, config, round_: int) -> pl.DataFrame:
     """The `evaluation` rows of one round of `math_review` (see the module doc)."""
     from pipeline.rollout.evaluation import evaluate_workflow
-    from pipeline.tasks.base import budget_of
 
     task = workflow.task
     own = evaluate_team(task, workflow.agents, samplers, tokenizers, config, round_)
     played = evaluate_workflow(workflow, samplers, tokenizers, config, round_)
     verifier = next(a for a in workflow.agents if a.role == VERIFIER)
-    pairs = balanced_review_set(task, workflow.review_set_size, workflow.review_set_seed)
-    msgs = [task.verifier_messages(pr.problem, pr.answer) for pr in pairs]
-    budget = budget_of(task, config.max_tokens, "eval")
-    passes = [(msgs, 1, config.temperature, budget, config.seed + 3), (msgs, 1, 0.0, budget, config.seed + 3)]
-    sampled, greedy = sample_texts(samplers[verifier.policy_id], tokenizers[verifier.policy_id], passes)
-    rows = []
-    for suffix, texts in (("", sampled), ("_greedy", greedy)):
-        verdicts = [verdict_of(task, t[0]) for t in texts]
-        m = review_set_metrics(task, pairs, verdicts)
-        names = {"balanced": "review_balanced_accuracy"} if suffix else {
-            "balanced": "review_balanced_accuracy", "right": "review_accuracy_right", "wrong": "review_accuracy_wrong", "parsable": "review_parsable"}
-        for key, metric in names.items():
-            n = len(pairs) if key in ("balanced", "parsable") else len(pairs) // 2
-            rows.append({"round": round_, "policy_id": verifier.policy_id, "agent_id": verifier.agent_id, "split": "heldout",
-                         "metric": metric + suffix, "value": float(m[key]), "n": n})
-    extra = pl.DataFrame(rows, schema=polars_schema(EVALUATION))
+    extra = review_set_rows(task, verifier, samplers, tokenizers, config, round_, workflow.review_set_size, workflow.review_set_seed, "review")
     return validate(pl.concat([own, played.select(own.columns).cast(own.schema), extra.select(own.columns).cast(own.schema)]), EVALUATION)

@@ -13,7 +13,11 @@ from pipeline.errors import ConfigError
 from pipeline.tasks.answers import last_number
 from pipeline.types import Problem
 
-__all__ = ["ReviewPair", "near_miss", "balanced_review_set", "review_set_metrics", "verdict_of"]
+__all__ = ["REVIEW_SET_SIZE", "ReviewPair", "near_miss", "balanced_review_set", "review_set_metrics", "verdict_of"]
+
+
+REVIEW_SET_SIZE = 250
+"""Held-out problems in the balanced set (each twice: 250 right answers and 250 near misses)."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def _near_miss(problem: Problem, rng: random.Random, kind: str | None) -> tuple[
     return _digit_off(answer, rng), "digit"
 
 
-def balanced_review_set(task, size: int = 250, seed: int = 0) -> list[ReviewPair]:
+def balanced_review_set(task, size: int = REVIEW_SET_SIZE, seed: int = 0) -> list[ReviewPair]:
     """`size` held-out problems of `task` (integer answers), each twice: with its right answer and
     with a near miss (alternately "carry" and "digit"; a sum without a carry gets a digit off),
     fixed by `seed`. Problems whose reference answer is not an integer are refused (one line)."""

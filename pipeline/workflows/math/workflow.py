@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from pipeline.rollout.agent import SHARED_POLICY, Agent
-from pipeline.workflows.math.evaluation import evaluate_team
+from pipeline.workflows.math.evaluation import evaluate_team, review_set_rows
+from pipeline.workflows.math.review_set import REVIEW_SET_SIZE
 from pipeline.workflows.math.orchestra import FEEDBACK_TURNS, SOLVER, VERIFIER, MathOrchestra, Utterance, default_agents, solver_view, verifier_view
 from pipeline.errors import ConfigError
 from pipeline.rollout.rewards import Outcome, verifier_local_reward
@@ -177,6 +178,7 @@ class MathWorkflow(Workflow):
         (VERIFIER, "verdict_accuracy", "verifier_acc"),
         (VERIFIER, "verdict_balanced_accuracy", "verifier_bal_acc"),
         (VERIFIER, "verdict_balanced_accuracy_greedy", "verifier_bal_greedy"),
+        (VERIFIER, "verdict_set_balanced_accuracy", "verifier_set_bal"),
     )
     roles: ClassVar[tuple[str, ...]] = (SOLVER, VERIFIER)
 
@@ -231,7 +233,19 @@ class MathWorkflow(Workflow):
         return default_model()
 
     def evaluate(self, samplers, tokenizers, config, round_: int):
-        return evaluate_team(self.task, self.agents, samplers, tokenizers, config, round_)
+        """`evaluate_team`; on the arithmetic task, also the Verifier judged on the fixed,
+        balanced set (`verdict_set_*`, `review_set_rows`): near misses are made for integer sums,
+        and a Verifier that judges only the Solver's own answers rests on the few wrong ones a
+        good Solver leaves."""
+        import polars as pl
+
+        from pipeline.tasks.arithmetic import ArithmeticTask
+
+        own = evaluate_team(self.task, self.agents, samplers, tokenizers, config, round_)
+        verifier = next((a for a in self.agents if a.role == VERIFIER), None)
+        if verifier is None or not isinstance(self.task, ArithmeticTask):
+            return own
+        return pl.concat([own, review_set_rows(self.task, verifier, samplers, tokenizers, config, round_, REVIEW_SET_SIZE, 0, "verdict_set")])
 
     # -- the budget-matched baselines: the Solver alone, its answers compared by their number
     compares_answers: ClassVar[bool] = True
