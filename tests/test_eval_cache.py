@@ -97,3 +97,23 @@ def test_a_cache_that_cannot_be_written_does_not_stop_the_run(tmp_path, tiny_mod
     monkeypatch.setenv("MAXIT_CACHE_DIR", str(blocked))
     first, sampler, ctx = _base(tmp_path, "a", tiny_model_dir)
     assert sampler.budgets and "not kept in the cache" in caplog.text
+
+
+def test_the_code_digest_hashes_maxits_own_source_and_follows_a_change(tmp_path, monkeypatch):
+    import hashlib
+
+    eval_cache.code_digest.cache_clear()
+    try:
+        assert (eval_cache.ROOT / "pipeline" / "run" / "eval_cache.py").is_file()
+        assert eval_cache.code_digest() != hashlib.sha256().hexdigest()  # not a digest of no files
+        for package in ("pipeline", "schemas"):
+            (tmp_path / package).mkdir()
+            (tmp_path / package / "mod.py").write_text("X = 1\n")
+        monkeypatch.setattr(eval_cache, "ROOT", tmp_path)
+        eval_cache.code_digest.cache_clear()
+        before = eval_cache.code_digest()
+        (tmp_path / "pipeline" / "mod.py").write_text("X = 2\n")
+        eval_cache.code_digest.cache_clear()
+        assert eval_cache.code_digest() != before
+    finally:
+        eval_cache.code_digest.cache_clear()

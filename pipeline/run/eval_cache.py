@@ -32,7 +32,8 @@ __all__ = ["base_evaluation_key", "cache_path", "load", "save", "directory_diges
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout (or installed tree) holding `pipeline/` and `schemas/`, whose source `code_digest` hashes."""
 
 
 def directory_digest(path: str | Path) -> str:
@@ -54,6 +55,8 @@ def code_digest() -> str:
     """sha256 over maxit's own source (`pipeline/`, `schemas/`): any change to the code is a new key."""
     h = hashlib.sha256()
     for package in ("pipeline", "schemas"):
+        if not (ROOT / package).is_dir():  # a digest of nothing would let every change reuse stale rows
+            raise RuntimeError(f"eval cache: no {package}/ under {ROOT} to hash")
         for f in sorted((ROOT / package).rglob("*.py")):
             h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
