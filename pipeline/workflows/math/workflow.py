@@ -177,8 +177,8 @@ class MathWorkflow(Workflow):
         (SOLVER, "accuracy_hint", "with_hint"),
         (VERIFIER, "verdict_accuracy", "verifier_acc"),
         (VERIFIER, "verdict_balanced_accuracy", "verifier_bal_acc"),
-        (VERIFIER, "verdict_balanced_accuracy_greedy", "verifier_bal_greedy"),
         (VERIFIER, "verdict_set_balanced_accuracy", "verifier_set_bal"),
+        (VERIFIER, "verdict_balanced_accuracy_greedy", "verifier_bal_greedy"),
     )
     roles: ClassVar[tuple[str, ...]] = (SOLVER, VERIFIER)
 
