@@ -306,20 +306,15 @@ def console_table(table: pl.DataFrame, metrics: Sequence[tuple[str, str, str]], 
             return f"{value:.0f}" if column == "rollout_tok_s" else f"{value:.3f}"
         return str(value)
 
-    def size_of(column: str, cells: list[str]) -> int:
-        return max(len(column), *(len(c) for c in cells)) if cells else len(column)
-
-    # the rows trained and the seconds are kept ahead of any metric that would crowd them out
-    kept = [c for c in (TRAIN_COLUMNS["rows"], "seconds") if c in table.columns]
-    reserve = {c: sum(size_of(k, [cell(k, v) for v in table[k].to_list()]) + 2 for k in kept[i + 1:]) for i, c in enumerate(kept)}
-    metric_reserve = sum(size_of(k, [cell(k, v) for v in table[k].to_list()]) + 2 for k in kept)
+    cells_of = {c: [cell(c, v) for v in table[c].to_list()] for c in wanted if c in table.columns}
+    size_of = {c: max(len(c), *(len(x) for x in cells)) if cells else len(c) for c, cells in cells_of.items()}
+    # the rows trained and the seconds keep their room ahead of any metric that would crowd them out
+    reserve = sum(size_of[c] + 2 for c in (TRAIN_COLUMNS["rows"], "seconds") if c in size_of)
     shown: list[tuple[str, list[str], int]] = []
     used = 0
-    for column in (c for c in wanted if c in table.columns):
-        cells = [cell(column, v) for v in table[column].to_list()]
-        size = size_of(column, cells)
-        ahead = metric_reserve if column in metric_columns else reserve.get(column, 0)
-        if used + size + (2 if shown else 0) + ahead > width:
+    for column, cells in cells_of.items():
+        size = size_of[column]
+        if used + size + (2 if shown else 0) + (reserve if column in metric_columns else 0) > width:
             continue
         shown.append((column, cells, size))
         used += size + (2 if len(shown) > 1 else 0)

@@ -87,6 +87,9 @@ def evaluate_team(
     return validate(pl.DataFrame(rows, schema=_SCHEMA), EVALUATION)
 
 
+_SET_METRICS = {"balanced": "balanced_accuracy", "right": "accuracy_right", "wrong": "accuracy_wrong", "parsable": "parsable"}
+"""`review_set_metrics`' keys -> the metric names' ends (after the prefix)."""
+
 _SCHEMA = {"round": pl.Int32, "policy_id": pl.String, "agent_id": pl.String, "split": pl.String, "metric": pl.String, "value": pl.Float64, "n": pl.Int64}
 
 
@@ -108,12 +111,10 @@ def review_set_rows(task, verifier, samplers: Mapping[str, Sampler], tokenizers:
     for suffix, texts in zip(("", "_greedy"), sample_texts(samplers[verifier.policy_id], tokenizers[verifier.policy_id], passes)):
         outcomes = parse_verdicts(task, [t[0] for t in texts], config.reward_timeout, [pr.answer for pr in pairs])
         m = review_set_metrics(task, pairs, [o.value if o.ok else None for o in outcomes])
-        keys = ("balanced",) if suffix else ("balanced", "right", "wrong", "parsable")
-        for key in keys:
-            metric = f"{prefix}_balanced_accuracy{suffix}" if key == "balanced" else f"{prefix}_{'parsable' if key == 'parsable' else 'accuracy_' + key}"
+        for key in ("balanced",) if suffix else _SET_METRICS:
             n = len(pairs) if key in ("balanced", "parsable") else len(pairs) // 2
             rows.append({"round": round_, "policy_id": verifier.policy_id, "agent_id": verifier.agent_id, "split": "heldout",
-                         "metric": metric, "value": float(m[key]), "n": n})
+                         "metric": f"{prefix}_{_SET_METRICS[key]}{suffix}", "value": float(m[key]), "n": n})
     return validate(pl.DataFrame(rows, schema=_SCHEMA), EVALUATION)
 
 
