@@ -322,6 +322,24 @@ def test_the_verdict_over_seeds_is_no_difference_inside_the_seed_spread(monkeypa
     assert report.verdict_across(["A", "B", "C"])[2] == "- against the protocol: no verdict: store B has no played arm row"
 
 
+def test_the_verdict_over_seeds_names_each_stores_k_where_the_votes_differ(monkeypatch):
+    import pipeline.reporting.verdict as report
+    from pipeline.reporting.verdict import PLAYED_ARMS, ArmResult
+
+    def vote(m: int, success: float) -> ArmResult:
+        return ArmResult("wide_best_of_k", PLAYED_ARMS["wide_best_of_k"].format(m=m), 4, success, 400, float(m))
+
+    seeds = {"A": ({4: result("team", 0.70)}, [vote(3, 0.80)]), "B": ({4: result("team", 0.71)}, [vote(2, 0.81)]),
+             "C": ({4: result("team", 0.72)}, [vote(3, 0.82)])}
+    monkeypatch.setattr(report, "arm_results", lambda store: seeds[str(store)])
+    assert report.verdict_across(["A", "B", "C"])[1].startswith(
+        "- against the trained single agent with the team's parameters, best-of-k vote at the team's calls (k = 3, 2, 3 by store): "
+        "the team does not pay")
+    seeds["B"] = ({4: result("team", 0.71)}, [vote(3, 0.81)])  # one k everywhere: the label as it is
+    assert report.verdict_across(["A", "B", "C"])[1].startswith(
+        "- against the trained single agent with the team's parameters, best-of-3 vote at the team's calls: the team does not pay")
+
+
 def test_the_wide_arm_is_the_single_agent_on_a_model_of_the_teams_parameters(tmp_path, fake_tokenizer, monkeypatch):
     import pipeline.workflows.grid.model as grid_model
     from pipeline.models.build import ModelConfig, count_parameters, untrained_model

@@ -5,6 +5,7 @@ inside two standard errors is "no difference"); over a team's seeds, against the
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -146,10 +147,11 @@ def verdict_across(stores: Sequence[str | Path], names: Sequence[str] | None = N
     per_store = [arm_results(s) for s in stores]
     lines = [f"verdict over {len(stores)} stores ({', '.join(names)}): success in percent, mean (min..max) over the stores; "
              "a difference inside the seed spread (the ranges overlap) is no difference:"]
-    labels: dict[str, str] = {}
+    seen: dict[str, list[str]] = {}
     for _team, arms in per_store:
         for a in arms:
-            labels.setdefault(a.arm, a.label)
+            seen.setdefault(a.arm, []).append(a.label)
+    labels = {key: _one_label(found) for key, found in seen.items()}
     judged = 0
     for key, label in labels.items():
         pairs, episodes = [], None
@@ -179,6 +181,19 @@ def verdict_across(stores: Sequence[str | Path], names: Sequence[str] | None = N
     if not judged and not labels:
         lines.append("- no trained arm in these stores (maxit baselines --store S --arm single --arm protocol --arm separate)")
     return lines
+
+
+def _one_label(labels: list[str]) -> str:
+    """The label of one arm over the stores that have it. A vote's or self-refine's k follows each
+    store's team calls, so it may differ by store: then k, and each store's count."""
+    if len(set(labels)) == 1:
+        return labels[0]
+    counts = [re.search(r"(?:best-of-|self-refine x)(\d+)", label) for label in labels]
+    if any(c is None for c in counts):
+        raise ValueError(f"one arm with different labels by store: {sorted(set(labels))}")
+    first = counts[0]
+    general = labels[0][:first.start(1)] + "k" + labels[0][first.end(1):]
+    return f"{general} (k = {', '.join(c.group(1) for c in counts)} by store)"
 
 
 def _spread(values: Sequence[float], signed: bool = False) -> str:
