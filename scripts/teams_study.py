@@ -24,18 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def _rounded(who: str) -> str:
+    """A `baselines_summary` row's label without the round its store stopped at."""
+    return re.sub(r"round \d+", "last round", who)
+
+
 def _arm(who: str) -> str:
-    """The arm of a `baselines_summary` row, without the round its store stopped at and the calls
-    of its vote or self-refine (a store's k follows that store's team calls)."""
-    return _calls(re.sub(r"round \d+", "last round", who))[0]
-
-
-def _calls(name: str) -> tuple[str, str | None]:
-    """(`name` with a vote's or self-refine's call count as k, that count or None)."""
-    found = re.search(r"(best-of-|self-refine x)(\d+)", name)
-    if found is None:
-        return name, None
-    return name[:found.start(2)] + "k" + name[found.end(2):], found.group(2)
+    """The arm of a `baselines_summary` row: its label without the round and without the calls of
+    its vote or self-refine (a store's k follows that store's team calls)."""
+    return re.sub(r"(best-of-|self-refine x)\d+", r"\1k", _rounded(who))
 
 
 def _spread(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
@@ -49,9 +46,10 @@ def arms(stores: list[Path], partial: bool = False) -> list[tuple[str, list[floa
     some stores lack is an error naming it, or with `partial` left out (named on stderr): a study
     whose last arms are still running."""
     from pipeline.reporting.markdown import baselines_summary
+    from pipeline.reporting.verdict import label_over_stores
 
     table: dict[str, tuple[list[float], list[float | None]]] = {}
-    ks: dict[str, list[str]] = {}
+    labels: dict[str, list[str]] = {}
     for store in stores:
         summary = baselines_summary(store)
         if summary is None:
@@ -62,26 +60,14 @@ def arms(stores: list[Path], partial: bool = False) -> list[tuple[str, list[floa
             success, calls = table.setdefault(_arm(row["who"]), ([], []))
             success.append(row["success"])
             calls.append(row["calls"])
-            k = _calls(row["who"])[1]
-            if k is not None:
-                ks.setdefault(_arm(row["who"]), []).append(k)
+            labels.setdefault(_arm(row["who"]), []).append(_rounded(row["who"]))
     for name, (success, _) in list(table.items()):
         if len(success) != len(stores):
             if not partial:
                 raise SystemExit(f"teams_study: arm {name!r} is in {len(success)} of the {len(stores)} stores (--partial leaves it out)")
             print(f"teams_study: left out, in {len(success)} of the {len(stores)} stores: {name}", file=sys.stderr)
             del table[name]
-    return [(_named(name, ks.get(name)), success, calls) for name, (success, calls) in table.items()]
-
-
-def _named(name: str, ks: list[str] | None) -> str:
-    """An arm's name with its vote's or self-refine's k: the one count where every store has it,
-    else k and the count of each store."""
-    if not ks:
-        return name
-    if len(set(ks)) == 1:
-        return name.replace("best-of-k", f"best-of-{ks[0]}").replace("self-refine xk", f"self-refine x{ks[0]}")
-    return f"{name} (k = {', '.join(ks)} by store)"
+    return [(label_over_stores(labels[name]), success, calls) for name, (success, calls) in table.items()]
 
 
 def rows_by_round(stores: list[Path]) -> list[str]:

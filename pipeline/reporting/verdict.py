@@ -15,7 +15,7 @@ import polars as pl
 from pipeline.run.experiment_record import complete_rounds, is_store
 from pipeline.store import BASE_ROUND
 
-__all__ = ["ArmResult", "PLAYED_ARMS", "arm_results", "played_arms", "verdict_lines", "verdict_across"]
+__all__ = ["ArmResult", "PLAYED_ARMS", "arm_results", "label_over_stores", "played_arms", "verdict_lines", "verdict_across"]
 
 PLAYED_ARMS = {
     "single": "the trained single agent, 1 call",
@@ -151,7 +151,7 @@ def verdict_across(stores: Sequence[str | Path], names: Sequence[str] | None = N
     for _team, arms in per_store:
         for a in arms:
             seen.setdefault(a.arm, []).append(a.label)
-    labels = {key: _one_label(found) for key, found in seen.items()}
+    labels = {key: label_over_stores(found) for key, found in seen.items()}
     judged = 0
     for key, label in labels.items():
         pairs, episodes = [], None
@@ -183,7 +183,7 @@ def verdict_across(stores: Sequence[str | Path], names: Sequence[str] | None = N
     return lines
 
 
-def _one_label(labels: list[str]) -> str:
+def label_over_stores(labels: list[str]) -> str:
     """The label of one arm over the stores that have it. A vote's or self-refine's k follows each
     store's team calls, so it may differ by store: then k, and each store's count."""
     if len(set(labels)) == 1:
